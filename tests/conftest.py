@@ -1,0 +1,32 @@
+"""Shared test setup: ``gpu`` tests skip cleanly when no NVIDIA GPU is visible."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.cache
+def gpu_available() -> bool:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return False
+    try:
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return False
+        err, count = driver.cuDeviceGetCount()
+        return err == driver.CUresult.CUDA_SUCCESS and count > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="no NVIDIA GPU visible")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
