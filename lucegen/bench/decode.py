@@ -1,0 +1,194 @@
+"""Decode benchmark: the megakernel's tg-N after a P-token prompt, NVML energy, per-phase profile, and the HF
+transformers baseline measured in the same run.
+
+Timing: the prompt is prefilled once and the device state snapshotted; each repeat restores the snapshot (a
+device-to-device copy, outside the timed region) and times one launch of N greedy steps with CUDA events. tok/s is
+N over the median launch time. Energy: NVML's total-energy counter (mJ) read around all repeats (restores included,
+which are ~10 µs each), divided by the tokens generated.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import LucegenError
+
+PHASE_NAMES = {0: ("dn_in_proj", "delta_rule", "dn_out_proj", "mlp_gate_up", "mlp_down"),
+               1: ("attn_qkv_proj", "attention", "attn_o_proj", "mlp_gate_up", "mlp_down")}
+
+
+def _nvml():
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:
+        return None
+
+
+def _energy_mj(nvml) -> float | None:
+    if nvml is None:
+        return None
+    pynvml, handle = nvml
+    try:
+        return float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+    except Exception:
+        return None
+
+
+def profile_summary(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
+    """Per-phase-type time per token (µs) from block 0's globaltimer stamps [steps, phases, 2] (start, arrive):
+    work = arrive - start; barrier = next phase's start - arrive (the wait for the slowest block + the barrier)."""
+    stamps = stamps.astype(np.int64)
+    steps, phases, _ = stamps.shape
+    names = [PHASE_NAMES[k][p] for k in layer_kinds for p in range(5)] + ["lm_head"]
+    work = (stamps[:, :, 1] - stamps[:, :, 0]).astype(np.float64)
+    starts = stamps[:, :, 0].reshape(-1)
+    arrives = stamps[:, :, 1].reshape(-1)
+    wait = np.zeros(steps * phases)
+    wait[:-1] = starts[1:] - arrives[:-1]
+    wait = wait.reshape(steps, phases)
+    usable = slice(0, steps - 1) if steps > 1 else slice(0, 1)  # the last step has no following start
+    out: dict[str, float] = {}
+    for i, name in enumerate(names):
+        out[name] = out.get(name, 0.0) + float(work[usable, i].mean()) / 1e3
+    out["barrier_wait"] = float(wait[usable].sum(axis=1).mean()) / 1e3
+    out["total"] = float((stamps[usable.stop - 1 if steps > 1 else 0, -1, 1] - stamps[0, 0, 0])) / 1e3 / max(
+        1, (usable.stop if steps > 1 else 1))
+    return out
+
+
+def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repeats: int = 10,
+                     max_context: int | None = None, profile: bool = False, target=None, seed: int = 0) -> dict:
+    from ..runtime.megakernel import MegakernelDecoder
+
+    max_context = max_context or prompt_tokens + gen_tokens + 1
+    t0 = time.perf_counter()
+    dec = MegakernelDecoder(model, target=target, max_context=max_context)
+    load_s = time.perf_counter() - t0
+    cfg = dec.config
+    prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).astype(np.int32)
+    dec.reset()
+    dec.prefill(prompt)
+    first = dec.next_token
+    snap = dec.snapshot()
+    start, end = dec.device.event(), dec.device.event()
+    # warm-up launch (module load, first-touch)
+    dec.launch([first], gen_tokens)
+    dec.collect()
+    times = []
+    nvml = _nvml()
+    e0 = _energy_mj(nvml)
+    w0 = time.perf_counter()
+    tokens = None
+    for _ in range(repeats):
+        dec.restore(snap)
+        start.record()
+        dec.launch([first], gen_tokens)
+        end.record()
+        times.append(start.elapsed_ms(end))
+        tokens = dec.collect().tokens
+    wall = time.perf_counter() - w0
+    e1 = _energy_mj(nvml)
+    ms = statistics.median(times)
+    t = dec.device.target
+    bytes_per_token = dec.bytes_per_token()
+    tok_s = gen_tokens / (ms / 1e3)
+    result = {
+        "target": t.name, "device": dec.device.name,
+        "model": cfg.name if cfg.name != "custom" else f"{Path(str(model)).name} ({cfg.num_parameters() / 1e6:.0f} M params)",
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens, "repeats": repeats, "blocks": dec.blocks, "threads": dec.threads,
+        "registers": dec.compiled.kernels[0].registers, "load_s": round(load_s, 2),
+        "ms_per_launch_median": ms, "ms_per_launch_min": min(times), "ms_per_token": ms / gen_tokens,
+        "tok_s": tok_s, "tok_s_best": gen_tokens / (min(times) / 1e3),
+        "bytes_per_token": bytes_per_token, "achieved_gbs": bytes_per_token * tok_s / 1e9,
+        "descriptor_gbs": t.mem_bandwidth_gbs,
+        "bandwidth_fraction": bytes_per_token * tok_s / 1e9 / t.mem_bandwidth_gbs,
+        "barriers_per_token": dec.barriers_per_step,
+        "energy_j": None if e0 is None or e1 is None else (e1 - e0) / 1e3,
+        "tokens_sample": [int(x) for x in tokens[:16]],
+    }
+    if result["energy_j"]:
+        result["tok_per_j"] = gen_tokens * repeats / result["energy_j"]
+        result["avg_power_w"] = result["energy_j"] / wall
+    else:
+        result["tok_per_j"] = None
+    dec.close()
+    if profile:
+        pdec = MegakernelDecoder(model, target=target, max_context=max_context, profile=True,
+                                 device=dec.device)
+        pdec.reset()
+        pdec.prefill(prompt)
+        pdec.launch([first], gen_tokens)
+        stamps = pdec.collect().profile
+        result["profile_us_per_token"] = profile_summary(stamps, [l.kind for l in pdec.layout.layers])
+        pdec.close()
+    return result
+
+
+def bench_hf(model_dir, *, prompt_tokens: int = 32, gen_tokens: int = 128, seed: int = 0) -> dict:
+    """HF transformers Qwen3_5ForCausalLM, BF16 on the GPU, greedy with its KV cache, timed with cuda sync."""
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise LucegenError(f"the HF baseline needs torch and transformers: {exc}") from None
+    model = transformers.Qwen3_5ForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).cuda().eval()
+    vocab = model.config.vocab_size
+    prompt = torch.tensor(np.random.default_rng(seed).integers(0, vocab, prompt_tokens), device="cuda")[None]
+
+    def run(n):
+        with torch.no_grad():
+            out = model(prompt, use_cache=True)
+            cache = out.past_key_values
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                out = model(tok, past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            torch.cuda.synchronize()
+            return time.perf_counter() - t0
+
+    run(4)  # warm-up
+    seconds = run(gen_tokens)
+    del model
+    torch.cuda.empty_cache()
+    return {"hf_tok_s": gen_tokens / seconds, "hf_ms_per_token": seconds * 1e3 / gen_tokens,
+            "hf_version": transformers.__version__}
+
+
+def format_table(r: dict) -> str:
+    rows = [
+        ("device / target", f"{r['device']} / {r['target']} ({r['blocks']} blocks x {r['threads']} threads, "
+                            f"{r['registers']} regs)"),
+        ("model", f"{r['model']}, tg{r['gen_tokens']} after a {r['prompt_tokens']}-token prompt"),
+        ("decode tok/s (median)", f"{r['tok_s']:.0f}  (best {r['tok_s_best']:.0f})"),
+        ("ms / token", f"{r['ms_per_token']:.4f}"),
+        ("bytes / token", f"{r['bytes_per_token'] / 1e9:.3f} GB"),
+        ("achieved bandwidth", f"{r['achieved_gbs']:.0f} GB/s = {100 * r['bandwidth_fraction']:.1f}% of the "
+                               f"descriptor's {r['descriptor_gbs']:.0f} GB/s"),
+        ("grid barriers / token", str(r["barriers_per_token"])),
+        ("tok/J (NVML)", "n/a (NVML unavailable)" if not r.get("tok_per_j") else
+         f"{r['tok_per_j']:.1f}  ({r['avg_power_w']:.0f} W average)"),
+    ]
+    if "hf_tok_s" in r:
+        rows.append(("HF transformers tok/s", f"{r['hf_tok_s']:.1f}  (transformers {r['hf_version']}, BF16)"))
+        rows.append(("speed-up vs HF", f"{r['tok_s'] / r['hf_tok_s']:.1f}x"))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    prof = r.get("profile_us_per_token")
+    if prof:
+        lines.append("per-phase time per token (block 0, µs):")
+        for k, v in prof.items():
+            lines.append(f"  {k.ljust(width - 2)}  {v:8.1f}")
+    return "\n".join(lines)

@@ -1,0 +1,179 @@
+"""``lucegen build --target NAME | --all [--check] [--jobs N]``: render every kernel family for each target into
+generated/<target>/, compile it (NVRTC → cubin, clang → AMDGPU code object, through the cache) and report each
+kernel's resources. ``--check`` renders in memory only and fails (exit 1) if generated/ is stale; it writes and
+deletes nothing.
+
+Order of work, so that a bad input writes nothing: load every descriptor, render every family, compile everything,
+and only then write the generated files (atomically, only those that changed) and remove sources that no family
+produces any more.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import GENERATED_DIR, codegen
+from ..compile import CompiledModule
+from ..compile.cache import atomic_write
+from ..target import Target, list_targets, load_target
+
+SOURCE_SUFFIXES = (".cu", ".hip")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("build", help="render and compile every kernel for one or all targets",
+                              description=__doc__.split("\n\n")[0])
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--target", action="append", metavar="NAME", help="target name or .toml path (repeatable)")
+    which.add_argument("--all", action="store_true", help="every descriptor in targets/")
+    p.add_argument("--check", action="store_true",
+                   help="only check that generated/ matches the templates (exit 1 naming stale files)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: CPU count)")
+    p.add_argument("--quiet", action="store_true", help="print only the totals")
+    p.set_defaults(func=run)
+
+
+@dataclass
+class Unit:
+    """One family rendered for one target."""
+
+    target: Target
+    family: codegen.KernelFamily
+    source: str
+    path: Path
+    module: CompiledModule | None = None
+
+
+def render_units(targets: list[Target]) -> list[Unit]:
+    units = []
+    for t in targets:
+        for fam in codegen.families(t):
+            units.append(Unit(t, fam, codegen.render_family(t, fam), codegen.generated_path(t, fam)))
+    return units
+
+
+def orphans(targets: list[Target], units: list[Unit]) -> list[Path]:
+    """Generated sources in generated/<target>/ that no family produces."""
+    produced = {u.path for u in units}
+    found = []
+    for t in targets:
+        directory = GENERATED_DIR / t.name
+        if directory.is_dir():
+            found += [p for p in sorted(directory.iterdir()) if p.suffix in SOURCE_SUFFIXES and p not in produced]
+    return found
+
+
+def stale_files(targets: list[Target], units: list[Unit]) -> list[str]:
+    stale = []
+    for u in units:
+        try:
+            current = u.path.read_text(encoding="utf-8")
+        except OSError:
+            current = None
+        if current != u.source:
+            stale.append(f"{_rel(u.path)} ({'missing' if current is None else 'differs from its template'})")
+    stale += [f"{_rel(p)} (no kernel family produces it)" for p in orphans(targets, units)]
+    return stale
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(GENERATED_DIR.parent))
+    except ValueError:
+        return str(path)
+
+
+def compile_units(units: list[Unit], jobs: int, progress) -> None:
+    """Compile every unit (parallel over ``jobs`` threads); ``progress(unit)`` after each target completes."""
+    remaining = {}
+    for u in units:
+        remaining[u.target.name] = remaining.get(u.target.name, 0) + 1
+
+    def work(u: Unit) -> Unit:
+        u.module = codegen.compile_family(u.target, u.family, u.source)
+        return u
+
+    if jobs <= 1 or len(units) <= 1:
+        done = map(work, units)
+    else:
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        done = pool.map(work, units)
+    try:
+        for u in done:
+            remaining[u.target.name] -= 1
+            if remaining[u.target.name] == 0:
+                progress(u.target)
+    finally:
+        if jobs > 1 and len(units) > 1:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def report(units: list[Unit]) -> str:
+    header = ("target", "module", "kernel", "regs", "spills", "smem", "code")
+    rows = [header]
+    for u in units:
+        for k in u.module.kernels:
+            rows.append((u.target.name, u.family.name, k.name, str(k.registers), str(k.spills), str(k.shared_bytes),
+                         str(k.code_bytes)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    start = time.perf_counter()
+    names = list_targets() if args.all else args.target
+    targets = [load_target(n) for n in names]  # every descriptor validated before anything else happens
+    units = render_units(targets)
+
+    if args.check:
+        stale = stale_files(targets, units)
+        if stale:
+            print("lucegen: generated/ is stale; run `lucegen build --all` and commit the result:", file=sys.stderr)
+            for line in stale:
+                print(f"  {line}", file=sys.stderr)
+            return 1
+        print(f"generated/ is up to date for {len(targets)} target(s), {len(units)} source(s) "
+              f"({time.perf_counter() - start:.2f} s)")
+        return 0
+
+    multi = len(targets) > 1 and not args.quiet
+    finished = []
+
+    def progress(t: Target) -> None:
+        finished.append(t.name)
+        if multi:
+            print(f"[{len(finished)}/{len(targets)}] {t.name} done", file=sys.stderr, flush=True)
+
+    compile_units(units, max(1, args.jobs), progress)
+
+    written = 0
+    for u in units:
+        try:
+            unchanged = u.path.read_text(encoding="utf-8") == u.source
+        except OSError:
+            unchanged = False
+        if not unchanged:
+            atomic_write(u.path, u.source.encode())
+            written += 1
+    removed = orphans(targets, units)
+    for path in removed:
+        path.unlink()
+
+    if not args.quiet:
+        print(report(units))
+    kernels = [k for u in units for k in u.module.kernels]
+    hits = sum(u.module.cached for u in units)
+    print(f"total: {len(targets)} target(s), {len(units)} module(s), {len(kernels)} kernel(s), "
+          f"{sum(k.code_bytes for k in kernels)} code bytes, {sum(k.spills for k in kernels)} spill bytes; "
+          f"{hits} cached, {len(units) - hits} compiled; {written} file(s) written"
+          + (f", {len(removed)} removed" if removed else "")
+          + f"; {time.perf_counter() - start:.2f} s")
+    return 0

@@ -1,0 +1,121 @@
+"""``lucegen targets`` (table of chips), ``lucegen show NAME`` (resolved descriptor), ``lucegen new-target NAME
+--like CHIP`` (start a descriptor from a similar chip)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .. import target as target_module
+from ..compile.cache import atomic_write
+from ..errors import DescriptorError
+from ..target import Target, list_targets, load_target
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("targets", help="list the chip descriptors and their key parameters",
+                              description="Table of the chips in targets/ and their key parameters.")
+    p.set_defaults(func=run_targets)
+
+    p = subparsers.add_parser("show", help="print a resolved chip descriptor, derived values included",
+                              description="Print a descriptor after validation, with derived values.")
+    p.add_argument("name", help="target name (sm_90) or path to a .toml descriptor")
+    p.set_defaults(func=run_show)
+
+    p = subparsers.add_parser("new-target", help="write targets/NAME.toml from a similar chip's descriptor",
+                              description="Copy a similar chip's descriptor to targets/NAME.toml for editing. "
+                                          "Refuses to overwrite an existing descriptor.")
+    p.add_argument("name", help="new target name (letters, digits, '_', '-', '.')")
+    p.add_argument("--like", required=True, help="existing target to start from (e.g. sm_89)")
+    p.set_defaults(func=run_new_target)
+
+
+def _features(t: Target) -> str:
+    names = [f for f, on in vars(t.features).items() if on and f not in ("bf16", "cooperative_launch")]
+    return ",".join(names) or "-"
+
+
+def targets_table(targets: list[Target]) -> str:
+    header = ("target", "vendor", "arch", "CUs", "warp", "smem/blk", "GB/s", "L2 MB", "dtype", "mk grid", "features",
+              "chip")
+    rows = [header]
+    for t in targets:
+        rows.append((t.name, t.vendor, t.arch, str(t.compute_units), str(t.warp_size),
+                     f"{t.smem_per_block_optin // 1024}K", f"{t.mem_bandwidth_gbs:g}", f"{t.l2_bytes / 2**20:g}",
+                     t.compute_dtype, f"{t.megakernel.blocks}x{t.megakernel.threads}", _features(t), t.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def run_targets(args) -> int:
+    print(targets_table([load_target(n) for n in list_targets()]))
+    return 0
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def show_text(t: Target) -> str:
+    data = t.to_dict()
+    data.pop("path")
+    derived = {"megakernel.blocks": f"compute_units x blocks_per_cu = {t.compute_units} x {t.megakernel.blocks_per_cu}"}
+    lines = [f"# {t.path}  (resolved; values marked 'derived' are computed, not read)"]
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    for key, value in data.items():
+        if not isinstance(value, dict):
+            lines.append(f"{key} = {_toml_value(value)}")
+    if t.is_nvidia:
+        major, minor = t.compute_capability
+        lines.append(f"# derived: compute capability {major}.{minor}")
+    for table, values in tables.items():
+        lines.append(f"\n[{table}]")
+        for key, value in values.items():
+            note = derived.get(f"{table}.{key}")
+            lines.append(f"{key} = {_toml_value(value)}" + (f"    # derived: {note}" if note else ""))
+    return "\n".join(lines)
+
+
+def run_show(args) -> int:
+    print(show_text(load_target(args.name)))
+    return 0
+
+
+def new_target(name: str, like: str) -> str:
+    """Write targets/<name>.toml from <like>'s descriptor (validated); returns the path. Refuses to overwrite."""
+    directory = target_module.TARGETS_DIR
+    path = directory / f"{name}.toml"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise DescriptorError(path, "name", f"{name!r} must be letters, digits, '_', '-' or '.'")
+    source = load_target(directory / f"{like}.toml" if "/" not in like else like)  # validates --like
+    if path.exists():
+        raise DescriptorError(path, "<file>", "already exists; edit it or choose another name")
+    text = open(source.path, encoding="utf-8").read()
+    text, count = re.subn(r'(?m)^name\s*=\s*"[^"]*"', f'name = "{name}"', text, count=1)
+    if count != 1:
+        raise DescriptorError(source.path, "name", "no name line to replace")
+    header = (f"# Started from {source.name} by `lucegen new-target {name} --like {source.name}`: replace every value\n"
+              f"# below with the new chip's published figures (arch, compute_units, memory, ...).\n")
+    atomic_write(path, (header + text).encode())
+    try:
+        load_target(path)
+    except DescriptorError:
+        os.unlink(path)
+        raise
+    return str(path)
+
+
+def run_new_target(args) -> int:
+    path = new_target(args.name, args.like)
+    print(f"wrote {path}: edit arch, compute_units and the chip's figures, then `lucegen show {args.name}`")
+    return 0

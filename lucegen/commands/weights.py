@@ -1,0 +1,56 @@
+"""``lucegen init-weights``: write a random-weight checkpoint (HF safetensors directory or GGUF file) with the real
+shapes of a preset, plus a tokenizer, so that every other command runs offline."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..errors import CheckpointError
+from ..model.config import PRESETS, ModelConfig
+
+QUANTS = ("bf16", "f32", "f16", "q8_0", "q4_0", "q4_k_m")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "init-weights", help="write a random-weight checkpoint of a model preset",
+        description="Write random weights with the real shapes and init statistics of a Qwen3.5 preset, in the "
+                    "official HF layout (safetensors, BF16) or as a llama.cpp qwen35 GGUF, plus a tokenizer.")
+    p.add_argument("--preset", required=True, choices=list(PRESETS), help="model preset")
+    p.add_argument("--format", required=True, choices=("safetensors", "gguf"))
+    p.add_argument("--quant", choices=QUANTS, default=None,
+                   help="GGUF tensor types: bf16 (default), f32, f16, q8_0, q4_0, or llama.cpp's q4_k_m recipe")
+    p.add_argument("--out", required=True, type=Path,
+                   help="output directory (safetensors) or .gguf file / directory to put model.gguf in (gguf)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed: same weights in both formats)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    config = ModelConfig.preset(args.preset)
+    if args.format == "safetensors":
+        if args.quant not in (None, "bf16"):
+            raise CheckpointError(f"--quant {args.quant}: safetensors checkpoints are written in BF16 only")
+        if args.out.exists() and not args.out.is_dir():
+            raise CheckpointError(f"{args.out}: exists and is not a directory")
+        from ..model.init_weights import write_hf_checkpoint
+
+        seconds = write_hf_checkpoint(config, args.out, seed=args.seed, progress=not args.quiet)
+        target = args.out
+    else:
+        from ..model.gguf_io import write_gguf_checkpoint
+
+        out = args.out
+        if out.suffix != ".gguf":
+            out = out / f"{args.preset}-{args.quant or 'bf16'}.gguf"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        seconds = write_gguf_checkpoint(config, out, quant=args.quant or "bf16", seed=args.seed,
+                                        progress=not args.quiet)
+        target = out
+    if not args.quiet:
+        print(f"wrote {target} ({config.name}, {config.num_parameters() / 1e6:.0f} M parameters) "
+              f"in {seconds:.1f} s", file=sys.stderr)
+    print(target)
+    return 0

@@ -1,0 +1,214 @@
+"""One view of a model's weights, whatever file they came from.
+
+``load_checkpoint(path)`` reads a HF directory (``config.json`` + ``*.safetensors``, sharded with
+``model.safetensors.index.json`` or not; the text-only ``Qwen3_5ForCausalLM`` layout with ``model.`` prefixes or the
+official multimodal ``Qwen3_5ForConditionalGeneration`` layout with ``model.language_model.``, whose vision tower and
+MTP head are skipped) or a ``.gguf`` file (:mod:`lucegen.model.gguf_io`). Tensors are exposed under internal names:
+HF text-model names without prefix (``embed_tokens.weight``, ``layers.3.self_attn.q_proj.weight``, ...; see
+:meth:`ModelConfig.tensor_shapes`), every one checked for presence and shape before anything is returned.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError
+from .config import ModelConfig
+from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+from .safetensors_io import SafetensorsFile
+
+WEIGHT_DTYPES = ("BF16", "F16", "F32")
+INDEX_NAME = "model.safetensors.index.json"
+# (prefix in the file, what it means): the first matching prefix decides
+HF_PREFIXES = (
+    ("model.language_model.", "text"),  # Qwen3_5ForConditionalGeneration
+    ("model.visual.", "skip"),  # vision tower
+    ("mtp.", "skip"),  # multi-token-prediction head (unused)
+    ("model.mtp.", "skip"),
+    ("model.", "text"),  # Qwen3_5ForCausalLM
+    ("lm_head.", "lm_head"),
+)
+
+
+class Checkpoint:
+    """Weights under internal names. ``f32(name)`` float32 array; ``bf16(name)`` uint16 bf16 bits (exact for BF16
+    checkpoints, rounded to nearest even otherwise); ``names()``; ``shape(name)``; ``dtype(name)`` (the stored type:
+    'BF16', 'F32', 'Q4_K', ...)."""
+
+    config: ModelConfig
+    path: Path
+
+    def names(self) -> list[str]:
+        raise NotImplementedError
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def dtype(self, name: str) -> str:
+        raise NotImplementedError
+
+    def f32(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def bf16(self, name: str) -> np.ndarray:
+        return f32_to_bf16_bits(self.f32(name))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names()
+
+    def _unknown(self, name: str) -> CheckpointError:
+        return CheckpointError(f"{self.path}: no tensor {name!r} in this checkpoint")
+
+
+class SafetensorsCheckpoint(Checkpoint):
+    """A HF directory: internal name -> (file, name in the file)."""
+
+    def __init__(self, path: Path, config: ModelConfig, files: dict[str, SafetensorsFile],
+                 where: dict[str, tuple[str, str]]):
+        self.path, self.config, self.files, self.where = path, config, files, where
+
+    def names(self) -> list[str]:
+        return list(self.where)
+
+    def _info(self, name):
+        try:
+            file, stored = self.where[name]
+        except KeyError:
+            raise self._unknown(name) from None
+        return self.files[file], stored
+
+    def shape(self, name):
+        f, stored = self._info(name)
+        return f.tensors[stored].shape
+
+    def dtype(self, name):
+        f, stored = self._info(name)
+        return f.tensors[stored].dtype
+
+    def raw(self, name) -> np.ndarray:
+        f, stored = self._info(name)
+        return f.raw(stored)
+
+    def f32(self, name):
+        f, stored = self._info(name)
+        data, dtype = f.raw(stored), f.tensors[stored].dtype
+        if dtype == "BF16":
+            return bf16_bits_to_f32(data)
+        return np.array(data, dtype=np.float32)
+
+    def bf16(self, name):
+        f, stored = self._info(name)
+        if f.tensors[stored].dtype == "BF16":
+            return np.array(f.raw(stored))
+        return f32_to_bf16_bits(self.f32(name))
+
+
+def load_checkpoint(path) -> Checkpoint:
+    """A HF directory (or one of its .safetensors files / its config.json) or a .gguf file."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or directory")
+    if path.is_file():
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic == b"GGUF" or path.suffix == ".gguf":
+            from .gguf_io import load_gguf  # lazy: the gguf package is only needed for GGUF files
+
+            return load_gguf(path)
+        if path.suffix in (".safetensors", ".json"):
+            return load_hf_directory(path.parent)
+        raise CheckpointError(f"{path}: neither a GGUF file nor part of a HF safetensors directory")
+    return load_hf_directory(path)
+
+
+def _shard_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
+    index = directory / INDEX_NAME
+    if index.exists():
+        try:
+            data = json.loads(index.read_text())
+            weight_map = data["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError("weight_map is not an object of file names")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index}: invalid index: {exc}") from None
+        files = []
+        for name in dict.fromkeys(weight_map.values()):
+            shard = directory / name
+            if Path(name).name != name or not shard.is_file():
+                raise CheckpointError(f"{index}: weight_map names shard {name!r}, which is not in {directory}")
+            files.append(shard)
+        return files, weight_map
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory}: no *.safetensors files and no {INDEX_NAME}")
+    return files, None
+
+
+def internal_name(stored: str) -> str | None:
+    """HF name in the file -> internal name; None for tensors to skip (vision tower, MTP head)."""
+    for prefix, kind in HF_PREFIXES:
+        if stored.startswith(prefix):
+            if kind == "skip":
+                return None
+            if kind == "lm_head":
+                return stored
+            return stored[len(prefix):]
+    return stored  # unprefixed: reported as unexpected below unless it is an internal name
+
+
+def load_hf_directory(directory) -> SafetensorsCheckpoint:
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{directory}: no config.json")
+    config = ModelConfig.from_file(config_path)
+    files, weight_map = _shard_files(directory)
+    opened = {f.name: SafetensorsFile(f) for f in files}
+    expected = config.tensor_shapes()
+    where: dict[str, tuple[str, str]] = {}
+    for fname, sf in opened.items():
+        for stored, info in sf.tensors.items():
+            if weight_map is not None and weight_map.get(stored) != fname:
+                if stored in weight_map:  # the index places it in another shard: a duplicate
+                    raise CheckpointError(f"{sf.path}: tensor {stored!r}: the index says it lives in "
+                                          f"{weight_map[stored]!r}")
+                raise CheckpointError(f"{sf.path}: tensor {stored!r} is not listed in {INDEX_NAME}")
+            name = internal_name(stored)
+            if name is None:
+                continue
+            if name == "lm_head.weight" and config.tie_word_embeddings:
+                continue  # tied: the embedding is the head
+            if name not in expected:
+                raise CheckpointError(f"{sf.path}: unexpected tensor {stored!r} for this config "
+                                      f"({config.num_layers} layers, {_layer_kind(name, config)})")
+            if name in where:
+                raise CheckpointError(f"{sf.path}: tensor {stored!r} duplicates {where[name][1]!r} in "
+                                      f"{where[name][0]}")
+            if info.dtype not in WEIGHT_DTYPES:
+                raise CheckpointError(f"{sf.path}: tensor {stored!r}: dtype {info.dtype} (expected one of "
+                                      f"{', '.join(WEIGHT_DTYPES)})")
+            if info.shape != expected[name]:
+                raise CheckpointError(f"{sf.path}: tensor {stored!r}: shape {list(info.shape)}, config.json "
+                                      f"implies {list(expected[name])}")
+            where[name] = (fname, stored)
+    if weight_map is not None:
+        for stored, fname in weight_map.items():
+            if stored not in opened[fname].tensors:
+                raise CheckpointError(f"{directory / fname}: tensor {stored!r} listed in {INDEX_NAME} is missing")
+    missing = [n for n in expected if n not in where]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{directory}: missing tensor {missing[0]!r}{more}")
+    ordered = {n: where[n] for n in expected}
+    return SafetensorsCheckpoint(directory, config, opened, ordered)
+
+
+def _layer_kind(name: str, config: ModelConfig) -> str:
+    m = re.match(r"layers\.(\d+)\.", name)
+    if m and int(m.group(1)) < config.num_layers:
+        return f"layer {m.group(1)} is {config.layer_types[int(m.group(1))]}"
+    return "no such tensor in a Qwen3.5 text model"

@@ -1,0 +1,342 @@
+"""The GPU, through ``cuda.bindings.driver``: open it, load compiled modules, move data, launch, time, capture.
+
+    dev = Device.open()                       # detects sm_XY + SM count, picks targets/sm_XY.toml
+    mod = dev.load(codegen.build(dev.target, "small_kernels"))
+    x = dev.upload(np.ones(1024, np.float32)); out = dev.alloc(4)
+    mod.function("argmax_f32").launch(grid=1, block=256, args=(x, np.int32(1024), out))
+    idx = dev.download(out, np.int32, (1,))
+
+Kernel arguments are :class:`Buffer` (passed as a device pointer) or numpy scalars (``np.int32(n)``,
+``np.float32(eps)``, ...) whose dtype must match the kernel's parameter type; Python ints and floats are refused
+because their C type would be a guess. Every driver call is checked: a failure is a DeviceError naming the call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import DeviceError
+from ..target import Target, list_targets, load_target
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:  # pragma: no cover - cuda-python is a dependency
+        raise DeviceError(f"cuda-python is not installed: {exc}") from None
+    return driver
+
+
+def _check(call: str, result):
+    """Unwrap a cuda.bindings result tuple (err, *values); raise DeviceError naming ``call`` on failure."""
+    driver = _driver()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        _, text = driver.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else name
+        text = text.decode() if isinstance(text, bytes) else text
+        raise DeviceError(f"{call} failed: {name} ({text})")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _dim3(value: int | Sequence[int]) -> tuple[int, int, int]:
+    dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    if not 1 <= len(dims) <= 3 or any(int(d) < 1 for d in dims):
+        raise DeviceError(f"launch dimensions must be 1-3 positive integers, got {value!r}")
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+
+
+@dataclasses.dataclass
+class Buffer:
+    """Device memory. Free with :meth:`free` or use as a context manager."""
+
+    ptr: int
+    nbytes: int
+    _device: "Device | None" = dataclasses.field(default=None, repr=False)
+
+    def free(self) -> None:
+        if self.ptr:
+            _check("cuMemFree", _driver().cuMemFree(self.ptr))
+            self.ptr = 0
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def __int__(self) -> int:
+        return self.ptr
+
+
+class Stream:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def synchronize(self) -> None:
+        _check("cuStreamSynchronize", _driver().cuStreamSynchronize(self.handle))
+
+    def begin_capture(self) -> None:
+        """Start recording this stream's launches into a CUDA graph (see :meth:`end_capture`)."""
+        driver = _driver()
+        mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        _check("cuStreamBeginCapture", driver.cuStreamBeginCapture(self.handle, mode))
+
+    def end_capture(self) -> "Graph":
+        driver = _driver()
+        graph = _check("cuStreamEndCapture", driver.cuStreamEndCapture(self.handle))
+        executable = _check("cuGraphInstantiate", driver.cuGraphInstantiate(graph, 0))
+        return Graph(graph, executable)
+
+    def destroy(self) -> None:
+        if self.handle is not None:
+            _check("cuStreamDestroy", _driver().cuStreamDestroy(self.handle))
+            self.handle = None
+
+
+class Graph:
+    """A captured, instantiated CUDA graph; :meth:`launch` replays it on a stream."""
+
+    def __init__(self, graph, executable):
+        self.graph, self.executable = graph, executable
+
+    def launch(self, stream: Stream) -> None:
+        _check("cuGraphLaunch", _driver().cuGraphLaunch(self.executable, stream.handle))
+
+    def destroy(self) -> None:
+        driver = _driver()
+        if self.executable is not None:
+            _check("cuGraphExecDestroy", driver.cuGraphExecDestroy(self.executable))
+            _check("cuGraphDestroy", driver.cuGraphDestroy(self.graph))
+            self.executable = self.graph = None
+
+
+class Event:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def record(self, stream: Stream | None = None) -> None:
+        _check("cuEventRecord", _driver().cuEventRecord(self.handle, stream.handle if stream else 0))
+
+    def synchronize(self) -> None:
+        _check("cuEventSynchronize", _driver().cuEventSynchronize(self.handle))
+
+    def elapsed_ms(self, end: "Event") -> float:
+        """Milliseconds from this event to ``end`` (both recorded; waits for ``end``)."""
+        end.synchronize()
+        return float(_check("cuEventElapsedTime", _driver().cuEventElapsedTime(self.handle, end.handle)))
+
+    def destroy(self) -> None:
+        if self.handle is not None:
+            _check("cuEventDestroy", _driver().cuEventDestroy(self.handle))
+            self.handle = None
+
+
+def pack_args(args: Iterable) -> tuple[np.ndarray, np.ndarray]:
+    """Lay kernel arguments out for cuLaunchKernel: (storage, array of pointers into it). Keep both alive."""
+    values = []
+    for i, arg in enumerate(args):
+        if isinstance(arg, Buffer):
+            values.append(np.uint64(arg.ptr).tobytes())
+        elif isinstance(arg, np.generic) and arg.dtype.kind in "iufb":
+            values.append(arg.tobytes())
+        else:
+            raise DeviceError(f"kernel argument {i}: expected a Buffer or a numpy scalar (np.int32(...), "
+                              f"np.float32(...)), got {type(arg).__name__} {arg!r}")
+    storage = np.zeros(max(1, len(values)) * 8, dtype=np.uint8)
+    for i, blob in enumerate(values):
+        storage[i * 8 : i * 8 + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+    base = storage.ctypes.data
+    pointers = np.array([base + i * 8 for i in range(len(values))], dtype=np.uint64)
+    return storage, pointers
+
+
+class Function:
+    def __init__(self, module: "Module", name: str, handle):
+        self.module, self.name, self.handle = module, name, handle
+
+    def launch(self, grid, block, args: Sequence = (), *, smem: int = 0, stream: Stream | None = None,
+               cooperative: bool = False) -> None:
+        """Launch on ``stream`` (default stream if None). ``cooperative`` uses cuLaunchCooperativeKernel (all blocks
+        co-resident; required for grid-wide barriers)."""
+        driver = _driver()
+        gx, gy, gz = _dim3(grid)
+        bx, by, bz = _dim3(block)
+        threads = bx * by * bz
+        target = self.module.device.target
+        if threads > target.max_threads_per_block:
+            raise DeviceError(f"{self.name}: {threads} threads per block exceed {target.name}'s "
+                              f"max_threads_per_block {target.max_threads_per_block}")
+        _storage, pointers = pack_args(args)
+        params = pointers.ctypes.data if len(pointers) else 0
+        handle = stream.handle if stream else 0
+        if cooperative:
+            result = driver.cuLaunchCooperativeKernel(self.handle, gx, gy, gz, bx, by, bz, smem, handle, params)
+            _check(f"cuLaunchCooperativeKernel({self.name})", result)
+        else:
+            result = driver.cuLaunchKernel(self.handle, gx, gy, gz, bx, by, bz, smem, handle, params, 0)
+            _check(f"cuLaunchKernel({self.name})", result)
+
+    def set_max_dynamic_smem(self, nbytes: int) -> None:
+        target = self.module.device.target
+        if nbytes > target.smem_per_block_optin:
+            raise DeviceError(f"{self.name}: {nbytes} bytes of dynamic shared memory exceed {target.name}'s "
+                              f"smem_per_block_optin {target.smem_per_block_optin}")
+        driver = _driver()
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _check(f"cuFuncSetAttribute({self.name})", driver.cuFuncSetAttribute(self.handle, attr, nbytes))
+
+    def max_active_blocks_per_cu(self, block_threads: int, smem: int = 0) -> int:
+        """Occupancy: how many blocks of this shape fit on one SM at once."""
+        driver = _driver()
+        result = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.handle, block_threads, smem)
+        return int(_check(f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})", result))
+
+    def attribute(self, name: str) -> int:
+        """A CU_FUNC_ATTRIBUTE_* value by its short name, e.g. ``attribute("NUM_REGS")``."""
+        driver = _driver()
+        attr = getattr(driver.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+        return int(_check(f"cuFuncGetAttribute({self.name}, {name})", driver.cuFuncGetAttribute(attr, self.handle)))
+
+
+class Module:
+    def __init__(self, device: "Device", compiled, handle):
+        self.device, self.compiled, self.handle = device, compiled, handle
+        self._functions: dict[str, Function] = {}
+
+    def function(self, name: str) -> Function:
+        if name not in self._functions:
+            driver = _driver()
+            result = driver.cuModuleGetFunction(self.handle, name.encode())
+            if result[0] != driver.CUresult.CUDA_SUCCESS:
+                known = ", ".join(k.name for k in self.compiled.kernels)
+                raise DeviceError(f"module {self.compiled.name}: no kernel {name!r} (kernels: {known})")
+            self._functions[name] = Function(self, name, result[1])
+        return self._functions[name]
+
+    def unload(self) -> None:
+        if self.handle is not None:
+            _check("cuModuleUnload", _driver().cuModuleUnload(self.handle))
+            self.handle = None
+
+
+def detect() -> tuple[str, int, str]:
+    """(arch like "sm_90", SM count, device name) of GPU 0, without opening a context."""
+    driver = _driver()
+    _check("cuInit", driver.cuInit(0))
+    if _check("cuDeviceGetCount", driver.cuDeviceGetCount()) < 1:
+        raise DeviceError("no NVIDIA GPU visible")
+    dev = _check("cuDeviceGet", driver.cuDeviceGet(0))
+    attr = driver.CUdevice_attribute
+    major = _check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+    minor = _check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+    sms = _check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+    name = _check("cuDeviceGetName", driver.cuDeviceGetName(256, dev))
+    name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
+    return f"sm_{major}{minor}", int(sms), name
+
+
+def match_target(arch: str, sms: int, device_name: str = "GPU", target: Target | str | None = None) -> Target:
+    """The descriptor for a device of ``arch`` with ``sms`` SMs: the one given (refused if it does not match) or
+    the one in targets/ whose arch and compute_units match."""
+    if target is not None:
+        chosen = target if isinstance(target, Target) else load_target(target)
+        if chosen.arch != arch:
+            raise DeviceError(f"descriptor {chosen.name} is for {chosen.arch}, but the device ({device_name}) is {arch}")
+        if chosen.compute_units != sms:
+            raise DeviceError(f"descriptor {chosen.name} has compute_units = {chosen.compute_units}, but the device "
+                              f"({device_name}) has {sms} SMs; run `lucegen new-target NAME --like {chosen.name}` "
+                              f"and set compute_units = {sms}")
+        return chosen
+    candidates = [load_target(n) for n in list_targets()]
+    for t in candidates:
+        if t.is_nvidia and t.arch == arch and t.compute_units == sms:
+            return t
+    same_arch = [t.name for t in candidates if t.is_nvidia and t.arch == arch]
+    like = same_arch[0] if same_arch else "sm_89"
+    raise DeviceError(f"no descriptor for {arch} with {sms} SMs ({device_name}); run "
+                      f"`lucegen new-target NAME --like {like}` and set arch = \"{arch}\", compute_units = {sms}")
+
+
+class Device:
+    """GPU 0 with its primary context made current, and the descriptor that matches it."""
+
+    def __init__(self, target: Target, handle, context, name: str):
+        self.target, self.handle, self.context, self.name = target, handle, context, name
+
+    @classmethod
+    def open(cls, target: Target | str | None = None) -> "Device":
+        arch, sms, name = detect()
+        chosen = match_target(arch, sms, name, target)
+        driver = _driver()
+        handle = _check("cuDeviceGet", driver.cuDeviceGet(0))
+        context = _check("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(handle))
+        _check("cuCtxSetCurrent", driver.cuCtxSetCurrent(context))
+        return cls(chosen, handle, context, name)
+
+    def close(self) -> None:
+        if self.context is not None:
+            self.synchronize()
+            _check("cuDevicePrimaryCtxRelease", _driver().cuDevicePrimaryCtxRelease(self.handle))
+            self.context = None
+
+    def __enter__(self) -> "Device":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- modules -----------------------------------------------------------------------------------------------
+    def load(self, compiled) -> Module:
+        """Load a CompiledModule (its cubin) compiled for this device's target."""
+        if compiled.target != self.target.name or compiled.arch.rstrip("a") != self.target.arch:
+            raise DeviceError(f"module {compiled.name} was compiled for {compiled.target} ({compiled.arch}); "
+                              f"this device runs {self.target.name} ({self.target.arch})")
+        handle = _check(f"cuModuleLoadData({compiled.name})", _driver().cuModuleLoadData(compiled.binary))
+        return Module(self, compiled, handle)
+
+    # ---- memory ------------------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> Buffer:
+        if nbytes <= 0:
+            raise DeviceError(f"cannot allocate {nbytes} bytes")
+        ptr = _check(f"cuMemAlloc({nbytes})", _driver().cuMemAlloc(nbytes))
+        return Buffer(int(ptr), nbytes, self)
+
+    def upload(self, array: np.ndarray, buffer: Buffer | None = None) -> Buffer:
+        """Copy a host array to the device (into ``buffer`` if given, else a new one)."""
+        array = np.ascontiguousarray(array)
+        buffer = buffer or self.alloc(max(array.nbytes, 1))
+        if array.nbytes > buffer.nbytes:
+            raise DeviceError(f"upload of {array.nbytes} bytes into a {buffer.nbytes}-byte buffer")
+        if array.nbytes:
+            _check("cuMemcpyHtoD", _driver().cuMemcpyHtoD(buffer.ptr, array.ctypes.data, array.nbytes))
+        return buffer
+
+    def download(self, buffer: Buffer, dtype, shape: int | Sequence[int]) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        if out.nbytes > buffer.nbytes:
+            raise DeviceError(f"download of {out.nbytes} bytes from a {buffer.nbytes}-byte buffer")
+        if out.nbytes:
+            _check("cuMemcpyDtoH", _driver().cuMemcpyDtoH(out.ctypes.data, buffer.ptr, out.nbytes))
+        return out
+
+    def memset(self, buffer: Buffer, byte: int = 0) -> None:
+        _check("cuMemsetD8", _driver().cuMemsetD8(buffer.ptr, byte, buffer.nbytes))
+
+    # ---- streams, events, sync ---------------------------------------------------------------------------------
+    def stream(self) -> Stream:
+        driver = _driver()
+        return Stream(_check("cuStreamCreate", driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+
+    def event(self) -> Event:
+        driver = _driver()
+        return Event(_check("cuEventCreate", driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DEFAULT)))
+
+    def synchronize(self) -> None:
+        _check("cuCtxSynchronize", _driver().cuCtxSynchronize())

@@ -1,0 +1,297 @@
+"""Decode with the persistent megakernel: load a checkpoint, pack it, render + compile the kernel for the model's
+shapes and the GPU's descriptor, and run N decode steps per launch with no host work between tokens.
+
+    dec = MegakernelDecoder("/tmp/qwen-0.8b", max_context=512)
+    first = dec.prefill(prompt_ids)          # teacher-forced steps through the megakernel; returns the next token
+    ids = dec.generate(128)                  # greedy; the argmax of step t feeds step t+1 inside the kernel
+
+One launch runs ``n_steps`` steps: step s consumes ``tokens_in[s]`` for s < n_forced, else the argmax of step s-1,
+and writes its own argmax to ``tokens_out[s]`` (and its logits when asked). The state (KV cache, DeltaNet conv
+window and recurrent state) lives on the device and advances in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from .. import codegen
+from ..errors import CheckpointError, DeviceError, LucegenError
+from ..model.config import ModelConfig
+from ..target import Target
+from . import packing
+from .device import Buffer, Device
+
+TEMPLATE = "megakernel/decode.cu.j2"
+
+
+def _sub(buffer: Buffer, offset_bytes: int) -> Buffer:
+    """A view of ``buffer`` from ``offset_bytes`` on (for uploads into the middle of a packed buffer)."""
+    return Buffer(buffer.ptr + offset_bytes, buffer.nbytes - offset_bytes, None)
+
+
+def _open_device(target) -> Device:
+    """Device.open, with a missing driver library (no NVIDIA driver on this machine) as a DeviceError."""
+    try:
+        return Device.open(target)
+    except LucegenError:
+        raise
+    except Exception as exc:  # e.g. cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
+        raise DeviceError(f"cannot open an NVIDIA GPU: {exc}") from None
+
+
+def _copy_d2d(dst: Buffer, src: Buffer) -> None:
+    from cuda.bindings import driver
+
+    (err,) = driver.cuMemcpyDtoD(dst.ptr, src.ptr, min(dst.nbytes, src.nbytes))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise DeviceError(f"cuMemcpyDtoD failed: {err}")
+
+
+def check_kernel_matches(params: dict, config: ModelConfig) -> None:
+    """Refuse a kernel rendered for other shapes than the model's (before any launch)."""
+    want = {"H": config.hidden_size, "I": config.intermediate_size, "V": config.vocab_size, "L": config.num_layers,
+            "NH": config.num_attention_heads, "NKV": config.num_kv_heads, "HD": config.head_dim,
+            "RD": config.rotary_dim, "NK": config.linear_num_key_heads, "NV": config.linear_num_value_heads,
+            "DK": config.linear_key_head_dim, "DV": config.linear_value_head_dim, "CK": config.conv_kernel}
+    bad = [f"{k}={params.get(k)} (model: {v})" for k, v in want.items() if params.get(k) != v]
+    kinds = [l["kind"] for l in params.get("layers", [])]
+    if kinds != [0 if t == "linear_attention" else 1 for t in config.layer_types]:
+        bad.append("layer pattern")
+    if bad:
+        raise CheckpointError(f"the megakernel was generated for model {params.get('model_name')!r} and cannot run "
+                              f"{config.name!r}: {', '.join(bad)}")
+
+
+@dataclasses.dataclass
+class RunResult:
+    tokens: np.ndarray  # [n_steps] int32: argmax of each step
+    logits: np.ndarray | None  # [n_steps, vocab] float32 when asked
+    profile: np.ndarray | None  # [n_steps, phases, 2] uint64 globaltimer stamps (block 0), when profiling
+
+
+class MegakernelDecoder:
+    def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None,
+                 profile: bool = False, tuning: dict | None = None, params: dict | None = None):
+        from ..compile import compile_source
+        from ..model.checkpoint import Checkpoint, load_checkpoint
+
+        self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(Path(model))
+        self.config = self.checkpoint.config
+        self.device = device or _open_device(None if isinstance(target, Target) else target)
+        # a Target object overrides the device's descriptor for rendering (same chip: tuning experiments)
+        t = target if isinstance(target, Target) else self.device.target
+        if t.arch != self.device.target.arch:
+            raise DeviceError(f"descriptor {t.name} is for {t.arch}; the device is {self.device.target.arch}")
+        self.target = t
+        if t.compute_dtype not in ("bf16", "fp16"):
+            raise DeviceError(f"{t.name}: the megakernel needs compute_dtype bf16 or fp16, not {t.compute_dtype}")
+        self.params = params or packing.kernel_params(self.config, t, profile=profile, **(tuning or {}))
+        check_kernel_matches(self.params, self.config)
+        if not isinstance(max_context, int) or max_context < 1:
+            raise LucegenError(f"max_context must be a positive integer, got {max_context!r}")
+        if max_context > self.config.max_position_embeddings:
+            raise LucegenError(f"max_context {max_context} exceeds the model's max_position_embeddings "
+                               f"{self.config.max_position_embeddings}")
+        self.max_context = max_context
+        self.profiling = bool(self.params["profile"])
+        source = codegen.render(t, TEMPLATE, mk=self.params)
+        self.compiled = compile_source(t, "megakernel", source, template=TEMPLATE)
+        self.module = self.device.load(self.compiled)
+        self.function = self.module.function(packing.KERNEL_NAME)
+        self.blocks, self.threads = t.megakernel.blocks, t.megakernel.threads
+        if t.megakernel.blocks_per_cu * self.threads > t.max_threads_per_cu:
+            raise DeviceError(f"{t.name}: {t.megakernel.blocks_per_cu} blocks of {self.threads} threads exceed "
+                              f"{t.max_threads_per_cu} threads per SM")
+        self.dynamic_smem = int(self.params.get("ring_bytes", 0) or self.params.get("stage_smem", 0))
+        if self.dynamic_smem:
+            self.function.set_max_dynamic_smem(self.dynamic_smem)
+        resident = self.function.max_active_blocks_per_cu(self.threads, self.dynamic_smem)
+        if resident < t.megakernel.blocks_per_cu:
+            info = self.compiled.kernels[0]
+            raise DeviceError(f"{t.name}: megakernel.blocks_per_cu = {t.megakernel.blocks_per_cu} but only {resident} "
+                              f"block(s) of {self.threads} threads ({info.registers} registers, {info.shared_bytes} B "
+                              f"static + {self.dynamic_smem} B dynamic shared memory) fit on one SM; the grid barrier "
+                              "needs every block resident: lower blocks_per_cu or threads in the descriptor")
+        self.layout = packing.plan_layout(self.config)
+        self._allocate()
+        self._upload_weights()
+        self.reset()
+
+    # ------------------------------------------------------------------------------------------ memory
+    def _allocate(self) -> None:
+        d, lay = self.device, self.layout
+        self.wmat = d.alloc(lay.wmat_elems * 2)
+        self.wvec = d.alloc(lay.wvec_floats * 4)
+        self.conv = d.alloc(lay.conv_state_floats() * 4)
+        self.recurrent = d.alloc(lay.recurrent_floats() * 4)
+        self.kv = d.alloc(lay.kv_elems(self.max_context) * 2)
+        self.scratch = d.alloc(lay.scratch_floats * 4)
+        self.barrier = d.alloc(256)
+        self.argmax = d.alloc(16)
+        self.tokens_in = d.alloc(4 * self.max_context)
+        self.tokens_out = d.alloc(4 * self.max_context)
+        self._logits: Buffer | None = None
+        self._profile: Buffer | None = None
+        for b in (self.wmat, self.wvec, self.barrier, self.argmax):
+            d.memset(b)
+
+    def _upload_weights(self) -> None:
+        dtype = self.device.target.compute_dtype
+        self.weight_bytes = 0
+        for buffer, offset, array in packing.pack_pieces(self.layout, self.checkpoint, dtype):
+            if buffer == "wmat":
+                self.device.upload(array, _sub(self.wmat, offset * 2))
+            else:
+                self.device.upload(array, _sub(self.wvec, offset * 4))
+            self.weight_bytes += array.nbytes
+
+    def reset(self) -> None:
+        """Forget the sequence: zero the KV cache, conv windows and recurrent state."""
+        for b in (self.conv, self.recurrent, self.kv, self.scratch):
+            self.device.memset(b)
+        self.position = 0
+        self.next_token: int | None = None
+
+    def snapshot(self) -> dict:
+        """A device-side copy of the sequence state (for benchmarks that replay from the same point)."""
+        copies = {}
+        for name in ("conv", "recurrent", "kv"):
+            src = getattr(self, name)
+            dst = self.device.alloc(src.nbytes)
+            _copy_d2d(dst, src)
+            copies[name] = dst
+        return {"buffers": copies, "position": self.position, "next_token": self.next_token}
+
+    def restore(self, snap: dict) -> None:
+        for name, src in snap["buffers"].items():
+            _copy_d2d(getattr(self, name), src)
+        self.position, self.next_token = snap["position"], snap["next_token"]
+
+    def close(self) -> None:
+        for name in ("wmat", "wvec", "conv", "recurrent", "kv", "scratch", "barrier", "argmax", "tokens_in",
+                     "tokens_out", "_logits", "_profile"):
+            b = getattr(self, name, None)
+            if b is not None:
+                b.free()
+        if getattr(self, "module", None) is not None:
+            self.module.unload()
+            self.module = None
+
+    # ------------------------------------------------------------------------------------------ launches
+    def _ensure(self, attr: str, nbytes: int) -> Buffer:
+        b = getattr(self, attr)
+        if b is None or b.nbytes < nbytes:
+            if b is not None:
+                b.free()
+            b = self.device.alloc(nbytes)
+            setattr(self, attr, b)
+        return b
+
+    def launch(self, tokens_in, n_steps: int, *, logits: bool = False, stream=None) -> None:
+        """Queue one launch of ``n_steps`` steps (no sync): forced tokens ``tokens_in``, then greedy."""
+        tokens_in = np.asarray(tokens_in, dtype=np.int32).reshape(-1)
+        n_forced = tokens_in.size
+        if n_steps < 1 or n_forced < 1 or n_forced > n_steps:
+            raise LucegenError(f"a launch needs 1 <= forced tokens ({n_forced}) <= steps ({n_steps})")
+        if self.position + n_steps > self.max_context:
+            raise LucegenError(f"{self.position} tokens so far + {n_steps} more exceed the allocated context of "
+                               f"{self.max_context} (--max-context)")
+        if tokens_in.min() < 0 or tokens_in.max() >= self.config.vocab_size:
+            raise LucegenError(f"token id out of range [0, {self.config.vocab_size})")
+        self.device.upload(tokens_in, self.tokens_in)
+        logits_ptr = np.uint64(0)
+        if logits:
+            logits_ptr = self._ensure("_logits", n_steps * self.config.vocab_size * 4)
+        profile_ptr = np.uint64(0)
+        if self.profiling:
+            profile_ptr = self._ensure("_profile", n_steps * (5 * self.config.num_layers + 1) * 16)
+        args = (self.wmat, self.wvec, self.conv, self.recurrent, self.kv, self.scratch, self.barrier, self.argmax,
+                self.tokens_in, self.tokens_out, logits_ptr, profile_ptr, np.int32(self.max_context),
+                np.int32(self.position), np.int32(n_steps), np.int32(n_forced))
+        self.function.launch(self.blocks, self.threads, args, smem=self.dynamic_smem, stream=stream)
+        self.position += n_steps
+        self._last_steps = n_steps
+
+    def collect(self, *, logits: bool = False) -> RunResult:
+        """Wait for the last launch and download its tokens (and logits / profile stamps)."""
+        n = self._last_steps
+        self.device.synchronize()
+        tokens = self.device.download(self.tokens_out, np.int32, (n,))
+        out_logits = self.device.download(self._logits, np.float32, (n, self.config.vocab_size)) if logits else None
+        prof = None
+        if self.profiling:
+            prof = self.device.download(self._profile, np.uint64, (n, 5 * self.config.num_layers + 1, 2))
+        self.next_token = int(tokens[-1])
+        return RunResult(tokens, out_logits, prof)
+
+    def run(self, tokens_in, n_steps: int | None = None, *, logits: bool = False) -> RunResult:
+        tokens_in = np.asarray(tokens_in, dtype=np.int32).reshape(-1)
+        self.launch(tokens_in, n_steps or tokens_in.size, logits=logits)
+        return self.collect(logits=logits)
+
+    # ------------------------------------------------------------------------------------------ API
+    def prefill(self, tokens, *, logits: bool = False) -> RunResult:
+        """Consume ``tokens`` (teacher-forced, one megakernel step each); ``next_token`` = greedy continuation."""
+        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if tokens.size == 0:
+            raise LucegenError("prefill: no tokens")
+        return self.run(tokens, logits=logits)
+
+    def generate(self, n: int, callback=None, *, chunk: int | None = None, logits: bool = False) -> list[int]:
+        """Greedy-decode ``n`` tokens after a prefill: returns them (the first is the prefill's ``next_token``).
+        With ``callback(list_of_new_ids)``, tokens stream in chunks of ``chunk`` steps per launch."""
+        if self.next_token is None:
+            raise LucegenError("generate: call prefill(prompt) first")
+        out = [self.next_token]
+        if callback:
+            callback([self.next_token])
+        remaining = n - 1
+        while remaining > 0:
+            steps = min(remaining, chunk or remaining)
+            result = self.run([self.next_token], steps, logits=logits)
+            new = [int(t) for t in result.tokens]
+            out.extend(new)
+            if callback:
+                callback(new)
+            remaining -= steps
+        return out[:n]
+
+    def download_state(self) -> dict:
+        """The device state in the reference's layouts (float32): per DeltaNet layer ``conv`` [conv_dim, K-1] and
+        ``recurrent`` [NV, DK, DV]; per attention layer ``k``, ``v`` [NKV, position, HD]."""
+        c, lay = self.config, self.layout
+        self.device.synchronize()
+        conv = self.device.download(self.conv, np.float32, (max(lay.n_dn, 1), c.conv_dim, c.conv_kernel - 1))
+        rec = self.device.download(self.recurrent, np.float32, (max(lay.n_dn, 1), c.linear_num_value_heads,
+                                                                c.linear_value_head_dim, c.linear_key_head_dim))
+        kv_bits = self.device.download(self.kv, np.uint16, (max(lay.n_at, 1), 2, c.num_kv_heads, self.max_context,
+                                                            c.head_dim))
+        if self.device.target.kv_cache_type == "bf16":
+            from ..model.dtypes import bf16_bits_to_f32
+
+            kv = bf16_bits_to_f32(kv_bits)
+        else:
+            kv = kv_bits.view(np.float16).astype(np.float32)
+        layers = []
+        for l in lay.layers:
+            if l.kind == 0:
+                layers.append({"conv": conv[l.slot], "recurrent": np.ascontiguousarray(rec[l.slot].transpose(0, 2, 1))})
+            else:
+                layers.append({"k": kv[l.slot, 0, :, : self.position], "v": kv[l.slot, 1, :, : self.position]})
+        return {"layers": layers, "position": self.position}
+
+    # ------------------------------------------------------------------------------------------ facts
+    def bytes_per_token(self) -> int:
+        """Bytes the kernel must read per decode step: every packed weight once (the tied embedding serves as
+        lm_head) plus the DeltaNet state read and written; the KV cache read is context-dependent and small."""
+        c, lay = self.config, self.layout
+        weights = 2 * lay.wmat_elems - (0 if c.tie_word_embeddings else 2 * c.vocab_size * c.hidden_size)
+        state = 2 * lay.recurrent_floats() * 4
+        return weights + state
+
+    @property
+    def barriers_per_step(self) -> int:
+        return packing.barriers_per_step(self.config)

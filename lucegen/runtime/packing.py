@@ -1,0 +1,393 @@
+"""The decode megakernel's half of the template contract: where every weight lives, and the work split.
+
+``plan_layout(config)`` places every tensor of a Qwen3.5 text model in two device buffers:
+
+* ``wmat`` (the target's compute dtype, bf16 or fp16): the matrices, row-major, each 256-byte aligned. Per
+  DeltaNet layer ``in_mat`` = [in_proj_qkv | in_proj_z | in_proj_a | in_proj_b] rows (one matvec splits evenly over
+  all blocks), ``out_mat`` = out_proj; per attention layer ``in_mat`` = [q_proj | k_proj | v_proj], ``out_mat`` =
+  o_proj; every layer ``gateup`` = gate_proj and up_proj rows interleaved (row 2i = gate i, row 2i+1 = up i, so one
+  warp produces silu(gate_i) * up_i) and ``down``. Then the embedding (= lm_head when tied) and lm_head.
+* ``wvec`` (float32): norms, conv1d taps [conv_dim][K], A_log, dt_bias, the gated-norm weight, q/k norms and
+  RoPE's inverse frequencies.
+
+``kernel_params(config, target)`` is everything ``templates/megakernel/decode.cu.j2`` needs beyond the descriptor:
+shapes, this layout's offsets, scratch offsets, shared-memory carve-up and the per-phase work split.
+``pack_pieces(layout, checkpoint, dtype)`` yields the packed arrays piece by piece for upload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..model.config import FULL, ModelConfig
+from ..model.dtypes import bf16_bits_to_f32
+from ..target import DTYPES, Target
+
+KERNEL_NAME = "qwen35_decode"
+MAT_ALIGN = 128  # elements (256 bytes for 2-byte types)
+VEC_ALIGN = 16  # floats
+SCRATCH_ALIGN = 32  # floats
+#: Bytes of each block's lm_head slice prefetched toward L2 during the last layer's down projection.
+PREFETCH_LM_BYTES = 128 * 1024
+#: Bytes per weight-ring chunk (one bulk copy, one mbarrier).
+RING_CHUNK = 16 * 1024
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    kind: int  # 0 DeltaNet, 1 attention
+    slot: int  # index among layers of its kind (state / KV cache slot)
+    in_mat: int
+    out_mat: int
+    gateup: int
+    down: int
+    in_norm: int
+    post_norm: int
+    conv_w: int = -1
+    a_log: int = -1
+    dt_bias: int = -1
+    gnorm: int = -1
+    q_norm: int = -1
+    k_norm: int = -1
+
+
+@dataclass(frozen=True)
+class Layout:
+    config: ModelConfig
+    layers: tuple[LayerLayout, ...]
+    embed: int
+    lm_head: int
+    final_norm: int
+    inv_freq: int
+    wmat_elems: int
+    wvec_floats: int
+    scratch: dict
+    scratch_floats: int
+
+    @property
+    def n_dn(self) -> int:
+        return sum(1 for l in self.layers if l.kind == 0)
+
+    @property
+    def n_at(self) -> int:
+        return sum(1 for l in self.layers if l.kind == 1)
+
+    def conv_state_floats(self) -> int:
+        c = self.config
+        return max(1, self.n_dn * c.conv_dim * (c.conv_kernel - 1))
+
+    def recurrent_floats(self) -> int:
+        c = self.config
+        return max(1, self.n_dn * c.linear_num_value_heads * c.linear_value_head_dim * c.linear_key_head_dim)
+
+    def kv_elems(self, max_context: int) -> int:
+        c = self.config
+        return max(1, self.n_at * 2 * c.num_kv_heads * max_context * c.head_dim)
+
+
+def in_rows(config: ModelConfig, kind: int) -> int:
+    c = config
+    if kind == 0:
+        return c.conv_dim + c.linear_value_dim + 2 * c.linear_num_value_heads
+    return c.q_proj_dim + 2 * c.kv_dim
+
+
+def out_cols(config: ModelConfig, kind: int) -> int:
+    c = config
+    return c.linear_value_dim if kind == 0 else c.num_attention_heads * c.head_dim
+
+
+def plan_layout(config: ModelConfig) -> Layout:
+    c = config
+    h = c.hidden_size
+    mat = 0
+    vec = 0
+
+    def take_mat(rows: int, cols: int) -> int:
+        nonlocal mat
+        off = mat
+        mat = _align(mat + rows * cols, MAT_ALIGN)
+        return off
+
+    def take_vec(n: int) -> int:
+        nonlocal vec
+        off = vec
+        vec = _align(vec + n, VEC_ALIGN)
+        return off
+
+    final_norm = take_vec(h)
+    inv_freq = take_vec(c.rotary_dim // 2)
+    layers = []
+    slots = [0, 0]
+    for kind_name in c.layer_types:
+        kind = 1 if kind_name == FULL else 0
+        slot = slots[kind]
+        slots[kind] += 1
+        in_mat = take_mat(in_rows(c, kind), h)
+        out_mat = take_mat(h, out_cols(c, kind))
+        gateup = take_mat(2 * c.intermediate_size, h)
+        down = take_mat(h, c.intermediate_size)
+        fields = dict(kind=kind, slot=slot, in_mat=in_mat, out_mat=out_mat, gateup=gateup, down=down,
+                      in_norm=take_vec(h), post_norm=take_vec(h))
+        if kind == 0:
+            fields.update(conv_w=take_vec(c.conv_dim * c.conv_kernel), a_log=take_vec(c.linear_num_value_heads),
+                          dt_bias=take_vec(c.linear_num_value_heads), gnorm=take_vec(c.linear_value_head_dim))
+        else:
+            fields.update(q_norm=take_vec(c.head_dim), k_norm=take_vec(c.head_dim))
+        layers.append(LayerLayout(**fields))
+    embed = take_mat(c.vocab_size, h)
+    lm_head = embed if c.tie_word_embeddings else take_mat(c.vocab_size, h)
+
+    scratch = {}
+    size = 0
+    for name, n in (("x", h), ("dn_in", c.conv_dim), ("dn_z", c.linear_value_dim),
+                    ("dn_g", c.linear_num_value_heads), ("dn_beta", c.linear_num_value_heads),
+                    ("dn_o", c.linear_value_dim), ("at_in", in_rows(c, 1)),
+                    ("at_o", c.num_attention_heads * c.head_dim), ("act", c.intermediate_size)):
+        scratch[name] = size
+        size = _align(size + n, SCRATCH_ALIGN)
+    return Layout(c, tuple(layers), embed, lm_head, final_norm, inv_freq, mat, vec, scratch, size)
+
+
+# ---------------------------------------------------------------------------------------------- template params
+def _f32_literal(x: float) -> str:
+    """A C float literal that parses to exactly float32(x)."""
+    return repr(float(np.float32(x)))
+
+
+def _segments(rows: int, blocks: int, warps: int, cols: int) -> int:
+    """How many column segments to split each row of a (rows x cols) matvec into so that the block's few rows
+    still give every warp work; each segment a whole number of 8-element (16-byte) chunks."""
+    per_block = max(1, math.ceil(rows / blocks))
+    want = max(1, warps // per_block)
+    for s in range(want, 0, -1):
+        if cols % (8 * s) == 0:
+            return s
+    return 1
+
+
+def check_supported(config: ModelConfig, target: Target) -> None:
+    """The shapes this template handles; a clear error for anything else (before rendering)."""
+    c, w = config, target.warp_size
+    threads = target.megakernel.threads
+    rules = [
+        (c.hidden_size % 8 == 0, "hidden_size must be a multiple of 8 (16-byte weight rows)"),
+        (c.intermediate_size % 8 == 0, "intermediate_size must be a multiple of 8"),
+        (c.linear_value_dim % 8 == 0, "linear value dim must be a multiple of 8"),
+        ((c.num_attention_heads * c.head_dim) % 8 == 0, "num_attention_heads * head_dim must be a multiple of 8"),
+        (c.linear_key_head_dim % w == 0, f"linear_key_head_dim must be a multiple of the warp size {w}"),
+        (c.head_dim % w == 0, f"head_dim must be a multiple of the warp size {w}"),
+        (c.head_dim <= threads, f"head_dim must not exceed the megakernel's {threads} threads"),
+        (c.conv_kernel >= 2, "conv_kernel must be at least 2"),
+    ]
+    for ok, reason in rules:
+        if not ok:
+            raise CheckpointError(f"model {c.name}: the decode megakernel cannot run this shape: {reason}")
+
+
+def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False, prefetch_distance: int = 0,
+                  prefetch_at: str = "end", prefetch_mode: str = "bulk", prefetch_phases: int = 0b111111,
+                  ring: bool | None = None,
+                  ring_rows_a: int = 4, pipeline_a: bool = True, stage: bool | None = None,
+                  stage_regions: int = 2,
+                  rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2) -> dict:
+    """The ``mk`` dict the template renders with (plus the descriptor's own params)."""
+    check_supported(config, target)
+    c = config
+    lay = plan_layout(c)
+    blocks, threads, warp = target.megakernel.blocks, target.megakernel.threads, target.warp_size
+    warps = threads // warp
+    h, ao, vd = c.hidden_size, c.num_attention_heads * c.head_dim, c.linear_value_dim
+    segs_c_dn = _segments(h, blocks, warps, vd)
+    segs_c_at = _segments(h, blocks, warps, ao)
+    segs_e = _segments(h, blocks, warps, c.intermediate_size)
+    rows_per_block = math.ceil(h / blocks)
+    xs_max = _align(max(h, vd, ao, c.intermediate_size), 8)
+    heads_max = _align(max(c.linear_num_value_heads, 2), 32)
+    part = _align(max(2 * warps * rows_lm, rows_per_block * max(segs_c_dn, segs_c_at, segs_e)), 32)
+    matvec_floats = 2 * xs_max + 64 + heads_max + part
+    # weight ring (copy-engine chips): chunks of RING_CHUNK bytes in dynamic shared memory, as many as fit beside
+    # the static carve-up; a block's largest slice (its
+    # in-projection or gate/up rows) must fit with room to spare
+    rows = lambda n: math.ceil(n / blocks)  # noqa: E731 - the most rows block_range gives one block
+    largest = 2 * h * max(rows(in_rows(c, 0)), rows(in_rows(c, 1)), 2 * rows(c.intermediate_size))
+    largest = max(largest, 2 * rows(h) * max(vd, ao, c.intermediate_size))
+    attn_fixed = 3 * c.head_dim + 64 + warps * c.head_dim
+    static_min = 4 * max(matvec_floats, attn_fixed) + 256
+    chunks = (target.smem_per_block_optin - static_min) // (RING_CHUNK + 8) if target.smem_per_block_optin > static_min else 0
+    chunks = min(chunks, 64)
+    if ring is None:
+        ring = False  # measured slower than direct loads on the H100 (see README, decode section)
+    if ring and chunks < math.ceil(largest / RING_CHUNK):
+        raise CheckpointError(f"model {c.name}: a block's weight slice ({largest} bytes) does not fit the weight "
+                              f"ring of {chunks} x {RING_CHUNK} bytes on {target.name}")
+    # weight staging (chips with cp.async): the next phase's slice, as much of it as fits beside the static carve-up
+    stage_bytes = stage_bytes0 = stage_bytes1 = 0
+    if stage is None:
+        stage = False  # measured slower than direct loads on the H100 (see README, decode section)
+    stage = bool(stage) and target.is_nvidia and target.features.cp_async and not ring
+    if stage:
+        room = target.smem_per_block_optin - 4 * max(matvec_floats, attn_fixed) - 1024
+        if stage_regions == 2:  # region 0: in-projection or gate/up rows; region 1: out-projection or down rows
+            want0 = 2 * h * max(rows(in_rows(c, 0)), rows(in_rows(c, 1)), 2 * rows(c.intermediate_size))
+            want1 = 2 * rows(h) * max(vd, ao, c.intermediate_size)
+            scale = min(1.0, room / max(1, want0 + want1))
+            stage_bytes0 = int(_align(want0, 128) * scale) // 128 * 128
+            stage_bytes1 = int(_align(want1, 128) * scale) // 128 * 128
+        else:
+            stage_bytes0, stage_bytes1 = min(_align(largest, 128), room // 128 * 128), 0
+        stage_bytes = stage_bytes0 + stage_bytes1
+        stage = stage_bytes0 >= 16
+    static_budget = target.smem_per_block
+    if ring:
+        static_budget = min(static_budget - 256, target.smem_per_block_optin - chunks * (RING_CHUNK + 8) - 256)
+    budget = static_budget // 4
+    if max(matvec_floats, attn_fixed) > budget:
+        raise CheckpointError(f"model {c.name}: the decode megakernel's shared memory does not fit "
+                              f"{target.name}'s smem_per_block {target.smem_per_block}")
+    smem_floats = max(matvec_floats, attn_fixed)
+    return {
+        "kernel_name": KERNEL_NAME,
+        "model_name": c.name,
+        "H": h, "I": c.intermediate_size, "V": c.vocab_size, "L": c.num_layers,
+        "NH": c.num_attention_heads, "NKV": c.num_kv_heads, "HD": c.head_dim, "RD": c.rotary_dim,
+        "NK": c.linear_num_key_heads, "NV": c.linear_num_value_heads, "DK": c.linear_key_head_dim,
+        "DV": c.linear_value_head_dim, "CK": c.conv_kernel,
+        "EPS": _f32_literal(c.rms_norm_eps),
+        "q_scale": _f32_literal(1.0 / np.sqrt(c.linear_key_head_dim)),
+        "attn_scale": _f32_literal(c.head_dim ** -0.5),
+        "n_dn": lay.n_dn, "n_at": lay.n_at,
+        "blocks": blocks,
+        "smem_floats": smem_floats,
+        "xs_max": xs_max,
+        "heads_max": heads_max,
+        "segs_c_dn": segs_c_dn, "segs_c_at": segs_c_at, "segs_e": segs_e,
+        "rows_a": rows_a, "pairs_d": pairs_d, "rows_lm": rows_lm,
+        "prefetch_lm_bytes": PREFETCH_LM_BYTES,
+        "prefetch_distance": prefetch_distance,
+        "ring": bool(ring),
+        "ring_chunk": RING_CHUNK,
+        "ring_chunk_log2": RING_CHUNK.bit_length() - 1,
+        "ring_chunks": chunks if ring else 0,
+        "ring_bytes": chunks * RING_CHUNK if ring else 0,
+        "stage": bool(stage),
+        "stage_bytes0": stage_bytes0 if stage else 0,
+        "stage_bytes1": stage_bytes1 if stage else 0,
+        "stage_regions": stage_regions,
+        "stage_smem": stage_bytes if stage else 0,
+        "ring_rows_a": ring_rows_a,
+        "pipeline_a": pipeline_a,
+        "prefetch_at": prefetch_at,
+        "prefetch_phases": prefetch_phases,
+        "prefetch_mode": prefetch_mode,
+        "profile": profile,
+        "kv_dtype": target.kv_cache_type,
+        "kv_ctype": DTYPES[target.kv_cache_type][0],
+        "embed": lay.embed, "lm_head": lay.lm_head, "final_norm": lay.final_norm, "inv_freq": lay.inv_freq,
+        "layers": [dataclasses.asdict(l) for l in lay.layers],
+        "s": dict(lay.scratch),
+    }
+
+
+def barriers_per_step(config: ModelConfig) -> int:
+    """Grid barriers per decode step: five per layer and one after the lm_head."""
+    return 5 * config.num_layers + 1
+
+
+# ---------------------------------------------------------------------------------------------- packing
+def _matrix_bits(checkpoint, name: str, dtype: str) -> np.ndarray:
+    """A checkpoint tensor as uint16 bits of ``dtype`` (bf16: exact for BF16 checkpoints; fp16: rounded)."""
+    if dtype == "bf16":
+        return np.ascontiguousarray(checkpoint.bf16(name), dtype=np.uint16)
+    if dtype == "fp16":
+        return np.ascontiguousarray(checkpoint.f32(name).astype(np.float16)).view(np.uint16)
+    raise CheckpointError(f"the decode megakernel packs weights as bf16 or fp16, not {dtype}")
+
+
+def _checked(checkpoint, name: str, shape: tuple[int, ...], array: np.ndarray) -> np.ndarray:
+    if tuple(array.shape) != tuple(shape):
+        raise CheckpointError(f"{getattr(checkpoint, 'path', 'checkpoint')}: {name}: shape {tuple(array.shape)}, "
+                              f"expected {tuple(shape)}")
+    return array
+
+
+def pack_pieces(layout: Layout, checkpoint, dtype: str) -> Iterator[tuple[str, int, np.ndarray]]:
+    """Yield (buffer, offset, array): buffer "wmat" (uint16 bits, element offset) or "wvec" (float32, float
+    offset). Together they fill every tensor of the layout; padding stays as allocated (zeroed by the caller)."""
+    c = layout.config
+    shapes = c.tensor_shapes()
+
+    def mat(name):
+        return _checked(checkpoint, name, shapes[name], _matrix_bits(checkpoint, name, dtype))
+
+    def vec(name):
+        return _checked(checkpoint, name, shapes[name], np.ascontiguousarray(checkpoint.f32(name), np.float32))
+
+    yield "wvec", layout.final_norm, vec("norm.weight")
+    rd = c.rotary_dim
+    inv_freq = (np.float32(1) / np.power(np.float32(c.rope_theta), np.arange(0, rd, 2, dtype=np.float32) / np.float32(rd)))
+    yield "wvec", layout.inv_freq, inv_freq.astype(np.float32)
+    for i, lay in enumerate(layout.layers):
+        p = f"layers.{i}."
+        if lay.kind == 0:
+            la = p + "linear_attn."
+            yield "wmat", lay.in_mat, np.concatenate(
+                [mat(la + "in_proj_qkv.weight"), mat(la + "in_proj_z.weight"), mat(la + "in_proj_a.weight"),
+                 mat(la + "in_proj_b.weight")], axis=0)
+            yield "wmat", lay.out_mat, mat(la + "out_proj.weight")
+            yield "wvec", lay.conv_w, vec(la + "conv1d.weight").reshape(c.conv_dim, c.conv_kernel)
+            yield "wvec", lay.a_log, vec(la + "A_log")
+            yield "wvec", lay.dt_bias, vec(la + "dt_bias")
+            yield "wvec", lay.gnorm, vec(la + "norm.weight")
+        else:
+            sa = p + "self_attn."
+            yield "wmat", lay.in_mat, np.concatenate(
+                [mat(sa + "q_proj.weight"), mat(sa + "k_proj.weight"), mat(sa + "v_proj.weight")], axis=0)
+            yield "wmat", lay.out_mat, mat(sa + "o_proj.weight")
+            yield "wvec", lay.q_norm, vec(sa + "q_norm.weight")
+            yield "wvec", lay.k_norm, vec(sa + "k_norm.weight")
+        gate, up = mat(p + "mlp.gate_proj.weight"), mat(p + "mlp.up_proj.weight")
+        yield "wmat", lay.gateup, np.stack([gate, up], axis=1).reshape(2 * c.intermediate_size, c.hidden_size)
+        yield "wmat", lay.down, mat(p + "mlp.down_proj.weight")
+        yield "wvec", lay.in_norm, vec(p + "input_layernorm.weight")
+        yield "wvec", lay.post_norm, vec(p + "post_attention_layernorm.weight")
+    yield "wmat", layout.embed, mat("embed_tokens.weight")
+    if not c.tie_word_embeddings:
+        yield "wmat", layout.lm_head, mat("lm_head.weight")
+
+
+def pack_host(layout: Layout, checkpoint, dtype: str = "bf16") -> tuple[np.ndarray, np.ndarray]:
+    """The whole packed (wmat uint16 bits, wvec float32) on the host (tests and small models)."""
+    wmat = np.zeros(layout.wmat_elems, np.uint16)
+    wvec = np.zeros(layout.wvec_floats, np.float32)
+    for buffer, offset, array in pack_pieces(layout, checkpoint, dtype):
+        flat = array.reshape(-1)
+        target = wmat if buffer == "wmat" else wvec
+        if offset + flat.size > target.size:
+            raise AssertionError(f"{buffer} piece at {offset} overruns the layout")
+        target[offset : offset + flat.size] = flat
+    return wmat, wvec
+
+
+def unpack_matrix(layout: Layout, wmat: np.ndarray, layer: int, which: str) -> np.ndarray:
+    """Read a packed matrix back as float32 [rows, cols] (bf16 bits): the inverse view used by tests."""
+    c = layout.config
+    lay = layout.layers[layer]
+    rows, cols = {
+        "in_mat": (in_rows(c, lay.kind), c.hidden_size),
+        "out_mat": (c.hidden_size, out_cols(c, lay.kind)),
+        "gateup": (2 * c.intermediate_size, c.hidden_size),
+        "down": (c.hidden_size, c.intermediate_size),
+    }[which]
+    off = getattr(lay, which)
+    return bf16_bits_to_f32(wmat[off : off + rows * cols]).reshape(rows, cols)

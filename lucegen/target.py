@@ -1,0 +1,365 @@
+"""Chip descriptors: ``targets/<name>.toml`` → a validated, frozen :class:`Target`.
+
+A descriptor holds published hardware facts about one chip (plus a few commented tuning choices). Every field is
+required, every key must be known, every value must have the right type and be possible on that chip; anything else
+is a :class:`DescriptorError` naming the file, the field and the reason. Derived values (``megakernel.blocks``,
+the compute capability) are computed here, never written in the file.
+
+The schema is the dataclasses below: a field's annotation is its TOML type, a nested dataclass is a TOML table.
+Templates see a target only through :meth:`Target.template_params`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import TARGETS_DIR
+from .errors import DescriptorError
+
+VENDORS = ("nvidia", "amd")
+#: Element types a descriptor may list, with the C type a template uses for each and its size in bytes.
+DTYPES = {"fp16": ("fp16_t", 2), "bf16": ("bf16_t", 2), "fp8": ("fp8_t", 1), "nvfp4": ("nvfp4_t", 0.5)}
+#: Activation/compute types (what kernels keep activations in and accumulate around).
+COMPUTE_DTYPES = ("bf16", "fp16")
+#: Bytes per global-memory vector access (uint4 / 128-bit loads) on every supported chip.
+VECTOR_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the hardware supports (a descriptor may leave a supported feature off, never claim a missing one)."""
+
+    bf16: bool
+    fp8: bool
+    nvfp4: bool
+    cp_async: bool
+    tma: bool
+    wgmma: bool
+    cooperative_launch: bool
+
+
+@dataclass(frozen=True)
+class Megakernel:
+    """The persistent decode kernel's launch shape. ``blocks`` is derived: compute_units × blocks_per_cu."""
+
+    blocks_per_cu: int
+    threads: int
+    blocks: int = dataclasses.field(default=0, metadata={"derived": True})
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """Tiles and software-pipeline depth for the prefill GEMMs."""
+
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    warps: int
+    stages: int
+
+
+@dataclass(frozen=True)
+class DDTree:
+    """Speculative-decoding tree budget (nodes verified per step)."""
+
+    budget: int
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    vendor: str
+    arch: str
+    compute_units: int
+    warp_size: int
+    max_threads_per_block: int
+    max_threads_per_cu: int
+    smem_per_block: int
+    smem_per_block_optin: int
+    smem_per_cu: int
+    regs_per_cu: int
+    regs_per_thread_max: int
+    mem_bandwidth_gbs: float
+    l2_bytes: int
+    compute_dtype: str
+    dtypes: tuple[str, ...]
+    kv_cache_type: str
+    features: Features
+    megakernel: Megakernel
+    matmul: Matmul
+    ddtree: DDTree
+    path: str = dataclasses.field(default="", metadata={"derived": True})
+
+    # ---- derived -------------------------------------------------------------------------------------------
+    @property
+    def is_nvidia(self) -> bool:
+        return self.vendor == "nvidia"
+
+    @property
+    def is_amd(self) -> bool:
+        return self.vendor == "amd"
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """(major, minor) for NVIDIA targets (sm_90 → (9, 0), sm_121 → (12, 1)); None for AMD."""
+        return _sm_capability(self.arch) if self.is_nvidia else None
+
+    @property
+    def source_suffix(self) -> str:
+        return ".cu" if self.is_nvidia else ".hip"
+
+    def template_params(self) -> dict[str, Any]:
+        """Everything a template may know about the chip. Templates get nothing else from the target."""
+        ctypes = {name: DTYPES[name][0] for name in self.dtypes}
+        elem_bytes = {name: DTYPES[name][1] for name in self.dtypes}
+        return {
+            "target": self.name,
+            "vendor": self.vendor,
+            "arch": self.arch,
+            "is_nvidia": self.is_nvidia,
+            "is_amd": self.is_amd,
+            "compute_units": self.compute_units,
+            "warp_size": self.warp_size,
+            "log2_warp_size": self.warp_size.bit_length() - 1,
+            "max_threads_per_block": self.max_threads_per_block,
+            "smem_per_block": self.smem_per_block,
+            "smem_per_block_optin": self.smem_per_block_optin,
+            "compute_dtype": self.compute_dtype,
+            "compute_ctype": DTYPES[self.compute_dtype][0],
+            "dtypes": list(self.dtypes),
+            "ctypes": ctypes,
+            "elem_bytes": elem_bytes,
+            "vector_bytes": VECTOR_BYTES,
+            # elements of a 2-byte type in one 16-byte vector access
+            "vector_width": VECTOR_BYTES // 2,
+            "features": dataclasses.asdict(self.features),
+            "megakernel": dataclasses.asdict(self.megakernel),
+            "matmul": dataclasses.asdict(self.matmul),
+            "ddtree_budget": self.ddtree.budget,
+            "kv_cache_type": self.kv_cache_type,
+            "kv_cache_ctype": DTYPES[self.kv_cache_type][0],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved descriptor including derived values (what ``lucegen show`` prints)."""
+        out = dataclasses.asdict(self)
+        out["dtypes"] = list(self.dtypes)
+        return out
+
+
+# ---- hardware capability rules ---------------------------------------------------------------------------------
+# NVIDIA: minimum SM version (major*10+minor) for each feature; wgmma exists on sm_90 only (sm_90a instructions;
+# Blackwell replaced it with tcgen05). AMD: none of the NVIDIA-only features; bf16 from gfx11 (RDNA3 WMMA) and
+# CDNA2+; fp8 on RDNA4 (gfx12) and CDNA3 (gfx94x).
+_NVIDIA_FEATURE_MIN_SM = {"bf16": 80, "fp8": 89, "nvfp4": 100, "cp_async": 80, "tma": 90, "cooperative_launch": 60}
+_NVIDIA_MIN_SM = 75
+
+
+def _sm_capability(arch: str) -> tuple[int, int]:
+    digits = arch[3:]
+    return int(digits[:-1]), int(digits[-1])
+
+
+def _sm_number(arch: str) -> int:
+    major, minor = _sm_capability(arch)
+    return major * 10 + minor
+
+
+def _feature_possible(vendor: str, arch: str, feature: str) -> bool:
+    if vendor == "nvidia":
+        sm = _sm_number(arch)
+        if feature == "wgmma":
+            return sm == 90
+        return sm >= _NVIDIA_FEATURE_MIN_SM[feature]
+    family = arch[3:-2]  # gfx1100 → "11", gfx942 → "9"
+    if feature == "bf16":
+        return family in ("11", "12") or arch in ("gfx90a", "gfx940", "gfx941", "gfx942", "gfx950")
+    if feature == "fp8":
+        return family == "12" or arch in ("gfx940", "gfx941", "gfx942", "gfx950")
+    if feature == "cooperative_launch":
+        return True
+    return False  # nvfp4, cp_async, tma, wgmma
+
+
+# ---- loading ---------------------------------------------------------------------------------------------------
+def list_targets() -> list[str]:
+    """Names of the descriptors in targets/, sorted (NVIDIA by SM number, then AMD)."""
+    names = [p.stem for p in TARGETS_DIR.glob("*.toml")]
+
+    def order(name: str):
+        m = re.fullmatch(r"sm_(\d+)", name)
+        return (0, int(m.group(1)), name) if m else (1, 0, name)
+
+    return sorted(names, key=order)
+
+
+def resolve_path(name_or_path: str | Path) -> Path:
+    text = str(name_or_path)
+    if text.endswith(".toml") or "/" in text or "\\" in text:
+        return Path(text)
+    return TARGETS_DIR / f"{text}.toml"
+
+
+def load_target(name_or_path: str | Path) -> Target:
+    """Load and validate a descriptor by name (``sm_90``) or path (``targets/sm_90.toml``)."""
+    path = resolve_path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(list_targets())
+        raise DescriptorError(path, "<file>", f"no such descriptor (known targets: {known})")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise DescriptorError(path, "<toml>", f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise DescriptorError(path, "<file>", f"not UTF-8 text: {exc}") from None
+    return target_from_dict(data, path)
+
+
+def target_from_dict(data: dict[str, Any], path: str | Path = "<descriptor>") -> Target:
+    """Validate a parsed descriptor (the TOML as a dict) and build the Target."""
+    fields = _parse_table(Target, data, path, prefix="")
+    target = Target(**fields, path=str(path))
+    _check_consistency(target, path)
+    mk = target.megakernel
+    return dataclasses.replace(
+        target, megakernel=dataclasses.replace(mk, blocks=target.compute_units * mk.blocks_per_cu)
+    )
+
+
+def _parse_table(cls, data: Any, path, prefix: str) -> dict[str, Any]:
+    where = prefix.rstrip(".") or "<top level>"
+    if not isinstance(data, dict):
+        raise DescriptorError(path, where, f"expected a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    schema = [f for f in dataclasses.fields(cls) if not f.metadata.get("derived")]
+    known = {f.name for f in schema}
+    for key in data:
+        if key not in known:
+            derived = [f.name for f in dataclasses.fields(cls) if f.metadata.get("derived")]
+            reason = "is derived, not set in the file" if key in derived else f"unknown key (known: {', '.join(sorted(known))})"
+            raise DescriptorError(path, prefix + key, reason)
+    out: dict[str, Any] = {}
+    for f in schema:
+        name = prefix + f.name
+        if f.name not in data:
+            raise DescriptorError(path, name, "missing")
+        out[f.name] = _parse_value(hints[f.name], data[f.name], path, name)
+    return out
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array", dict: "table"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _parse_value(hint, value: Any, path, name: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return hint(**_parse_table(hint, value, path, prefix=name + "."))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise DescriptorError(path, name, f"expected a boolean, got {_type_name(value)} {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DescriptorError(path, name, f"expected an integer, got {_type_name(value)} {value!r}")
+        if value <= 0:
+            raise DescriptorError(path, name, f"must be positive, got {value}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise DescriptorError(path, name, f"expected a number, got {_type_name(value)} {value!r}")
+        if not value > 0 or value != value or value == float("inf"):
+            raise DescriptorError(path, name, f"must be a positive finite number, got {value}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise DescriptorError(path, name, f"expected a string, got {_type_name(value)} {value!r}")
+        return value
+    if typing.get_origin(hint) is tuple:  # tuple[str, ...]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise DescriptorError(path, name, f"expected an array of strings, got {value!r}")
+        if not value:
+            raise DescriptorError(path, name, "must not be empty")
+        if len(set(value)) != len(value):
+            raise DescriptorError(path, name, f"lists a dtype twice: {value!r}")
+        return tuple(value)
+    raise AssertionError(f"unhandled schema type {hint!r}")  # a bug in this module, not in the descriptor
+
+
+def _check_consistency(t: Target, path) -> None:
+    def fail(field: str, reason: str):
+        raise DescriptorError(path, field, reason)
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", t.name):
+        fail("name", f"{t.name!r} must be letters, digits, '_', '-' or '.'")
+    file_stem = Path(str(path)).stem
+    if str(path).endswith(".toml") and file_stem != t.name:
+        fail("name", f"{t.name!r} differs from the file name {file_stem!r}")
+    if t.vendor not in VENDORS:
+        fail("vendor", f"{t.vendor!r} is not one of {', '.join(VENDORS)}")
+    if t.vendor == "nvidia":
+        if not re.fullmatch(r"sm_\d{2,3}", t.arch):
+            fail("arch", f"{t.arch!r} is not an NVIDIA arch like sm_90")
+        if _sm_number(t.arch) < _NVIDIA_MIN_SM:
+            fail("arch", f"{t.arch} is older than sm_{_NVIDIA_MIN_SM}, the oldest arch NVRTC 13 compiles for")
+        if t.warp_size != 32:
+            fail("warp_size", f"NVIDIA warps are 32 threads, got {t.warp_size}")
+    else:
+        if not re.fullmatch(r"gfx[0-9]{2,4}[0-9a-f]?", t.arch):
+            fail("arch", f"{t.arch!r} is not an AMD arch like gfx1100")
+        if t.warp_size not in (32, 64):
+            fail("warp_size", f"AMD wavefronts are 32 or 64 threads, got {t.warp_size}")
+    if t.max_threads_per_block % t.warp_size:
+        fail("max_threads_per_block", f"{t.max_threads_per_block} is not a multiple of warp_size {t.warp_size}")
+    if t.max_threads_per_block > t.max_threads_per_cu:
+        fail("max_threads_per_block", f"{t.max_threads_per_block} exceeds max_threads_per_cu {t.max_threads_per_cu}")
+    if t.smem_per_block > t.smem_per_block_optin:
+        fail("smem_per_block", f"{t.smem_per_block} exceeds smem_per_block_optin {t.smem_per_block_optin}")
+    if t.smem_per_block_optin > t.smem_per_cu:
+        fail("smem_per_block_optin", f"{t.smem_per_block_optin} exceeds smem_per_cu {t.smem_per_cu}")
+    if t.regs_per_thread_max * t.warp_size > t.regs_per_cu:
+        fail("regs_per_thread_max", f"{t.regs_per_thread_max} × warp_size exceeds regs_per_cu {t.regs_per_cu}")
+
+    for feature in dataclasses.fields(Features):
+        if getattr(t.features, feature.name) and not _feature_possible(t.vendor, t.arch, feature.name):
+            fail(f"features.{feature.name}", f"{t.arch} does not support {feature.name}")
+    for dtype in t.dtypes:
+        if dtype not in DTYPES:
+            fail("dtypes", f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+        if dtype != "fp16" and not getattr(t.features, dtype):
+            fail("dtypes", f"{dtype} listed but features.{dtype} is false ({t.arch} cannot compute in it)")
+    if t.compute_dtype not in COMPUTE_DTYPES:
+        fail("compute_dtype", f"{t.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
+    if t.compute_dtype not in t.dtypes:
+        fail("compute_dtype", f"{t.compute_dtype} is not in dtypes {list(t.dtypes)}")
+    if t.kv_cache_type not in t.dtypes:
+        fail("kv_cache_type", f"{t.kv_cache_type!r} is not in dtypes {list(t.dtypes)}")
+
+    mk = t.megakernel
+    if mk.threads % t.warp_size:
+        fail("megakernel.threads", f"{mk.threads} is not a multiple of warp_size {t.warp_size}")
+    if mk.threads > t.max_threads_per_block:
+        fail("megakernel.threads", f"{mk.threads} exceeds max_threads_per_block {t.max_threads_per_block}")
+    if mk.threads * mk.blocks_per_cu > t.max_threads_per_cu:
+        fail("megakernel.blocks_per_cu", f"{mk.blocks_per_cu} blocks × {mk.threads} threads exceed "
+             f"max_threads_per_cu {t.max_threads_per_cu}")
+
+    mm = t.matmul
+    for tile in ("tile_m", "tile_n", "tile_k"):
+        if getattr(mm, tile) % 16:
+            fail(f"matmul.{tile}", f"{getattr(mm, tile)} is not a multiple of 16 (the MMA fragment size)")
+    if mm.warps * t.warp_size > t.max_threads_per_block:
+        fail("matmul.warps", f"{mm.warps} warps × {t.warp_size} exceed max_threads_per_block {t.max_threads_per_block}")
+    elem = DTYPES[t.compute_dtype][1]
+    smem = mm.stages * (mm.tile_m + mm.tile_n) * mm.tile_k * elem
+    if smem > t.smem_per_block_optin:
+        fail("matmul.stages", f"{mm.stages} stages of {mm.tile_m}x{mm.tile_k} + {mm.tile_n}x{mm.tile_k} tiles need "
+             f"{smem} bytes of shared memory, over smem_per_block_optin {t.smem_per_block_optin}")
