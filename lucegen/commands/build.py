@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import GENERATED_DIR, codegen
 from ..compile import CompiledModule
-from ..compile.cache import atomic_write
+from ..atomic import atomic_write
 from ..target import Target, list_targets, load_target
 
 SOURCE_SUFFIXES = (".cu", ".hip")

@@ -7,7 +7,7 @@ import os
 import re
 
 from .. import target as target_module
-from ..compile.cache import atomic_write
+from ..atomic import atomic_write
 from ..errors import DescriptorError
 from ..target import Target, list_targets, load_target
 

@@ -14,9 +14,10 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from ..atomic import atomic_write
 
 MAGIC = b"LGC1"
 _HEADER = struct.Struct("<4sQQ32s")
@@ -63,21 +64,3 @@ def store(key: str, meta: dict[str, Any], binary: bytes) -> None:
     body = meta_blob + binary
     data = _HEADER.pack(MAGIC, len(meta_blob), len(binary), hashlib.sha256(body).digest()) + body
     atomic_write(entry_path(key), data)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

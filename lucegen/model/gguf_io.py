@@ -13,7 +13,6 @@ Qwen3_5TextModel) changes some tensors on the way in; the loader undoes each cha
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 from dataclasses import dataclass
@@ -460,7 +459,7 @@ def write_gguf_checkpoint(config: ModelConfig, out, quant: str = "bf16", seed: i
 
     from .init_weights import Progress, checkpoint_config, init_tensor_f32, tensor_rng
     from .quant import quantize
-    from .safetensors_io import atomic_path
+    from ..atomic import atomic_path
     from .tokenizer import SPECIAL_TOKENS, build_tokenizer
 
     out = Path(out)
@@ -470,9 +469,7 @@ def write_gguf_checkpoint(config: ModelConfig, out, quant: str = "bf16", seed: i
         draw_blocks = quant == "q4_k_m" and config.num_parameters() > 4e9
     shapes = config.tensor_shapes()
 
-    f, tmp = atomic_path(out)
-    f.close()
-    try:
+    with atomic_path(out) as tmp:
         writer = gguf.GGUFWriter(tmp, ARCH)
         writer.add_name(config.name)
         writer.add_file_type(FILE_TYPES[quant])
@@ -518,10 +515,6 @@ def write_gguf_checkpoint(config: ModelConfig, out, quant: str = "bf16", seed: i
             if bar:
                 bar(data.nbytes)
         writer.close()
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return bar.finish() if bar else 0.0
 
 

@@ -15,7 +15,6 @@ weights (up to the GGUF quantisation). Statistics (HF ``Qwen3_5PreTrainedModel._
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_write
 from ..errors import CheckpointError
 from .config import ModelConfig
 from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits
@@ -150,17 +150,7 @@ def checkpoint_config(config: ModelConfig) -> ModelConfig:
 
 
 def write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, json.dumps(data, indent=2) + "\n")
 
 
 def write_hf_checkpoint(config: ModelConfig, out: Path, seed: int = 0, progress: bool = True) -> float:

@@ -9,15 +9,14 @@ dtype x shape) is one :class:`CheckpointError` naming the file and the tensor. D
 from __future__ import annotations
 
 import json
-import os
 import struct
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_open
 from ..errors import CheckpointError
 
 # safetensors dtype name -> numpy dtype used to hold the raw elements (BF16 as its uint16 bits)
@@ -137,15 +136,6 @@ def read_header(path) -> tuple[dict[str, TensorInfo], dict, int]:
 
 
 # ------------------------------------------------------------------------------------------------ writing
-def atomic_path(final: Path):
-    """A temp file next to ``final`` (same filesystem, so os.replace is atomic)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the final file gets the usual permissions
-    return os.fdopen(fd, "wb"), Path(tmp)
-
-
 def write_safetensors(path, specs: Iterable[tuple[str, str, tuple[int, ...]]],
                       produce: Callable[[str], np.ndarray], metadata: dict | None = None,
                       on_bytes: Callable[[int], None] | None = None) -> None:
@@ -162,21 +152,13 @@ def write_safetensors(path, specs: Iterable[tuple[str, str, tuple[int, ...]]],
         offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # align the data region to 8 bytes like the safetensors library
-    f, tmp = atomic_path(path)
-    try:
-        with f:
-            f.write(struct.pack("<Q", len(text)))
-            f.write(text)
-            for name, dtype, shape in specs:
-                array = np.ascontiguousarray(produce(name))
-                if array.shape != tuple(shape) or array.dtype.itemsize != DTYPES[dtype].itemsize:
-                    raise ValueError(f"{name}: produced {array.dtype} {array.shape}, declared {dtype} {shape}")
-                f.write(memoryview(array.astype(DTYPES[dtype], copy=False).reshape(-1)).cast("B"))
-                if on_bytes:
-                    on_bytes(array.nbytes)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name, dtype, shape in specs:
+            array = np.ascontiguousarray(produce(name))
+            if array.shape != tuple(shape) or array.dtype.itemsize != DTYPES[dtype].itemsize:
+                raise ValueError(f"{name}: produced {array.dtype} {array.shape}, declared {dtype} {shape}")
+            f.write(memoryview(array.astype(DTYPES[dtype], copy=False).reshape(-1)).cast("B"))
+            if on_bytes:
+                on_bytes(array.nbytes)

@@ -5,11 +5,11 @@ every command runs without a download; byte-level, so any text round-trips)."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from functools import cache
 from pathlib import Path
 
+from ..atomic import atomic_write
 from ..errors import CheckpointError
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -81,9 +81,7 @@ def write_tokenizer(out, model_vocab_size: int) -> None:
         "clean_up_tokenization_spaces": False,
     }
     for name, text in (("tokenizer.json", tok.to_str()), ("tokenizer_config.json", json.dumps(config, indent=2))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+        atomic_write(out / name, text)
 
 
 class Tokenizer:
