@@ -1,6 +1,6 @@
 """Tuning sweep for the decode megakernel on the device: for each variant (template knobs and the descriptor's
 megakernel shape), tg128 after a 32-token prompt, median of 5 launches, plus block 0's per-phase profile.
-Usage: python3 tools/mk_sweep.py MODEL_DIR '[{"name": "base"}, {"name": "pf2", "tuning": {"prefetch_distance": 2}},
+Usage: python3 tools/mk_sweep.py MODEL_DIR '[{"name": "base"}, {"name": "late", "tuning": {"early_loads": false}},
         {"name": "2x256", "megakernel": {"threads": 256, "blocks_per_cu": 2}}]'"""
 import dataclasses
 import json

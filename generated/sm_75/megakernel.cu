@@ -101,16 +101,6 @@ template <> __device__ __forceinline__ void mk_unpack2<fp16_t>(unsigned w, float
 __device__ __forceinline__ float mk_exp(float x) { return expf(x); }
 __device__ __forceinline__ float mk_log1p(float x) { return log1pf(x); }
 __device__ __forceinline__ void mk_sincos(float x, float* s, float* c) { sincosf(x, s, c); }
-// L2 prefetch of [p, p + bytes): with the copy engine (bulk, sm_90+) one thread asks for up to 64 KiB at a time;
-// otherwise (MK_PREFETCH_BY_ONE_THREAD 0) every thread prefetches 128-byte lines.
-#define MK_PREFETCH_BY_ONE_THREAD 0
-__device__ __forceinline__ void mk_prefetch_l2(const void* p, unsigned bytes) {
-  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
-}
-__device__ __forceinline__ unsigned mk_smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ uint4 mk_lds16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 // bf16 is the top half of a float32: widening is a shift (both vendors).
 template <> __device__ __forceinline__ void mk_unpack2<bf16_t>(unsigned w, float& lo, float& hi) {
   lo = mk_bits_float(w << 16);
@@ -150,9 +140,9 @@ constexpr float ATTN_SCALE = 0.0625f;  // head_dim ** -0.5
 // ---- work split ----
 constexpr int SEGS_C_DN = 1, SEGS_C_AT = 1, SEGS_E = 1;
 constexpr int ROWS_A = 2, PAIRS_D = 2, ROWS_LM = 2;
-constexpr unsigned PREFETCH_LM_BYTES = 131072;
-constexpr int PREFETCH_DISTANCE = 0;
-constexpr unsigned PREFETCH_PHASES = 63u;  // bit p: prefetch phase p (0-4, 5 lm_head)  // phases ahead whose weights go to L2 (0: off)
+// EARLY_LOADS: every phase issues its first weight loads, then waits at the grid barrier that ends the previous
+// phase (weights never depend on activations), so the DRAM round trip overlaps the barrier.
+constexpr bool EARLY_LOADS = true;
 constexpr int PHASES = 5 * L + 1;                       // per step: 5 per layer + lm_head
 // ---- packed weights: element offsets into wmat (fp16) and wvec (f32) ----
 constexpr size_t EMBED = 497614848ull, LM_HEAD = 497614848ull;
@@ -330,17 +320,20 @@ __device__ __forceinline__ void warp_dot_loaded(const uint4 (&v)[R][MkChunks<SEG
 }
 
 // y = W x for the block's rows [u0, u1) of W (COLS columns), R rows per warp at a time. Weights do not depend on
-// activations, so each warp issues the loads of its first R rows BEFORE prologue() stages x in shared memory
-// (prologue ends with __syncthreads); with PIPELINE later batches are double-buffered. pre(row) runs on lane r for row base + r right after its batch's loads are issued (to fetch epilogue
-// inputs early); epi(row, r, acc) runs on lane r for row base + r (acc[r] is its result; acc holds the batch's).
-template <int COLS, int R, bool PIPELINE, class Prologue, class Pre, class Epi>
+// activations, so each warp issues the loads of its first R rows first, then sync() (the grid barrier ending the
+// previous phase, with EARLY_LOADS) and prologue() (stages x in shared memory, ends with __syncthreads) run while
+// they travel; with PIPELINE later batches are double-buffered. pre(row) runs on lane r for row base + r once its
+// batch's loads are issued (to fetch epilogue inputs early); epi(row, r, acc) runs on lane r for row base + r
+// (acc[r] is its result; acc holds the batch's).
+template <int COLS, int R, bool PIPELINE, class Sync, class Prologue, class Pre, class Epi>
 __device__ __forceinline__ void block_matvec_rows(const wt_t* __restrict__ W, int u0, int u1, const float* xs,
-                                                  Prologue prologue, Pre pre, Epi epi) {
+                                                  Sync sync, Prologue prologue, Pre pre, Epi epi) {
   constexpr int ITERS = MkChunks<COLS>::ITERS;
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   int base = u0 + warp * R;
   uint4 cur[R][ITERS];
   warp_load_rows<COLS, COLS, R>(W + (size_t)base * COLS, u1 - base, 0, cur);
+  sync();
   if (lane < R && base + lane < u1) pre(base + lane);
   prologue();
   while (base < u1) {
@@ -368,17 +361,18 @@ __device__ __forceinline__ void block_matvec_rows(const wt_t* __restrict__ W, in
 }
 
 // y = W x for the block's rows [r0, r1) with each row split into SEGS column segments (so that few rows still
-// occupy every warp). Each warp issues the loads of its first unit before prologue(); partial sums meet in shared
-// memory; thread t finishes row r0 + t with epi(row, y), after pre(row) fetched its inputs before the prologue.
-template <int COLS, int SEGS, class Prologue, class Pre, class Epi>
+// occupy every warp). Each warp issues the loads of its first unit before sync() and prologue(); partial sums meet
+// in shared memory; thread t finishes row r0 + t with epi(row, y), after pre(row) fetched its inputs.
+template <int COLS, int SEGS, class Sync, class Prologue, class Pre, class Epi>
 __device__ __forceinline__ void block_matvec_split(const wt_t* __restrict__ W, int r0, int r1, const float* xs,
-                                                   float* part, Prologue prologue, Pre pre, Epi epi) {
+                                                   float* part, Sync sync, Prologue prologue, Pre pre, Epi epi) {
   constexpr int SEG = COLS / SEGS, ITERS = MkChunks<SEG>::ITERS;
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   const int units = (r1 - r0) * SEGS;
   uint4 v[1][ITERS];
   int u = warp;
   warp_load_rows<COLS, SEG, 1>(W + (size_t)(r0 + u / SEGS) * COLS, u < units ? 1 : 0, (u % SEGS) * SEG, v);
+  sync();
   if ((int)threadIdx.x < r1 - r0) pre(r0 + threadIdx.x);
   prologue();
   for (; u < units; u += mk::NW) {
@@ -395,34 +389,6 @@ __device__ __forceinline__ void block_matvec_split(const wt_t* __restrict__ W, i
     epi(r0 + t, y);
   }
 }
-
-// This block's weight slice of matvec phase `phase` (0 A, 2 C, 3 D, 4 E) of `layer`: contiguous rows of one matrix.
-__device__ void weight_slice(const DecodeArgs& a, int layer, int phase, const char*& src, unsigned& bytes) {
-  const LayerWeights& lw = kLayers[layer];
-  const bool dn = lw.kind == 0;
-  int u0, u1;
-  const wt_t* p;
-  if (phase == 0) {
-    block_range(dn ? mk::DN_IN_ROWS : mk::AT_IN_ROWS, u0, u1);
-    p = a.wmat + lw.in_mat + (size_t)u0 * mk::H;
-    bytes = (unsigned)(u1 - u0) * mk::H * sizeof(wt_t);
-  } else if (phase == 2) {
-    const int cols = dn ? mk::VD : mk::AO;
-    block_range(mk::H, u0, u1);
-    p = a.wmat + lw.out_mat + (size_t)u0 * cols;
-    bytes = (unsigned)(u1 - u0) * cols * sizeof(wt_t);
-  } else if (phase == 3) {
-    block_range(mk::I, u0, u1);
-    p = a.wmat + lw.gateup + (size_t)2 * u0 * mk::H;
-    bytes = (unsigned)(2 * (u1 - u0)) * mk::H * sizeof(wt_t);
-  } else {
-    block_range(mk::H, u0, u1);
-    p = a.wmat + lw.down + (size_t)u0 * mk::I;
-    bytes = (unsigned)(u1 - u0) * mk::I * sizeof(wt_t);
-  }
-  src = reinterpret_cast<const char*>(p);
-}
-
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + mk_exp(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + mk_exp(-x)); }
@@ -453,81 +419,6 @@ __device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, fl
   __syncthreads();
 }
 
-// L2 prefetch of [p, p + bytes): the copy engine (one thread) where the chip has one, else one line per thread.
-__device__ __forceinline__ void prefetch_bytes(const void* p, unsigned long long bytes) {
-  const char* c = reinterpret_cast<const char*>(p);
-#if MK_PREFETCH_BY_ONE_THREAD && 1
-  if (threadIdx.x == 0)
-    for (unsigned long long off = 0; off < bytes; off += 65536ull) {
-      const unsigned long long n = bytes - off < 65536ull ? bytes - off : 65536ull;
-      mk_prefetch_l2(c + off, (unsigned)n);
-    }
-#else
-  for (unsigned long long off = (unsigned long long)threadIdx.x * 128ull; off < bytes; off += mk::THREADS * 128ull)
-    mk_prefetch_l2(c + off, 128u);
-#endif
-}
-
-// Bring this block's weights for phase `phase` of layer `layer` (phase 5: lm_head, its first chunk) toward L2
-// while the current phase computes: weights do not depend on activations.
-__device__ void prefetch_phase(const DecodeArgs& a, int layer, int phase, int pos) {
-  int u0, u1;
-  if (phase == 5) {
-    block_range(mk::V, u0, u1);
-    unsigned long long bytes = (unsigned long long)(u1 - u0) * mk::H * sizeof(wt_t);
-    prefetch_bytes(a.wmat + mk::LM_HEAD + (size_t)u0 * mk::H, bytes < mk::PREFETCH_LM_BYTES ? bytes : mk::PREFETCH_LM_BYTES);
-    return;
-  }
-  const LayerWeights& lw = kLayers[layer];
-  const bool dn = lw.kind == 0;
-  switch (phase) {
-    case 0:
-      block_range(dn ? mk::DN_IN_ROWS : mk::AT_IN_ROWS, u0, u1);
-      prefetch_bytes(a.wmat + lw.in_mat + (size_t)u0 * mk::H, (unsigned long long)(u1 - u0) * mk::H * sizeof(wt_t));
-      break;
-    case 1:
-      if (dn) {
-        block_range(mk::NV * mk::DV, u0, u1);
-        prefetch_bytes(a.recurrent + ((size_t)lw.slot * mk::NV * mk::DV + u0) * mk::DK,
-                       (unsigned long long)(u1 - u0) * mk::DK * sizeof(float));
-      } else if ((int)blockIdx.x < mk::NH && pos > 0) {  // the head's K and V rows so far
-        const int g = blockIdx.x / (mk::NH / mk::NKV);
-        for (int kv = 0; kv < 2; ++kv)
-          prefetch_bytes(a.kv_cache + (((size_t)lw.slot * 2 + kv) * mk::NKV + g) * a.max_context * mk::HD,
-                         (unsigned long long)pos * mk::HD * sizeof(kv_t));
-      }
-      break;
-    case 2: {
-      const int cols = dn ? mk::VD : mk::AO;
-      block_range(mk::H, u0, u1);
-      prefetch_bytes(a.wmat + lw.out_mat + (size_t)u0 * cols, (unsigned long long)(u1 - u0) * cols * sizeof(wt_t));
-      break;
-    }
-    case 3:
-      block_range(mk::I, u0, u1);
-      prefetch_bytes(a.wmat + lw.gateup + (size_t)2 * u0 * mk::H, (unsigned long long)2 * (u1 - u0) * mk::H * sizeof(wt_t));
-      break;
-    case 4:
-      block_range(mk::H, u0, u1);
-      prefetch_bytes(a.wmat + lw.down + (size_t)u0 * mk::I, (unsigned long long)(u1 - u0) * mk::I * sizeof(wt_t));
-      break;
-  }
-}
-
-// At the start of phase `index` (layer * 5 + phase; 5 L is the lm_head) prefetch the phase PREFETCH_DISTANCE ahead.
-__device__ __forceinline__ void prefetch_ahead(const DecodeArgs& a, int index, int pos) {
-  int ahead = index + mk::PREFETCH_DISTANCE;
-  if (mk::PREFETCH_DISTANCE == 0) return;
-  if (ahead > mk::PHASES - 1) {  // into the next step
-    ahead -= mk::PHASES;
-    pos += 1;
-  }
-  const int phase = ahead == mk::PHASES - 1 ? 5 : ahead % 5;
-  if (!((mk::PREFETCH_PHASES >> phase) & 1)) return;  // only phases whose slice fits L2 beside the current one
-  if (phase == 5) prefetch_phase(a, 0, 5, pos);
-  else prefetch_phase(a, ahead / 5, phase, pos);
-}
-
 // ------------------------------------------------------------------------------------------ Gated DeltaNet layer
 // Reference: Reference.gated_delta_net (HF Qwen3_5GatedDeltaNet, single-token decode path):
 //   A: h = rms_norm_1p(x);  [qkv | z | a | b] = W_in h;  qkv = silu(conv1d(window ++ qkv));
@@ -536,7 +427,7 @@ __device__ __forceinline__ void prefetch_ahead(const DecodeArgs& a, int index, i
 //      S = S * exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S = S + k delta^T;  o = S^T q
 //   C: x = x + W_out (gated_rms_norm(o, z) = o * rsqrt(mean(o^2) + eps) * w * silu(z), per value head)
 __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, int token, float* smem,
-                                        unsigned long long ring_g0) {
+                                        bool sync) {
   using namespace mk;
   float* xs = smem;
   float* raw = smem + SM_RAW;
@@ -552,7 +443,8 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
     const float* dt_bias = a.wvec + lw.dt_bias;
     float win[CK - 1], taps[CK];  // this lane's row: conv window and taps, fetched while the weights stream in
     block_matvec_rows<H, ROWS_A, true>(a.wmat + lw.in_mat,
-        u0, u1, xs, [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, xs, raw, red); },
+        u0, u1, xs, [&] { if (sync) grid_sync(a.barrier); },
+        [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, xs, raw, red); },
         [&](int r) {
           if (r < CONV_DIM) {
 #pragma unroll
@@ -588,9 +480,15 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
     constexpr int KPL = DK / WARP;
     int c0, c1;
     block_range(NV * DV, c0, c1);
+    // the state columns are this block's own (same split every step): the first one is read before the barrier
+    float st[KPL];
+    float* S = a.recurrent + (((size_t)lw.slot * NV) * DV + c0 + warp) * DK;
+#pragma unroll
+    for (int e = 0; e < KPL; ++e) st[e] = c0 + warp < c1 ? S[lane + e * WARP] : 0.f;
+    if (sync) grid_sync(a.barrier);
     for (int col = c0 + warp; col < c1; col += NW) {
       const int h = col / DV, v = col % DV, hk = h / (NV / NK);
-      float q[KPL], k[KPL], st[KPL];
+      float q[KPL], k[KPL];
       float qq = 0.f, kk = 0.f;
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
@@ -603,13 +501,16 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
       const float decay = mk_exp(mk_load_shared_act(s + S_DN_G + h));
       const float beta = mk_load_shared_act(s + S_DN_BETA + h);
       const float value = mk_load_shared_act(s + S_DN_IN + 2 * KD + h * DV + v);
-      float* S = a.recurrent + (((size_t)lw.slot * NV + h) * DV + v) * DK;
+      S = a.recurrent + (((size_t)lw.slot * NV + h) * DV + v) * DK;
+      if (col != c0 + warp)
+#pragma unroll
+        for (int e = 0; e < KPL; ++e) st[e] = S[lane + e * WARP];
       float kv = 0.f;
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
         k[e] *= kscale;
         q[e] *= qscale;
-        st[e] = S[lane + e * WARP] * decay;
+        st[e] *= decay;
         kv += st[e] * k[e];
       }
       const float delta = (value - lg_warp_sum(kv)) * beta;
@@ -631,7 +532,7 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
     float resid = 0.f;
     const float* gw = a.wvec + lw.gnorm;
     block_matvec_split<VD, SEGS_C_DN>(a.wmat + lw.out_mat,
-        r0, r1, xs, smem + SM_PART,
+        r0, r1, xs, smem + SM_PART, [&] { if (sync) grid_sync(a.barrier); },
         [&] {  // xs = gated_rms_norm(o, z) per value head
           for (int i = threadIdx.x; i < VD; i += THREADS) {
             raw[i] = mk_load_shared_act(s + S_DN_O + i);
@@ -681,7 +582,7 @@ __device__ __forceinline__ void load_kv(const kv_t* p, float (&out)[EPL]) {
 __device__ __forceinline__ float round_to_kv(float x) { return lg_to_float(lg_from_float<kv_t>(x)); }
 
 __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, int token, int pos,
-                                float* smem, unsigned long long ring_g0) {
+                                float* smem, bool sync) {
   using namespace mk;
   float* s = a.scratch;
   const int warp = threadIdx.x / WARP, lane = lg_lane_id();
@@ -691,9 +592,11 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
     block_range(AT_IN_ROWS, u0, u1);
     block_matvec_rows<H, ROWS_A, true>(a.wmat + lw.in_mat,
         u0, u1, xs,
+        [&] { if (sync) grid_sync(a.barrier); },
         [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, xs, smem + SM_RAW, smem + SM_RED); }, [](int) {},
         [&](int r, int k, const float* acc) { s[S_AT_IN + r] = acc[k]; });
   } else if (phase == 1) {
+    if (sync) grid_sync(a.barrier);
     constexpr int EPL = HD / WARP, GROUP = NH / NKV;
     float* q = smem;
     float* kn = q + HD;
@@ -839,7 +742,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
     float* x = s + S_X;
     float resid = 0.f;
     block_matvec_split<AO, SEGS_C_AT>(a.wmat + lw.out_mat,
-        r0, r1, xs, smem + SM_PART,
+        r0, r1, xs, smem + SM_PART, [&] { if (sync) grid_sync(a.barrier); },
         [&] {  // xs = o * sigmoid(gate)
           for (int i = threadIdx.x; i < AO; i += THREADS) {
             const int h = i / HD, d = i % HD;
@@ -856,7 +759,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
 //   D: act = silu(W_gate h) * (W_up h)   (gate row i and up row i are packed next to each other)
 //   E: x = x + W_down act
 __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, float* smem,
-                                   unsigned long long ring_g0) {
+                                   bool sync) {
   using namespace mk;
   float* xs = smem;
   float* s = a.scratch;
@@ -866,6 +769,7 @@ __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& 
     block_range(I, u0, u1);
     block_matvec_rows<H, 2 * PAIRS_D, false>(a.wmat + lw.gateup,
         2 * u0, 2 * u1, xs,
+        [&] { if (sync) grid_sync(a.barrier); },
         [&] { stage_rmsnorm(a, a.wvec + lw.post_norm, -1, xs, smem + SM_RAW, smem + SM_RED); }, [](int) {},
         [&](int r, int k, const float* acc) {
           if ((r & 1) == 0) s[S_ACT + r / 2] = silu(acc[k]) * acc[k + 1];  // rows 2i, 2i+1 = gate i, up i
@@ -876,7 +780,7 @@ __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& 
     float* x = s + S_X;
     float resid = 0.f;
     block_matvec_split<I, SEGS_E>(a.wmat + lw.down,
-        r0, r1, xs, smem + SM_PART,
+        r0, r1, xs, smem + SM_PART, [&] { if (sync) grid_sync(a.barrier); },
         [&] {
           for (int i = threadIdx.x; i < I; i += THREADS) xs[xs_index<I>(i)] = mk_load_shared_act(s + S_ACT + i);
           __syncthreads();
@@ -895,7 +799,7 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
   return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned)index);
 }
 
-__device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float* smem) {
+__device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float* smem, bool sync) {
   using namespace mk;
   float* xs = smem;
   int u0, u1;
@@ -905,6 +809,7 @@ __device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float*
   const int lane = lg_lane_id(), warp = threadIdx.x / WARP;
   block_matvec_rows<H, ROWS_LM, true>(
       a.wmat + LM_HEAD, u0, u1, xs,
+      [&] { if (sync) grid_sync(a.barrier); },
       [&] { stage_rmsnorm(a, a.wvec + FINAL_NORM, -1, xs, smem + SM_RAW, smem + SM_RED); }, [](int) {},
       [&](int r, int k, const float* acc) {
         const unsigned long long key = argmax_key(acc[k], r);
@@ -931,7 +836,6 @@ qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* rec
     float* logits, unsigned long long* profile, int max_context, int start_pos, int n_steps, int n_forced) {
   const DecodeArgs a{wmat, wvec, conv_state, recurrent, kv_cache, scratch, barrier, argmax, tokens_in, tokens_out,
                      logits, profile, max_context, start_pos, n_steps, n_forced};
-  const unsigned long long ring_next = 0;
   __shared__ __attribute__((aligned(16))) float smem[mk::SMEM_FLOATS];
   for (int step = 0; step < a.n_steps; ++step) {
     const int pos = a.start_pos + step;
@@ -952,15 +856,16 @@ qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* rec
     for (int layer = 0; layer < mk::L; ++layer) {
       const LayerWeights& lw = kLayers[layer];
       for (int phase = 0; phase < 5; ++phase) {
-        if (phase >= 3) mlp_phase(a, lw, phase, smem, ring_next);
-        else if (lw.kind == 0) deltanet_phase(a, lw, phase, layer == 0 ? token : -1, smem, ring_next);
-        else attention_phase(a, lw, phase, layer == 0 ? token : -1, pos, smem, ring_next);
-        prefetch_ahead(a, layer * 5 + phase, pos);  // the next phase's weights travel during the barrier
-        grid_sync(a.barrier);
+        // with EARLY_LOADS the barrier after the previous phase is passed inside this one (not before the step's
+        // first phase: the step boundary below keeps its own barrier, the next token depends on it)
+        const bool sync = mk::EARLY_LOADS && (layer > 0 || phase > 0);
+        if (phase >= 3) mlp_phase(a, lw, phase, smem, sync);
+        else if (lw.kind == 0) deltanet_phase(a, lw, phase, layer == 0 ? token : -1, smem, sync);
+        else attention_phase(a, lw, phase, layer == 0 ? token : -1, pos, smem, sync);
+        if (!mk::EARLY_LOADS) grid_sync(a.barrier);
       }
     }
-    lm_head_phase(a, step, smem);
-    prefetch_ahead(a, mk::PHASES - 1, pos);
+    lm_head_phase(a, step, smem, mk::EARLY_LOADS);
     grid_sync(a.barrier);
   }
   if (blockIdx.x == 0 && threadIdx.x == 0 && a.n_steps > 0) {

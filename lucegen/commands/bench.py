@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..compile.cache import atomic_write
+from ..atomic import atomic_write
 from ..errors import LucegenError
 
 

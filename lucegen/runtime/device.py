@@ -229,7 +229,11 @@ class Module:
 def detect() -> tuple[str, int, str]:
     """(arch like "sm_90", SM count, device name) of GPU 0, without opening a context."""
     driver = _driver()
-    _check("cuInit", driver.cuInit(0))
+    try:
+        init = driver.cuInit(0)
+    except Exception as exc:  # cuda.pathfinder's DynamicLibNotFoundError when there is no NVIDIA driver (libcuda)
+        raise DeviceError(f"cannot open an NVIDIA GPU: {exc}") from None
+    _check("cuInit", init)
     if _check("cuDeviceGetCount", driver.cuDeviceGetCount()) < 1:
         raise DeviceError("no NVIDIA GPU visible")
     dev = _check("cuDeviceGet", driver.cuDeviceGet(0))

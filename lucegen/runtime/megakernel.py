@@ -105,9 +105,7 @@ class MegakernelDecoder:
         if t.megakernel.blocks_per_cu * self.threads > t.max_threads_per_cu:
             raise DeviceError(f"{t.name}: {t.megakernel.blocks_per_cu} blocks of {self.threads} threads exceed "
                               f"{t.max_threads_per_cu} threads per SM")
-        self.dynamic_smem = int(self.params.get("ring_bytes", 0) or self.params.get("stage_smem", 0))
-        if self.dynamic_smem:
-            self.function.set_max_dynamic_smem(self.dynamic_smem)
+        self.dynamic_smem = 0  # the kernel's shared memory is all static
         resident = self.function.max_active_blocks_per_cu(self.threads, self.dynamic_smem)
         if resident < t.megakernel.blocks_per_cu:
             info = self.compiled.kernels[0]

@@ -33,10 +33,6 @@ KERNEL_NAME = "qwen35_decode"
 MAT_ALIGN = 128  # elements (256 bytes for 2-byte types)
 VEC_ALIGN = 16  # floats
 SCRATCH_ALIGN = 32  # floats
-#: Bytes of each block's lm_head slice prefetched toward L2 during the last layer's down projection.
-PREFETCH_LM_BYTES = 128 * 1024
-#: Bytes per weight-ring chunk (one bulk copy, one mbarrier).
-RING_CHUNK = 16 * 1024
 
 
 def _align(n: int, a: int) -> int:
@@ -195,13 +191,12 @@ def check_supported(config: ModelConfig, target: Target) -> None:
             raise CheckpointError(f"model {c.name}: the decode megakernel cannot run this shape: {reason}")
 
 
-def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False, prefetch_distance: int = 0,
-                  prefetch_at: str = "end", prefetch_mode: str = "bulk", prefetch_phases: int = 0b111111,
-                  ring: bool | None = None,
-                  ring_rows_a: int = 4, pipeline_a: bool = True, stage: bool | None = None,
-                  stage_regions: int = 2,
+def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False, early_loads: bool = True,
+                  pipeline_a: bool = True,
                   rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2) -> dict:
-    """The ``mk`` dict the template renders with (plus the descriptor's own params)."""
+    """The ``mk`` dict the template renders with (plus the descriptor's own params). Tuning knobs: ``early_loads``
+    (each phase issues its first weight loads before the grid barrier that ends the previous phase),
+    ``pipeline_a`` (double-buffer the in-projection), rows per warp of the row-split matvecs."""
     check_supported(config, target)
     c = config
     lay = plan_layout(c)
@@ -216,42 +211,8 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     heads_max = _align(max(c.linear_num_value_heads, 2), 32)
     part = _align(max(2 * warps * rows_lm, rows_per_block * max(segs_c_dn, segs_c_at, segs_e)), 32)
     matvec_floats = 2 * xs_max + 64 + heads_max + part
-    # weight ring (copy-engine chips): chunks of RING_CHUNK bytes in dynamic shared memory, as many as fit beside
-    # the static carve-up; a block's largest slice (its
-    # in-projection or gate/up rows) must fit with room to spare
-    rows = lambda n: math.ceil(n / blocks)  # noqa: E731 - the most rows block_range gives one block
-    largest = 2 * h * max(rows(in_rows(c, 0)), rows(in_rows(c, 1)), 2 * rows(c.intermediate_size))
-    largest = max(largest, 2 * rows(h) * max(vd, ao, c.intermediate_size))
     attn_fixed = 3 * c.head_dim + 64 + warps * c.head_dim
-    static_min = 4 * max(matvec_floats, attn_fixed) + 256
-    chunks = (target.smem_per_block_optin - static_min) // (RING_CHUNK + 8) if target.smem_per_block_optin > static_min else 0
-    chunks = min(chunks, 64)
-    if ring is None:
-        ring = False  # measured slower than direct loads on the H100 (see README, decode section)
-    if ring and chunks < math.ceil(largest / RING_CHUNK):
-        raise CheckpointError(f"model {c.name}: a block's weight slice ({largest} bytes) does not fit the weight "
-                              f"ring of {chunks} x {RING_CHUNK} bytes on {target.name}")
-    # weight staging (chips with cp.async): the next phase's slice, as much of it as fits beside the static carve-up
-    stage_bytes = stage_bytes0 = stage_bytes1 = 0
-    if stage is None:
-        stage = False  # measured slower than direct loads on the H100 (see README, decode section)
-    stage = bool(stage) and target.is_nvidia and target.features.cp_async and not ring
-    if stage:
-        room = target.smem_per_block_optin - 4 * max(matvec_floats, attn_fixed) - 1024
-        if stage_regions == 2:  # region 0: in-projection or gate/up rows; region 1: out-projection or down rows
-            want0 = 2 * h * max(rows(in_rows(c, 0)), rows(in_rows(c, 1)), 2 * rows(c.intermediate_size))
-            want1 = 2 * rows(h) * max(vd, ao, c.intermediate_size)
-            scale = min(1.0, room / max(1, want0 + want1))
-            stage_bytes0 = int(_align(want0, 128) * scale) // 128 * 128
-            stage_bytes1 = int(_align(want1, 128) * scale) // 128 * 128
-        else:
-            stage_bytes0, stage_bytes1 = min(_align(largest, 128), room // 128 * 128), 0
-        stage_bytes = stage_bytes0 + stage_bytes1
-        stage = stage_bytes0 >= 16
-    static_budget = target.smem_per_block
-    if ring:
-        static_budget = min(static_budget - 256, target.smem_per_block_optin - chunks * (RING_CHUNK + 8) - 256)
-    budget = static_budget // 4
+    budget = target.smem_per_block // 4
     if max(matvec_floats, attn_fixed) > budget:
         raise CheckpointError(f"model {c.name}: the decode megakernel's shared memory does not fit "
                               f"{target.name}'s smem_per_block {target.smem_per_block}")
@@ -273,23 +234,8 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         "heads_max": heads_max,
         "segs_c_dn": segs_c_dn, "segs_c_at": segs_c_at, "segs_e": segs_e,
         "rows_a": rows_a, "pairs_d": pairs_d, "rows_lm": rows_lm,
-        "prefetch_lm_bytes": PREFETCH_LM_BYTES,
-        "prefetch_distance": prefetch_distance,
-        "ring": bool(ring),
-        "ring_chunk": RING_CHUNK,
-        "ring_chunk_log2": RING_CHUNK.bit_length() - 1,
-        "ring_chunks": chunks if ring else 0,
-        "ring_bytes": chunks * RING_CHUNK if ring else 0,
-        "stage": bool(stage),
-        "stage_bytes0": stage_bytes0 if stage else 0,
-        "stage_bytes1": stage_bytes1 if stage else 0,
-        "stage_regions": stage_regions,
-        "stage_smem": stage_bytes if stage else 0,
-        "ring_rows_a": ring_rows_a,
+        "early_loads": bool(early_loads),
         "pipeline_a": pipeline_a,
-        "prefetch_at": prefetch_at,
-        "prefetch_phases": prefetch_phases,
-        "prefetch_mode": prefetch_mode,
         "profile": profile,
         "kv_dtype": target.kv_cache_type,
         "kv_ctype": DTYPES[target.kv_cache_type][0],

@@ -126,11 +126,9 @@ def test_teacher_forced_logits_and_state(preset):
     report(f"teacher_forced[{preset}]", check_teacher_forced(preset, prompt_len=16, seed=1, steps=64))
 
 
-# The measured-slower variants stay correct: the shared-memory weight ring (bulk copies + mbarriers), the L2
-# prefetch of the next phase's weights and cp.async weight staging (see the README's decode section).
-@pytest.mark.parametrize("tuning", [(("ring", True),), (("prefetch_distance", 1),),
-                                    (("prefetch_distance", 2), ("prefetch_mode", "lines")),
-                                    (("stage", True),), (("stage", True), ("stage_regions", 1))])
+# The other settings of the template's knobs stay correct: barriers between phases (no early weight loads), one
+# in-projection batch per warp instead of the double-buffered two (see notes/megakernel-perf.md).
+@pytest.mark.parametrize("tuning", [(("early_loads", False),), (("rows_a", 4), ("pipeline_a", False))])
 def test_tuning_variants_stay_correct(tuning):
     report(f"teacher_forced[tiny-gqa, {dict(tuning)}]", check_teacher_forced("tiny-gqa", 20, seed=4, tuning=tuning))
 
