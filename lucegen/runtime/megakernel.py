@@ -32,16 +32,6 @@ def _sub(buffer: Buffer, offset_bytes: int) -> Buffer:
     return Buffer(buffer.ptr + offset_bytes, buffer.nbytes - offset_bytes, None)
 
 
-def _open_device(target) -> Device:
-    """Device.open, with a missing driver library (no NVIDIA driver on this machine) as a DeviceError."""
-    try:
-        return Device.open(target)
-    except LucegenError:
-        raise
-    except Exception as exc:  # e.g. cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
-        raise DeviceError(f"cannot open an NVIDIA GPU: {exc}") from None
-
-
 def _copy_d2d(dst: Buffer, src: Buffer) -> None:
     from cuda.bindings import driver
 
@@ -80,7 +70,7 @@ class MegakernelDecoder:
 
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(Path(model))
         self.config = self.checkpoint.config
-        self.device = device or _open_device(None if isinstance(target, Target) else target)
+        self.device = device or Device.open(None if isinstance(target, Target) else target)
         # a Target object overrides the device's descriptor for rendering (same chip: tuning experiments)
         t = target if isinstance(target, Target) else self.device.target
         if t.arch != self.device.target.arch:
