@@ -145,7 +145,7 @@ def bench_hf(model_dir, *, prompt_tokens: int = 32, gen_tokens: int = 128, seed:
     vocab = model.config.vocab_size
     prompt = torch.tensor(np.random.default_rng(seed).integers(0, vocab, prompt_tokens), device="cuda")[None]
 
-    def run(n):
+    def run(model, n):
         with torch.no_grad():
             out = model(prompt, use_cache=True)
             cache = out.past_key_values
@@ -159,8 +159,8 @@ def bench_hf(model_dir, *, prompt_tokens: int = 32, gen_tokens: int = 128, seed:
             torch.cuda.synchronize()
             return time.perf_counter() - t0
 
-    run(4)  # warm-up
-    seconds = run(gen_tokens)
+    run(model, 4)  # warm-up
+    seconds = run(model, gen_tokens)
     del model
     torch.cuda.empty_cache()
     return {"hf_tok_s": gen_tokens / seconds, "hf_ms_per_token": seconds * 1e3 / gen_tokens,

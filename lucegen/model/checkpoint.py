@@ -10,6 +10,8 @@ HF text-model names without prefix (``embed_tokens.weight``, ``layers.3.self_att
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import json
 import re
 from pathlib import Path
@@ -34,7 +36,7 @@ HF_PREFIXES = (
 )
 
 
-class Checkpoint:
+class Checkpoint(ABC):
     """Weights under internal names. ``f32(name)`` float32 array; ``bf16(name)`` uint16 bf16 bits (exact for BF16
     checkpoints, rounded to nearest even otherwise); ``names()``; ``shape(name)``; ``dtype(name)`` (the stored type:
     'BF16', 'F32', 'Q4_K', ...)."""
@@ -42,17 +44,21 @@ class Checkpoint:
     config: ModelConfig
     path: Path
 
+    @abstractmethod
     def names(self) -> list[str]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def shape(self, name: str) -> tuple[int, ...]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def dtype(self, name: str) -> str:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def f32(self, name: str) -> np.ndarray:
-        raise NotImplementedError
+        ...
 
     def bf16(self, name: str) -> np.ndarray:
         return f32_to_bf16_bits(self.f32(name))
