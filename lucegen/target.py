@@ -55,13 +55,30 @@ class Megakernel:
 
 @dataclass(frozen=True)
 class Matmul:
-    """Tiles and software-pipeline depth for the prefill GEMMs."""
+    """Tiles, software-pipeline depth and matrix instruction of the prefill GEMMs (and flash attention).
+    ``peak_tflops`` is the chip's published dense matrix throughput in compute_dtype (benchmarks report against it)."""
 
     tile_m: int
     tile_n: int
     tile_k: int
     warps: int
     stages: int
+    instruction: str
+    peak_tflops: float
+
+
+#: Matrix instructions a template can emit, with the oldest NVIDIA SM that has each (None: any chip).
+MATRIX_INSTRUCTIONS = {"mma_m16n8k16": 80, "mma_m16n8k8": 75, "simt": None}
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """Prefill kernels: DeltaNet chunk length, flash-attention tiles, and the tokens one prefill segment holds."""
+
+    deltanet_chunk: int
+    attention_block_q: int
+    attention_block_kv: int
+    max_tokens: int
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,7 @@ class Target:
     features: Features
     megakernel: Megakernel
     matmul: Matmul
+    prefill: Prefill
     ddtree: DDTree
     path: str = dataclasses.field(default="", metadata={"derived": True})
 
@@ -142,6 +160,7 @@ class Target:
             "features": dataclasses.asdict(self.features),
             "megakernel": dataclasses.asdict(self.megakernel),
             "matmul": dataclasses.asdict(self.matmul),
+            "prefill": dataclasses.asdict(self.prefill),
             "ddtree_budget": self.ddtree.budget,
             "kv_cache_type": self.kv_cache_type,
             "kv_cache_ctype": DTYPES[self.kv_cache_type][0],
@@ -358,6 +377,19 @@ def _check_consistency(t: Target, path) -> None:
             fail(f"matmul.{tile}", f"{getattr(mm, tile)} is not a multiple of 16 (the MMA fragment size)")
     if mm.warps * t.warp_size > t.max_threads_per_block:
         fail("matmul.warps", f"{mm.warps} warps × {t.warp_size} exceed max_threads_per_block {t.max_threads_per_block}")
+    if mm.instruction not in MATRIX_INSTRUCTIONS:
+        fail("matmul.instruction", f"{mm.instruction!r} is not one of {', '.join(MATRIX_INSTRUCTIONS)}")
+    min_sm = MATRIX_INSTRUCTIONS[mm.instruction]
+    if min_sm is not None and (t.vendor != "nvidia" or _sm_number(t.arch) < min_sm):
+        fail("matmul.instruction", f"{mm.instruction} needs an NVIDIA chip of sm_{min_sm} or newer, not {t.arch}")
+    if mm.instruction == "mma_m16n8k8" and t.compute_dtype != "fp16":
+        fail("matmul.instruction", "mma_m16n8k8 is used for fp16 only (bf16 needs mma_m16n8k16)")
+    pf = t.prefill
+    if pf.deltanet_chunk not in (16, 32, 64):
+        fail("prefill.deltanet_chunk", f"{pf.deltanet_chunk} is not 16, 32 or 64")
+    for name in ("attention_block_q", "attention_block_kv"):
+        if getattr(pf, name) % 16:
+            fail(f"prefill.{name}", f"{getattr(pf, name)} is not a multiple of 16 (the MMA fragment size)")
     elem = DTYPES[t.compute_dtype][1]
     smem = mm.stages * (mm.tile_m + mm.tile_n) * mm.tile_k * elem
     if smem > t.smem_per_block_optin:

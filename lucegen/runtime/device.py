@@ -333,6 +333,18 @@ class Device:
     def memset(self, buffer: Buffer, byte: int = 0) -> None:
         _check("cuMemsetD8", _driver().cuMemsetD8(buffer.ptr, byte, buffer.nbytes))
 
+    def memset_async(self, ptr: int, nbytes: int, stream: Stream | None = None, byte: int = 0) -> None:
+        """Fill ``nbytes`` at device address ``ptr`` with ``byte``, queued on ``stream`` (capturable in a graph)."""
+        if nbytes > 0:
+            handle = stream.handle if stream else 0
+            _check("cuMemsetD8Async", _driver().cuMemsetD8Async(int(ptr), byte, nbytes, handle))
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: Stream | None = None) -> None:
+        """Device-to-device copy of ``nbytes`` queued on ``stream`` (capturable in a graph)."""
+        if nbytes > 0:
+            handle = stream.handle if stream else 0
+            _check("cuMemcpyDtoDAsync", _driver().cuMemcpyDtoDAsync(int(dst), int(src), nbytes, handle))
+
     # ---- streams, events, sync ---------------------------------------------------------------------------------
     def stream(self) -> Stream:
         driver = _driver()

@@ -1,0 +1,69 @@
+"""The ``pf`` dict the prefill templates render with: model shapes, the descriptor's prefill tiles, and the
+compute type. One source of truth shared by every prefill kernel module and its launcher."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...errors import CheckpointError
+from ...model.config import ModelConfig
+from ...target import DTYPES, Target
+
+
+def _f32_literal(x: float) -> str:
+    """A C float literal that parses to exactly float32(x)."""
+    return repr(float(np.float32(x)))
+
+
+def check_supported(config: ModelConfig, target: Target) -> None:
+    """Shapes the prefill kernels handle; one clear error for anything else (before rendering)."""
+    c = config
+    rules = [
+        (c.hidden_size % 8 == 0, "hidden_size must be a multiple of 8 (16-byte rows)"),
+        (c.intermediate_size % 8 == 0, "intermediate_size must be a multiple of 8"),
+        (c.linear_value_dim % 8 == 0, "the DeltaNet value dim must be a multiple of 8"),
+        ((c.num_attention_heads * c.head_dim) % 8 == 0, "num_attention_heads * head_dim must be a multiple of 8"),
+        (c.head_dim % 16 == 0, "head_dim must be a multiple of 16 (MMA fragments)"),
+        (c.linear_key_head_dim % 16 == 0 and c.linear_value_head_dim % 16 == 0,
+         "DeltaNet key/value head dims must be multiples of 16"),
+        (c.rotary_dim % 2 == 0 and c.rotary_dim <= c.head_dim, "rotary_dim must be even and at most head_dim"),
+        (c.conv_kernel >= 2, "conv_kernel must be at least 2"),
+    ]
+    for ok, reason in rules:
+        if not ok:
+            raise CheckpointError(f"model {c.name}: the prefill kernels cannot run this shape: {reason}")
+    if target.compute_dtype not in ("bf16", "fp16"):
+        raise CheckpointError(f"{target.name}: prefill needs compute_dtype bf16 or fp16")
+
+
+def prefill_params(config: ModelConfig, target: Target) -> dict:
+    """Everything ``templates/prefill/*.cu.j2`` needs beyond the descriptor's own params."""
+    check_supported(config, target)
+    c, mm, pf = config, target.matmul, target.prefill
+    return {
+        "model_name": c.name,
+        "H": c.hidden_size, "I": c.intermediate_size, "V": c.vocab_size, "L": c.num_layers,
+        "NH": c.num_attention_heads, "NKV": c.num_kv_heads, "HD": c.head_dim, "RD": c.rotary_dim,
+        "NK": c.linear_num_key_heads, "NV": c.linear_num_value_heads,
+        "DK": c.linear_key_head_dim, "DV": c.linear_value_head_dim, "CK": c.conv_kernel,
+        "KD": c.linear_key_dim,  # NK * DK
+        "VD": c.linear_value_dim,  # NV * DV
+        "CD": c.conv_dim,  # 2 * KD + VD: the conv1d channels (q | k | v)
+        "NIN_DN": c.conv_dim + c.linear_value_dim + 2 * c.linear_num_value_heads,  # [qkv | z | a | b]
+        "NIN_AT": c.q_proj_dim + 2 * c.kv_dim,  # [q_proj (per head query | gate) | k | v]
+        "EPS": _f32_literal(c.rms_norm_eps),
+        "q_scale": _f32_literal(1.0 / math.sqrt(c.linear_key_head_dim)),
+        "attn_scale": _f32_literal(c.head_dim ** -0.5),
+        "dtype": target.compute_dtype,
+        "ctype": DTYPES[target.compute_dtype][0],
+        "kv_ctype": DTYPES[target.kv_cache_type][0],
+        "instruction": mm.instruction,
+        "tile_m": mm.tile_m, "tile_n": mm.tile_n, "tile_k": mm.tile_k, "warps": mm.warps, "stages": mm.stages,
+        # RMSNorm partial sums of squares: one part per tile_n columns of the hidden size
+        "ss_parts": math.ceil(c.hidden_size / mm.tile_n),
+        "chunk": pf.deltanet_chunk,
+        "block_q": pf.attention_block_q, "block_kv": pf.attention_block_kv,
+        "max_tokens": pf.max_tokens,
+    }
