@@ -48,6 +48,19 @@ __device__ __forceinline__ float __shfl_xor(float v, int mask) {
 __device__ __forceinline__ float rsqrtf(float x) { return __builtin_amdgcn_rsqf(x); }
 __device__ __forceinline__ float __expf(float x) { return __builtin_amdgcn_exp2f(x * 1.44269504088896341f); }
 __device__ __forceinline__ float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+__device__ __forceinline__ float fminf(float a, float b) { return __builtin_fminf(a, b); }
+__device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
+__device__ __forceinline__ float sqrtf(float x) { return __builtin_sqrtf(x); }
+__device__ __forceinline__ float expf(float x) { return __builtin_expf(x); }
+__device__ __forceinline__ float exp2f(float x) { return __builtin_exp2f(x); }
+__device__ __forceinline__ float logf(float x) { return __builtin_logf(x); }
+__device__ __forceinline__ float log1pf(float x) { return __builtin_logf(1.0f + x); }  // LLVM intrinsic, no libm
+__device__ __forceinline__ float sinf(float x) { return __builtin_sinf(x); }
+__device__ __forceinline__ float cosf(float x) { return __builtin_cosf(x); }
+__device__ __forceinline__ int min(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int max(int a, int b) { return a > b ? a : b; }
+__device__ __forceinline__ unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+__device__ __forceinline__ unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 typedef __SIZE_TYPE__ size_t;
 typedef unsigned long long uint64_t;
 typedef unsigned int uint32_t;

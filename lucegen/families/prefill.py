@@ -1,0 +1,24 @@
+"""The prefill kernel modules (templates/prefill/*.cu.j2), rendered for the default model shape; the runtime renders
+the loaded model's own shape through the same templates."""
+
+from __future__ import annotations
+
+from ..codegen import KernelFamily
+from ..target import Target
+
+#: The model shape `lucegen build` renders the prefill kernels for.
+DEFAULT_MODEL = "qwen3.5-0.8b"
+#: (module name, template): one kernel module per job.
+MODULES = (
+    ("prefill_common", "prefill/common.cu.j2"),
+)
+
+
+def _params(target: Target) -> dict:
+    from ..model.config import ModelConfig
+    from ..runtime.prefill.params import prefill_params
+
+    return {"pf": prefill_params(ModelConfig.preset(DEFAULT_MODEL), target)}
+
+
+FAMILIES = tuple(KernelFamily(name, template, params=_params) for name, template in MODULES)
