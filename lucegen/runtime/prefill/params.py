@@ -38,6 +38,31 @@ def check_supported(config: ModelConfig, target: Target) -> None:
         raise CheckpointError(f"{target.name}: prefill needs compute_dtype bf16 or fp16")
 
 
+def attention_tiling(config: ModelConfig, target: Target) -> dict:
+    """The flash-attention kernel's shared-memory plan (templates/prefill/attention.cu.j2 and its launcher read it):
+    a Q tile of ``block_q`` rows plus ``stages`` buffers of a K and a V tile of ``block_kv`` rows, each row
+    head_dim + 8 elements (16 bytes of padding: conflict-free ldmatrix). Two stages where cp.async can fill one
+    while the other is used, then the largest K/V tile (descriptor's block_kv, halved down to 16) that fits the
+    chip's opt-in shared memory per block. ``simt`` (AMD) uses no dynamic shared memory."""
+    pf, mm = target.prefill, target.matmul
+    rows_q = pf.attention_block_q
+    if rows_q % 16 or pf.attention_block_kv % 16:
+        raise CheckpointError(f"{target.name}: [prefill] attention_block_q and attention_block_kv must be "
+                              f"multiples of 16 (MMA fragments)")
+    if mm.instruction == "simt":
+        return {"attn_block_kv": pf.attention_block_kv, "attn_stages": 1, "attn_smem": 0}
+    row_bytes = (config.head_dim + 8) * 2
+    for stages in ((2, 1) if target.features.cp_async else (1,)):
+        block_kv = pf.attention_block_kv
+        while block_kv >= 16:
+            smem = (rows_q + 2 * stages * block_kv) * row_bytes
+            if smem <= target.smem_per_block_optin:
+                return {"attn_block_kv": block_kv, "attn_stages": stages, "attn_smem": smem}
+            block_kv //= 2
+    raise CheckpointError(f"model {config.name}: head_dim {config.head_dim} attention tiles do not fit "
+                          f"{target.name}'s {target.smem_per_block_optin} bytes of shared memory per block")
+
+
 def prefill_params(config: ModelConfig, target: Target) -> dict:
     """Everything ``templates/prefill/*.cu.j2`` needs beyond the descriptor's own params."""
     check_supported(config, target)
@@ -66,4 +91,5 @@ def prefill_params(config: ModelConfig, target: Target) -> dict:
         "chunk": pf.deltanet_chunk,
         "block_q": pf.attention_block_q, "block_kv": pf.attention_block_kv,
         "max_tokens": pf.max_tokens,
+        **attention_tiling(c, target),  # attn_block_kv, attn_stages, attn_smem
     }

@@ -1,0 +1,76 @@
+"""Launcher for the prefill attention module (``templates/prefill/attention.cu.j2``, module ``prefill_attention``).
+
+    att = AttentionKernels(dev, target, pf)
+    ws = dev.alloc(att.workspace_bytes(T))
+    att.run(proj=proj, T=T, pos0=pos0, q_norm=..., k_norm=..., inv_freq=..., kv=kv, max_context=mc, out=out,
+            workspace=ws.ptr, stream=s)
+
+``run`` queues two kernels on ``stream`` (no host sync, no allocation: capturable in a CUDA graph):
+``prefill_attention_prepare`` (one block per token: q/k RMSNorm (1+w), partial RoPE, k and v of positions
+pos0 .. pos0+T-1 into the cache, q into the workspace as [NKV][T][GROUP][HD]) and ``prefill_attention`` (causal GQA
+flash attention over cache positions 0 .. pos0+t, times sigmoid(gate), into ``out`` [T, NH*HD]).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import codegen
+from ...compile import compile_source
+from ...errors import LucegenError
+
+TEMPLATE = "prefill/attention.cu.j2"
+MODULE = "prefill_attention"
+PREPARE_THREADS = 256  # templates/prefill/attention.cu.j2: PREP_THREADS
+SIMT_ROWS = 4  # templates/prefill/attention.cu.j2: rows (warps) per block of the FMA kernel
+
+
+def _u64(addr: int) -> np.uint64:
+    return np.uint64(int(addr))
+
+
+def launch_geometry(pf: dict, T: int, warp_size: int = 32) -> tuple[tuple[int, int], int, int]:
+    """(grid, threads per block, dynamic shared memory bytes) of ``prefill_attention`` for ``T`` tokens."""
+    rows = T * (pf["NH"] // pf["NKV"])
+    if pf["instruction"] == "simt":
+        return (-(-rows // SIMT_ROWS), pf["NKV"]), SIMT_ROWS * warp_size, 0
+    return (-(-rows // pf["block_q"]), pf["NKV"]), (pf["block_q"] // 16) * 32, pf["attn_smem"]
+
+
+class AttentionKernels:
+    """The prefill attention kernels of one model shape (``pf``) on ``device``."""
+
+    def __init__(self, device, target, pf: dict):
+        if pf["NH"] % pf["NKV"]:
+            raise LucegenError(f"model {pf['model_name']}: num_attention_heads {pf['NH']} is not a multiple of "
+                               f"num_kv_heads {pf['NKV']}")
+        if pf["instruction"] != "simt" and pf["kv_ctype"] != pf["ctype"]:
+            raise LucegenError(f"{target.name}: prefill attention needs kv_cache_type = compute_dtype "
+                               f"({pf['ctype']}), got {pf['kv_ctype']}")
+        self.device, self.target, self.pf = device, target, pf
+        source = codegen.render(target, TEMPLATE, pf=pf)
+        self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE))
+        self.prepare_fn = self.module.function("prefill_attention_prepare")
+        self.attend_fn = self.module.function("prefill_attention")
+        smem = launch_geometry(pf, 1, target.warp_size)[2]
+        if smem > 48 * 1024:
+            self.attend_fn.set_max_dynamic_smem(smem)
+
+    def workspace_bytes(self, T: int) -> int:
+        """The roped queries in the compute dtype: [NKV][T][NH/NKV][HD]."""
+        return T * self.pf["NH"] * self.pf["HD"] * 2
+
+    def run(self, *, proj: int, T: int, pos0: int, q_norm: int, k_norm: int, inv_freq: int, kv: int,
+            max_context: int, out: int, workspace: int, stream=None) -> None:
+        if T < 1 or pos0 < 0 or pos0 + T > max_context:
+            raise LucegenError(f"prefill attention: positions {pos0} .. {pos0 + T - 1} do not fit a cache of "
+                               f"max_context {max_context}")
+        self.prepare_fn.launch(T, PREPARE_THREADS,
+                               (_u64(proj), _u64(q_norm), _u64(k_norm), _u64(inv_freq), _u64(kv),
+                                np.int32(max_context), _u64(workspace), np.int32(T), np.int32(pos0)),
+                               stream=stream)
+        grid, threads, smem = launch_geometry(self.pf, T, self.target.warp_size)
+        self.attend_fn.launch(grid, threads,
+                              (_u64(workspace), _u64(proj), _u64(kv), np.int32(max_context), _u64(out),
+                               np.int32(T), np.int32(pos0)),
+                              smem=smem, stream=stream)
