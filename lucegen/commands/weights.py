@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from ..model.config import PRESETS, ModelConfig
+from ..model.dflash import PRESETS as DRAFT_PRESETS
 
 QUANTS = ("bf16", "f32", "f16", "q8_0", "q4_0", "q4_k_m")
 
@@ -17,8 +18,10 @@ def register(subparsers) -> None:
         "init-weights", help="write a random-weight checkpoint of a model preset",
         description="Write random weights with the real shapes and init statistics of a Qwen3.5 preset, in the "
                     "official HF layout (safetensors, BF16) or as a llama.cpp qwen35 GGUF, plus a tokenizer.")
-    p.add_argument("--preset", required=True, choices=list(PRESETS), help="model preset")
-    p.add_argument("--format", required=True, choices=("safetensors", "gguf"))
+    p.add_argument("--preset", required=True, choices=list(PRESETS) + list(DRAFT_PRESETS),
+                   help="model preset, or a DFlash draft preset (dflash-*: safetensors only)")
+    p.add_argument("--format", choices=("safetensors", "gguf"),
+                   help="required for model presets; draft presets are written as safetensors")
     p.add_argument("--quant", choices=QUANTS, default=None,
                    help="GGUF tensor types: bf16 (default), f32, f16, q8_0, q4_0, or llama.cpp's q4_k_m recipe")
     p.add_argument("--out", required=True, type=Path,
@@ -29,6 +32,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    if args.preset in DRAFT_PRESETS:
+        return run_draft(args)
+    if args.format is None:
+        raise CheckpointError(f"--format: required for model preset {args.preset} (safetensors or gguf)")
     config = ModelConfig.preset(args.preset)
     if args.format == "safetensors":
         if args.quant not in (None, "bf16"):
@@ -53,4 +60,21 @@ def run(args) -> int:
         print(f"wrote {target} ({config.name}, {config.num_parameters() / 1e6:.0f} M parameters) "
               f"in {seconds:.1f} s", file=sys.stderr)
     print(target)
+    return 0
+
+
+def run_draft(args) -> int:
+    """A random-weight DFlash draft: config.json + model.safetensors (BF16), the published draft's layout."""
+    from ..model.dflash import DFlashConfig, write_dflash_checkpoint
+
+    config = DFlashConfig.preset(args.preset)
+    if args.format not in (None, "safetensors"):
+        raise CheckpointError(f"--format {args.format}: draft presets are written as safetensors only")
+    if args.quant not in (None, "bf16"):
+        raise CheckpointError(f"--quant {args.quant}: draft checkpoints are written in BF16 only")
+    seconds = write_dflash_checkpoint(config, args.out, seed=args.seed, progress=not args.quiet)
+    if not args.quiet:
+        print(f"wrote {args.out} ({config.name}, {config.num_parameters() / 1e6:.0f} M parameters) "
+              f"in {seconds:.1f} s", file=sys.stderr)
+    print(args.out)
     return 0

@@ -6,6 +6,8 @@ official multimodal ``Qwen3_5ForConditionalGeneration`` layout with ``model.lang
 MTP head are skipped) or a ``.gguf`` file (:mod:`lucegen.model.gguf_io`). Tensors are exposed under internal names:
 HF text-model names without prefix (``embed_tokens.weight``, ``layers.3.self_attn.q_proj.weight``, ...; see
 :meth:`ModelConfig.tensor_shapes`), every one checked for presence and shape before anything is returned.
+A DFlash draft directory (its config.json has ``dflash_config`` / a ``DFlash*`` architecture) loads through
+:func:`lucegen.model.dflash.load_dflash_directory`: same checkpoint class, ``config`` a ``DFlashConfig``.
 """
 
 from __future__ import annotations
@@ -171,6 +173,10 @@ def load_hf_directory(directory) -> SafetensorsCheckpoint:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{directory}: no config.json")
+    from . import dflash  # a DFlash draft directory: its own config and tensor names
+
+    if dflash.is_dflash_config(dflash.read_json(config_path)):
+        return dflash.load_dflash_directory(directory)
     config = ModelConfig.from_file(config_path)
     files, weight_map = _shard_files(directory)
     opened = {f.name: SafetensorsFile(f) for f in files}
