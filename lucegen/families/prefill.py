@@ -11,6 +11,7 @@ DEFAULT_MODEL = "qwen3.5-0.8b"
 #: (module name, template): one kernel module per job.
 MODULES = (
     ("prefill_common", "prefill/common.cu.j2"),
+    ("prefill_gemm", "prefill/gemm.cu.j2"),
     ("prefill_attention", "prefill/attention.cu.j2"),
 )
 

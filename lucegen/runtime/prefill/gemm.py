@@ -1,0 +1,177 @@
+"""Launcher for the prefill GEMM module (``templates/prefill/gemm.cu.j2``, module ``prefill_gemm``).
+
+    gemm = GemmKernels(dev, target, pf)
+    gemm.rows_f32(A, lda, W, ldw, M, N, K, ss, ss_parts, ss_stride, out, ldo, stream=s)
+    gemm.swiglu(A, lda, W, ldw, M, N, K, ss, ss_parts, ss_stride, out, ldo, stream=s)
+    gemm.residual(A, lda, W, ldw, M, N, K, x, ldx, norm_w, xn, ldxn, ss_out, ss_stride, stream=s)
+
+Device addresses are ints (0 for "no ss": r = 1). Each call validates its arguments on the host and queues one
+kernel (no allocation, no sync: capturable in a CUDA graph). The module holds each epilogue at block heights
+tile_m, tile_m/2, tile_m/4 (``gemm_<epilogue>_m<rows>``); :func:`pick_block_rows` chooses the height that fills
+the chip in the fewest block-row-weighted waves. ``rows_f32`` with M <= GEMV_MAX_M uses ``gemv_rows_f32`` (a
+streaming read of W: the lm_head row).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import codegen
+from ...compile import compile_source
+from ...errors import LucegenError
+
+TEMPLATE = "prefill/gemm.cu.j2"
+MODULE = "prefill_gemm"
+GEMV_MAX_M = 4  # templates/prefill/gemm.cu.j2: GEMV_MAX_M
+GEMV_WARPS = 8  # templates/prefill/gemm.cu.j2: GEMV_WARPS
+EPILOGUES = ("rows_f32", "swiglu", "residual")
+
+
+def _u64(addr: int) -> np.uint64:
+    return np.uint64(int(addr))
+
+
+def warp_grid(warps: int) -> tuple[int, int]:
+    """(warps along M, warps along N) of a block: the template's WARPS_M x WARPS_N."""
+    wm = 2 if warps >= 4 and warps % 2 == 0 else 1
+    return wm, warps // wm
+
+
+def pipeline_stages(pf: dict, target) -> int:
+    """Shared-memory stages the mainloop uses: the descriptor's with cp.async, else a register-staged double buffer."""
+    return pf["stages"] if (target.features.cp_async and pf["instruction"] == "mma_m16n8k16") else 2
+
+
+def block_heights(pf: dict) -> tuple[int, ...]:
+    """The block tile heights the module is built with (tile_m and its halvings down to 16 rows per M-warp)."""
+    wm, _ = warp_grid(pf["warps"])
+    out = []
+    for div in (1, 2, 4):
+        bm = pf["tile_m"] // div
+        if pf["tile_m"] % div == 0 and bm >= 16 * wm and bm % (16 * wm) == 0:
+            out.append(bm)
+    return tuple(out)
+
+
+def smem_bytes(pf: dict, target, block_rows: int) -> int:
+    """Dynamic shared memory of one block: stages x (A tile + W tile) x tile_k x 2 bytes."""
+    return pipeline_stages(pf, target) * (block_rows + pf["tile_n"]) * pf["tile_k"] * 2
+
+
+def pick_block_rows(M: int, N: int, tile_n: int, units: int, blocks_per_unit: dict[int, int]) -> int:
+    """The block height with the least estimated time: waves (blocks / resident blocks) times a block's work, which
+    is taken as (rows + tile_n / 2): a shorter tile still streams its whole W tile."""
+    best, best_cost = None, None
+    for bm, per_unit in sorted(blocks_per_unit.items(), reverse=True):
+        blocks = math.ceil(M / bm) * math.ceil(N / tile_n)
+        waves = math.ceil(blocks / (units * max(1, per_unit)))
+        cost = waves * (bm + tile_n / 2)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = bm, cost
+    return best
+
+
+class GemmKernels:
+    """The prefill GEMMs of one model shape (``pf``) on ``device``."""
+
+    def __init__(self, device, target, pf: dict):
+        wm, wn = warp_grid(pf["warps"])
+        if pf["tile_n"] % (16 * wn) or pf["tile_k"] % 16 or not block_heights(pf):
+            raise LucegenError(f"{target.name}: [matmul] tiles {pf['tile_m']}x{pf['tile_n']}x{pf['tile_k']} with "
+                               f"{pf['warps']} warps do not fit the GEMM template (tile_n a multiple of "
+                               f"{16 * wn}, tile_k of 16, tile_m of {16 * wm})")
+        if target.warp_size != 32:
+            raise LucegenError(f"{target.name}: the prefill GEMM needs warp_size 32, got {target.warp_size}")
+        self.device, self.target, self.pf = device, target, pf
+        self.threads = pf["warps"] * 32
+        source = codegen.render(target, TEMPLATE, pf=pf)
+        self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE))
+        self.functions: dict[tuple[str, int], object] = {}
+        self.smem: dict[int, int] = {}
+        per_unit: dict[int, int] = {}
+        for bm in block_heights(pf):
+            self.smem[bm] = smem_bytes(pf, target, bm)
+            for ep in EPILOGUES:
+                fn = self.module.function(f"gemm_{ep}_m{bm}")
+                fn.set_max_dynamic_smem(self.smem[bm])  # also when static + dynamic crosses the 48 KB default
+                self.functions[(ep, bm)] = fn
+            per_unit[bm] = self.functions[("rows_f32", bm)].max_active_blocks_per_cu(self.threads, self.smem[bm])
+        self.blocks_per_unit = per_unit
+        self.gemv_fn = self.module.function("gemv_rows_f32")
+        #: Force one block height (tuning/benchmarks); None = pick_block_rows.
+        self.block_rows: int | None = None
+        #: rows_f32 uses the GEMV kernel for M <= gemv_max_m (0 disables it).
+        self.gemv_max_m = GEMV_MAX_M
+
+    # ---- host checks ---------------------------------------------------------------------------------------------
+    def _check(self, name: str, M: int, N: int, K: int, strides: dict[str, tuple[int, int]],
+               pointers: dict[str, tuple[int, int]]) -> None:
+        if M < 1 or N < 1 or K < 1:
+            raise LucegenError(f"gemm_{name}: M, N, K must be positive, got M={M} N={N} K={K}")
+        if K % 8:
+            raise LucegenError(f"gemm_{name}: K={K} must be a multiple of 8 (16-byte rows)")
+        for arg, (value, minimum) in strides.items():
+            if value % 8:
+                raise LucegenError(f"gemm_{name}: {arg}={value} must be a multiple of 8 elements")
+            if value < minimum:
+                raise LucegenError(f"gemm_{name}: {arg}={value} is smaller than the row length {minimum}")
+        for arg, (ptr, align) in pointers.items():
+            if int(ptr) == 0 or int(ptr) % align:
+                raise LucegenError(f"gemm_{name}: {arg} must be a {align}-byte aligned device address, "
+                                   f"got {int(ptr):#x}")
+        if N > 65535 * self.pf["tile_n"]:
+            raise LucegenError(f"gemm_{name}: N={N} exceeds the grid's {65535} column tiles of {self.pf['tile_n']}")
+
+    def _check_ss(self, name: str, M: int, ss: int, ss_parts: int, ss_stride: int) -> None:
+        if ss and (ss_parts < 1 or ss_stride < M):
+            raise LucegenError(f"gemm_{name}: ss needs ss_parts >= 1 and ss_stride >= M, got ss_parts={ss_parts} "
+                               f"ss_stride={ss_stride} M={M}")
+
+    def _geometry(self, ep: str, M: int, N: int):
+        bm = self.block_rows or pick_block_rows(M, N, self.pf["tile_n"], self.target.compute_units,
+                                                self.blocks_per_unit)
+        return self.functions[(ep, bm)], (math.ceil(M / bm), math.ceil(N / self.pf["tile_n"])), self.smem[bm]
+
+    # ---- the three epilogues -------------------------------------------------------------------------------------
+    def rows_f32(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, ss: int, ss_parts: int,
+                 ss_stride: int, out: int, ldo: int, stream=None) -> None:
+        """out f32 [m, n] = r[m] * sum_k A[m, k] W[n, k]."""
+        self._check("rows_f32", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldo": (ldo, N)},
+                    {"A": (A, 16), "W": (W, 16), "out": (out, 8)})
+        self._check_ss("rows_f32", M, ss, ss_parts, ss_stride)
+        args = (_u64(A), np.int32(lda), _u64(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), _u64(ss),
+                np.int32(ss_parts), np.int32(ss_stride), _u64(out), np.int32(ldo))
+        if M <= self.gemv_max_m:
+            self.gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, args, stream=stream)
+            return
+        fn, grid, smem = self._geometry("rows_f32", M, N)
+        fn.launch(grid, self.threads, args, smem=smem, stream=stream)
+
+    def swiglu(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, ss: int, ss_parts: int,
+               ss_stride: int, out: int, ldo: int, stream=None) -> None:
+        """out ctype [m, i] = silu(r acc[m, 2i]) * r acc[m, 2i+1] for W's interleaved gate/up rows (N = 2I)."""
+        if N % 2:
+            raise LucegenError(f"gemm_swiglu: N={N} must be even (interleaved gate/up rows)")
+        self._check("swiglu", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldo": (ldo, N // 2)},
+                    {"A": (A, 16), "W": (W, 16), "out": (out, 2)})
+        self._check_ss("swiglu", M, ss, ss_parts, ss_stride)
+        fn, grid, smem = self._geometry("swiglu", M, N)
+        fn.launch(grid, self.threads,
+                  (_u64(A), np.int32(lda), _u64(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), _u64(ss),
+                   np.int32(ss_parts), np.int32(ss_stride), _u64(out), np.int32(ldo)), smem=smem, stream=stream)
+
+    def residual(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, x: int, ldx: int, norm_w: int,
+                 xn: int, ldxn: int, ss_out: int, ss_stride: int, stream=None) -> None:
+        """x f32 += acc; xn = x * (1 + norm_w); ss_out[j * ss_stride + m] = sum of x^2 over columns of tile j."""
+        self._check("residual", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldx": (ldx, N), "ldxn": (ldxn, N)},
+                    {"A": (A, 16), "W": (W, 16), "x": (x, 8), "norm_w": (norm_w, 4), "xn": (xn, 2),
+                     "ss_out": (ss_out, 4)})
+        if ss_stride < M:
+            raise LucegenError(f"gemm_residual: ss_stride={ss_stride} is smaller than M={M}")
+        fn, grid, smem = self._geometry("residual", M, N)
+        fn.launch(grid, self.threads,
+                  (_u64(A), np.int32(lda), _u64(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), _u64(x),
+                   np.int32(ldx), _u64(norm_w), _u64(xn), np.int32(ldxn), _u64(ss_out), np.int32(ss_stride)),
+                  smem=smem, stream=stream)

@@ -1,0 +1,123 @@
+"""Prefill GEMM module on the CPU: the template renders and compiles for all nine targets with the three contract
+kernels at every block height, and the launcher's host side (argument checks, kernel choice, launch geometry)
+through a recording stand-in for the device."""
+
+from __future__ import annotations
+
+import pytest
+
+from lucegen import codegen
+from lucegen.compile import compile_source
+from lucegen.errors import LucegenError
+from lucegen.model.config import ModelConfig
+from lucegen.runtime.prefill.gemm import (GemmKernels, block_heights, pick_block_rows, smem_bytes, warp_grid)
+from lucegen.runtime.prefill.params import prefill_params
+from lucegen.target import list_targets, load_target
+
+
+def _pf(target):
+    return prefill_params(ModelConfig.preset("qwen3.5-0.8b"), target)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list_targets())
+def test_gemm_module_compiles_for_every_target(name):
+    target = load_target(name)
+    pf = _pf(target)
+    source = codegen.render(target, "prefill/gemm.cu.j2", pf=pf)
+    module = compile_source(target, "prefill_gemm", source, template="prefill/gemm.cu.j2")
+    kernels = {k.name: k for k in module.kernels}
+    expected = {f"gemm_{ep}_m{bm}" for ep in ("rows_f32", "swiglu", "residual") for bm in block_heights(pf)}
+    assert expected | {"gemv_rows_f32"} == set(kernels)
+    assert all(k.spills == 0 for k in kernels.values()), [(k.name, k.spills) for k in kernels.values()]
+    if pf["instruction"] == "mma_m16n8k16":
+        assert "cp.async.cg.shared.global" in source and "ldmatrix" in source and "m16n8k16" in source
+    elif pf["instruction"] == "mma_m16n8k8":
+        assert "m16n8k8.row.col" in source and "cp.async.cg" not in source
+    else:
+        assert "mma.sync.aligned" not in source and "ldmatrix.sync" not in source
+    for bm in block_heights(pf):
+        assert smem_bytes(pf, target, bm) <= target.smem_per_block_optin
+
+
+class _Fn:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def set_max_dynamic_smem(self, n):
+        pass
+
+    def max_active_blocks_per_cu(self, threads, smem):
+        return 1
+
+    def launch(self, grid, block, args, smem=0, stream=None):
+        self.log.append((self.name, grid, block, smem, args))
+
+
+class _Module:
+    def __init__(self, log):
+        self.log = log
+
+    def function(self, name):
+        return _Fn(name, self.log)
+
+
+class _Device:
+    def __init__(self):
+        self.log = []
+
+    def load(self, compiled):
+        return _Module(self.log)
+
+
+@pytest.fixture(scope="module")
+def gemm90():
+    target = load_target("sm_90")
+    dev = _Device()
+    return dev, GemmKernels(dev, target, _pf(target))
+
+
+def test_launch_geometry_and_kernel_choice(gemm90):
+    dev, g = gemm90
+    dev.log.clear()
+    g.rows_f32(0x1000, 1024, 0x2000, 1024, 1, 248320, 1024, 0x3000, 8, 1, 0x4000, 248320)
+    name, grid, block, smem, args = dev.log[-1]
+    assert name == "gemv_rows_f32" and grid == -(-248320 // 8) and block == 256 and smem == 0
+    g.swiglu(0x1000, 1024, 0x2000, 1024, 520, 7168, 1024, 0x3000, 8, 520, 0x4000, 3584)
+    name, grid, block, smem, args = dev.log[-1]
+    bm = int(name.rsplit("_m", 1)[1])
+    assert name.startswith("gemm_swiglu_m") and grid == (-(-520 // bm), 7168 // 128) and block == 256
+    assert smem == 4 * (bm + 128) * 64 * 2
+    g.residual(0x1000, 3584, 0x2000, 3584, 520, 1024, 3584, 0x5000, 1024, 0x6000, 0x7000, 1024, 0x8000, 520)
+    assert dev.log[-1][0].startswith("gemm_residual_m") and dev.log[-1][1][1] == 1024 // 128
+    assert len(dev.log[-1][4]) == 14
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda g: g.rows_f32(0x1000, 1024, 0x2000, 1024, 8, 64, 1020, 0, 0, 0, 0x4000, 64), "multiple of 8"),
+    (lambda g: g.rows_f32(0x1000, 1020, 0x2000, 1024, 8, 64, 1016, 0, 0, 0, 0x4000, 64), "lda=1020"),
+    (lambda g: g.rows_f32(0x1000, 1024, 0x2000, 512, 8, 64, 1024, 0, 0, 0, 0x4000, 64), "ldw=512"),
+    (lambda g: g.rows_f32(0x1000, 1024, 0x2000, 1024, 0, 64, 1024, 0, 0, 0, 0x4000, 64), "positive"),
+    (lambda g: g.rows_f32(0x1008, 1024, 0x2000, 1024, 8, 64, 1024, 0, 0, 0, 0x4000, 64), "A must be a 16-byte"),
+    (lambda g: g.rows_f32(0x1000, 1024, 0x2000, 1024, 8, 64, 1024, 0x3000, 8, 4, 0x4000, 64), "ss_stride"),
+    (lambda g: g.swiglu(0x1000, 1024, 0x2000, 1024, 8, 63, 1024, 0, 0, 0, 0x4000, 32), "even"),
+    (lambda g: g.residual(0x1000, 1024, 0x2000, 1024, 8, 64, 1024, 0x5000, 64, 0, 0x7000, 64, 0x8000, 8),
+     "norm_w"),
+    (lambda g: g.residual(0x1000, 1024, 0x2000, 1024, 8, 64, 1024, 0x5000, 60, 0x6000, 0x7000, 64, 0x8000, 8),
+     "ldx=60"),
+])
+def test_host_argument_checks(gemm90, call, message):
+    dev, g = gemm90
+    before = len(dev.log)
+    with pytest.raises(LucegenError, match=message):
+        call(g)
+    assert len(dev.log) == before  # nothing launched
+
+
+def test_block_height_choice_fills_the_chip():
+    per_unit = {128: 1, 64: 2, 32: 2}
+    # 520 x 1024: 40 blocks of 128 rows leave most of 132 SMs idle; shorter tiles fill them
+    assert pick_block_rows(520, 1024, 128, 132, per_unit) < 128
+    # a large problem keeps the tallest tile (fewest W re-reads)
+    assert pick_block_rows(4096, 8224, 128, 132, per_unit) in (128, 64)
+    assert warp_grid(8) == (2, 4) and warp_grid(4) == (2, 2)
