@@ -108,3 +108,21 @@ def test_rope_preserves_norm_and_leaves_tail_untouched():
     np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
     np.testing.assert_array_equal(y[..., config.rotary_dim:], x[..., config.rotary_dim:])
     np.testing.assert_allclose(apply_rope(x, np.zeros(5), rope_inv_freq(config)), x)
+
+
+def test_rounded_gemm_inputs_variant():
+    """gemm_inputs="bf16": projection inputs and the KV cache rounded to bf16 (the prefill's arithmetic); close to the
+    f32 model, not equal to it, and its KV cache holds bf16-representable values."""
+    from lucegen.model.reference import round_to
+
+    exact = random_reference("tiny-gqa")
+    rounded = Reference(exact.config, exact.w, gemm_inputs="bf16")
+    tokens = np.arange(40) * 7 % exact.config.vocab_size
+    s1, s2 = exact.new_state(), rounded.new_state()
+    a, b = exact.forward(tokens, s1), rounded.forward(tokens, s2)
+    rel = np.abs(a - b).max() / np.abs(a).max()
+    assert 0 < rel < 5e-2
+    k = next(layer.k for layer in s2.layers if hasattr(layer, "k"))
+    assert np.array_equal(k, round_to(k, "bf16"))
+    with pytest.raises(ValueError, match="gemm_inputs"):
+        Reference(exact.config, exact.w, gemm_inputs="int8")

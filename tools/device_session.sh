@@ -2,6 +2,7 @@
 # One device call for the decode megakernel: GPU tests (tiny presets), a random 0.8B checkpoint in /tmp, its
 # teacher-forced test, the bench (with per-phase profile and the HF baseline), compute-sanitizer on tiny.
 # Usage (from the repo root, on the device): tools/device_session.sh [tests] [sanitize] [bench] [test08]
+#   [pftests] [pfbench] [run]   (prefill: every GPU test of tests/gpu/test_prefill*.py incl. the 0.8B ones; ppN bench)
 # Logs and JSON go to $OUT (default /tmp/lucegen-out).
 set -u
 cd "$(dirname "$0")/.."
@@ -39,6 +40,14 @@ for stage in $stages; do
     sweep)
       need_model
       python3 tools/mk_sweep.py $model "${SWEEP:-[]}" 2>&1 | tee "$OUT/sweep.log" ;;
+    pftests)
+      need_model
+      LUCEGEN_08B_DIR=$model python3 -m pytest -q tests/gpu/test_prefill*.py 2>&1 | tail -40 \
+        | tee "$OUT/pftests.log" ;;
+    pfbench)
+      need_model
+      python3 -m lucegen.cli bench prefill --model $model --tokens ${PF_TOKENS:-520 4096 32768} \
+        --json "$OUT/pfbench.json" ${PF_ARGS:-} 2>&1 | tee "$OUT/pfbench.log" ;;
     run)
       need_model
       python3 -m lucegen.cli run --model $model --prompt "def fibonacci(n):" --max-tokens 32 2>&1 | tee "$OUT/run.log" ;;

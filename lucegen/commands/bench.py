@@ -1,6 +1,8 @@
-"""``lucegen bench decode --model DIR``: the megakernel's decode speed (tg-N after a P-token prompt), achieved
-bandwidth against the descriptor, tok/J from NVML, barriers per token, optional per-phase profile, and the HF
-transformers baseline measured in the same run. Prints a table; ``--json`` writes the numbers."""
+"""``lucegen bench decode|prefill --model DIR``: decode is the megakernel's speed (tg-N after a P-token prompt),
+achieved bandwidth against the descriptor, tok/J from NVML, barriers per token, optional per-phase profile; prefill is
+ppN through the generated prefill kernels (tok/s, TFLOP/s against the descriptor's peak, time to first token) with each
+GEMM shape against cuBLAS. Both measure the HF transformers baseline in the same run, print a table, and write the
+numbers with ``--json``."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from ..errors import LucegenError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="benchmark decode (megakernel vs HF transformers)",
+    p = subparsers.add_parser("bench", help="benchmark decode or prefill (vs HF transformers)",
                               description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench_kind", required=True, metavar="KIND")
     d = sub.add_parser("decode", help="tg-N decode tok/s, GB/s, tok/J, HF baseline")
@@ -25,6 +27,16 @@ def register(subparsers) -> None:
     d.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
     d.add_argument("--json", type=Path, default=None, help="write the results here")
     d.set_defaults(func=run)
+    f = sub.add_parser("prefill", help="ppN prefill tok/s, TFLOP/s, TTFT, GEMMs vs cuBLAS, HF baseline")
+    f.add_argument("--model", required=True, type=Path, help="HF checkpoint directory")
+    f.add_argument("--tokens", type=int, nargs="+", default=[520], help="prompt lengths (default 520)")
+    f.add_argument("--repeats", type=int, default=10, help="timed prefills per length (median reported)")
+    f.add_argument("--target", default=None, help="descriptor (default: the one matching the GPU)")
+    f.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
+    f.add_argument("--hf-max-tokens", type=int, default=8192, help="longest prompt the HF baseline runs")
+    f.add_argument("--no-gemm", action="store_true", help="skip the per-shape GEMM vs cuBLAS table")
+    f.add_argument("--json", type=Path, default=None, help="write the results here")
+    f.set_defaults(func=run_prefill)
 
 
 def run(args) -> int:
@@ -40,5 +52,35 @@ def run(args) -> int:
         result["speedup_vs_hf"] = result["tok_s"] / result["hf_tok_s"]
     print(format_table(result))
     if args.json:
+        atomic_write(args.json, json.dumps(result, indent=2).encode())
+    return 0
+
+
+def run_prefill(args) -> int:
+    from ..bench.prefill import bench_hf_prefill, bench_lucegen, format_table, gemm_shapes
+
+    if args.repeats < 1:
+        raise LucegenError("--repeats must be at least 1")
+    if any(t < 1 for t in args.tokens):
+        raise LucegenError(f"--tokens must be positive, got {args.tokens}")
+    result = bench_lucegen(args.model, args.tokens, repeats=args.repeats, target=args.target)
+    dec, pre = result.pop("_objects")
+    if not args.no_gemm:
+        from ..bench.gemm import bench_gemm_shapes
+
+        shapes = []
+        for t in sorted(set(args.tokens)):
+            shapes += [s for s in gemm_shapes(dec.config, min(t, pre.segment)) if s not in shapes]
+        result["gemm"] = bench_gemm_shapes(dec.device, dec.target, pre.pf, shapes)
+    pre.close()
+    dec.close()
+    if not args.no_hf:
+        result.update(bench_hf_prefill(args.model, args.tokens, max_tokens=args.hf_max_tokens))
+        for row in result["rows"]:
+            hf = result["hf_tok_s"].get(row["tokens"])
+            row["speedup_vs_hf"] = row["tok_s"] / hf if hf else None
+    print(format_table(result))
+    if args.json:
+        result["hf_tok_s"] = {str(k): v for k, v in result.get("hf_tok_s", {}).items()}
         atomic_write(args.json, json.dumps(result, indent=2).encode())
     return 0

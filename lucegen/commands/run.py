@@ -1,5 +1,5 @@
-"""``lucegen run --model DIR|FILE.gguf --prompt TEXT --max-tokens N``: greedy decoding with the megakernel,
-streamed to stdout as the tokens arrive."""
+"""``lucegen run --model DIR|FILE.gguf --prompt TEXT --max-tokens N``: the prompt through the prefill kernels, then
+greedy decoding with the megakernel from the state they leave, streamed to stdout as the tokens arrive."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def register(subparsers) -> None:
                    help="KV-cache positions to allocate (default: prompt + max-tokens)")
     p.add_argument("--target", default=None, help="descriptor to use (default: the one matching the GPU)")
     p.add_argument("--chunk", type=int, default=16, help="decode steps per launch between streamed outputs")
+    p.add_argument("--prefill", choices=("kernels", "megakernel"), default="kernels",
+                   help="prompt path: the prefill kernels (default) or token by token through the megakernel")
     p.set_defaults(func=run)
 
 
@@ -57,7 +59,14 @@ def run(args) -> int:
         sys.stdout.flush()
         printed = text
 
-    decoder.prefill(prompt)
+    if args.prefill == "kernels":
+        from ..runtime.prefill.runner import Prefiller
+
+        prefiller = Prefiller(decoder)
+        prefiller.prefill(prompt)
+        prefiller.close()
+    else:
+        decoder.prefill(prompt)
     decoder.generate(args.max_tokens, emit, chunk=args.chunk)
     sys.stdout.write("\n")
     shown = " ".join(str(i) for i in generated[:32]) + (" ..." if len(generated) > 32 else "")

@@ -12,6 +12,7 @@ DEFAULT_MODEL = "qwen3.5-0.8b"
 MODULES = (
     ("prefill_common", "prefill/common.cu.j2"),
     ("prefill_gemm", "prefill/gemm.cu.j2"),
+    ("prefill_deltanet", "prefill/deltanet.cu.j2"),
     ("prefill_attention", "prefill/attention.cu.j2"),
 )
 

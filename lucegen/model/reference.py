@@ -216,11 +216,31 @@ class _DictWeights:
         return np.asarray(self.tensors[name], dtype=F32)
 
 
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x rounded to a two-byte float type (round to nearest even) and back to float32."""
+    if dtype == "bf16":
+        from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+
+        return bf16_bits_to_f32(f32_to_bf16_bits(np.ascontiguousarray(x, F32))).reshape(np.shape(x))
+    if dtype == "fp16":
+        return np.asarray(x, F32).astype(np.float16).astype(F32)
+    raise ValueError(f"round_to: unknown dtype {dtype!r}")
+
+
 class Reference:
     """``Reference(config, checkpoint)``: checkpoint is anything with ``f32(name)`` (a :class:`Checkpoint`) or a
-    mapping of internal tensor names to arrays. All weights are held as float32."""
+    mapping of internal tensor names to arrays. All weights are held as float32.
 
-    def __init__(self, config: ModelConfig, checkpoint):
+    ``gemm_inputs="bf16"`` (or ``"fp16"``) is the same model with every projection's input rounded to that type,
+    where a tensor-core prefill (and HF's BF16 model) rounds it: the hidden state entering each projection as
+    round(x * (1 + w)) * rsqrt(mean x^2 + eps) (the norm's row scale applied after the rounding, as the prefill
+    GEMM epilogue does), the gated-norm and gated-attention outputs, the SwiGLU activation, and the KV cache entries.
+    The default ``"f32"`` rounds nothing."""
+
+    def __init__(self, config: ModelConfig, checkpoint, gemm_inputs: str = "f32"):
+        if gemm_inputs not in ("f32", "bf16", "fp16"):
+            raise ValueError(f"gemm_inputs must be f32, bf16 or fp16, got {gemm_inputs!r}")
+        self.gemm_inputs = gemm_inputs
         self.config = config
         source = _DictWeights(checkpoint) if isinstance(checkpoint, Mapping) else checkpoint
         self.w: dict[str, np.ndarray] = {}
@@ -247,6 +267,16 @@ class Reference:
                     np.zeros((c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim), F32)))
         return ReferenceState(layers)
 
+    def _round(self, x: np.ndarray) -> np.ndarray:
+        return x if self.gemm_inputs == "f32" else round_to(x, self.gemm_inputs)
+
+    def _norm_in(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """rms_norm_1p(x, w) as a projection input (see the class docstring for the rounded variant)."""
+        if self.gemm_inputs == "f32":
+            return rms_norm_1p(x, w, self.config.rms_norm_eps)
+        scale = F32(1) / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + F32(self.config.rms_norm_eps))
+        return (self._round(x * (F32(1) + w)) * scale).astype(F32)
+
     # -------------------------------------------------------------------------------------- forward
     def forward(self, tokens, state: ReferenceState, hidden_layers=(), logits: str = "all"):
         """Run ``tokens`` (a prompt or one token) from ``state.position``; advances ``state`` in place.
@@ -264,12 +294,12 @@ class Reference:
         hidden = {}
         for i, kind in enumerate(c.layer_types):
             p = f"layers.{i}."
-            h = rms_norm_1p(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            h = self._norm_in(x, self.w[p + "input_layernorm.weight"])
             if kind == FULL:
                 x = x + self.gated_attention(i, h, positions, state.layers[i])
             else:
                 x = x + self.gated_delta_net(i, h, state.layers[i])
-            h = rms_norm_1p(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            h = self._norm_in(x, self.w[p + "post_attention_layernorm.weight"])
             x = x + self.swiglu_mlp(i, h)
             if i in hidden_layers:
                 hidden[i] = x.copy()
@@ -278,7 +308,7 @@ class Reference:
             out = None
         else:
             xs = x[-1:] if logits == "last" else x
-            out = rms_norm_1p(xs, self.w["norm.weight"], c.rms_norm_eps) @ self.lm_head.T
+            out = self._norm_in(xs, self.w["norm.weight"]) @ self.lm_head.T
         return (out, hidden) if hidden_layers else out
 
     def swiglu_mlp(self, i: int, x: np.ndarray) -> np.ndarray:
@@ -286,7 +316,7 @@ class Reference:
         p = f"layers.{i}.mlp."
         gate = x @ self.w[p + "gate_proj.weight"].T
         up = x @ self.w[p + "up_proj.weight"].T
-        return (silu(gate) * up) @ self.w[p + "down_proj.weight"].T
+        return self._round(silu(gate) * up) @ self.w[p + "down_proj.weight"].T
 
     def gated_attention(self, i: int, x: np.ndarray, positions: np.ndarray, cache: AttentionCache) -> np.ndarray:
         """Qwen3_5Attention (eager): q_proj gives per head [query | gate]; q/k RMSNorm (1+w) per head; partial RoPE;
@@ -302,7 +332,7 @@ class Reference:
         k = rms_norm_1p(k, self.w[p + "k_norm.weight"], c.rms_norm_eps)
         q = apply_rope(q, positions, self.inv_freq)
         k = apply_rope(k, positions, self.inv_freq)
-        cache.append(k.transpose(1, 0, 2), v.transpose(1, 0, 2))
+        cache.append(self._round(k.transpose(1, 0, 2)), self._round(v.transpose(1, 0, 2)))
 
         keys, values = cache.k, cache.v  # [kv_heads, L, hd], key j sits at position j
         group = c.num_attention_heads // c.num_kv_heads
@@ -314,7 +344,7 @@ class Reference:
         probs = (scores / scores.sum(axis=-1, keepdims=True)).astype(F32)
         out = probs.reshape(c.num_kv_heads, group * t, -1) @ values  # [kv_heads, group*t, hd]
         out = out.reshape(c.num_attention_heads, t, hd).transpose(1, 0, 2).reshape(t, -1)
-        return (out * sigmoid(gate)) @ self.w[p + "o_proj.weight"].T
+        return self._round(out * sigmoid(gate)) @ self.w[p + "o_proj.weight"].T
 
     def gated_delta_net(self, i: int, x: np.ndarray, st: DeltaNetState) -> np.ndarray:
         """Qwen3_5GatedDeltaNet: in_proj_qkv -> causal depthwise conv + SiLU -> split q, k, v -> l2norm(q), l2norm(k),
@@ -342,7 +372,7 @@ class Reference:
         q = l2norm(q) * F32(1 / np.sqrt(dk))
         k = l2norm(k)
         o = gated_delta_rule(q, k, v, g, beta, st.recurrent)  # [t, hv, dv]
-        o = gated_rms_norm(o, z, self.w[p + "norm.weight"], c.rms_norm_eps)
+        o = self._round(gated_rms_norm(o, z, self.w[p + "norm.weight"], c.rms_norm_eps))
         return o.reshape(t, -1) @ self.w[p + "out_proj.weight"].T
 
     # -------------------------------------------------------------------------------------- convenience

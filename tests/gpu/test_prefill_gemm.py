@@ -137,6 +137,20 @@ def test_gemm_swiglu(M, N, K, use_ss, seed):
 @example(M=520, N=1024, K=3584, seed=8)
 @example(M=33, N=200, K=16, seed=9)
 def test_gemm_residual(M, N, K, seed):
+    _check_residual(M, N, K, seed, split_workspace=False)
+
+
+@pytest.mark.parametrize("M,K", [(1, 2048), (37, 3584), (520, 3584), (130, 1024)])
+def test_gemm_residual_split_k(M, K):
+    """With a workspace the launcher may split K (plan_residual) and finish with gemm_residual_reduce: same results."""
+    from lucegen.runtime.prefill.gemm import block_heights, plan_residual
+
+    _, pf, _ = _setup()
+    assert plan_residual(M, 1024, K, pf, _setup()[0].target, block_heights(pf))[1] > 1 or M == 130
+    _check_residual(M, 1024, K, M + K, split_workspace=True)
+
+
+def _check_residual(M, N, K, seed, split_workspace):
     dev, pf, gemm = _setup()
     a_bits, a, w_bits, w, rng = _inputs(M, N, K, seed, pf["dtype"])
     x0 = rng.standard_normal((M, N)).astype(F32)
@@ -149,7 +163,10 @@ def test_gemm_residual(M, N, K, seed):
     x_host[:, :N] = x0
     A, W, x = dev.upload(a_bits), dev.upload(w_bits), dev.upload(x_host)
     nw, xn, ss = dev.upload(norm_w), dev.alloc(M * ld * 2), dev.alloc(parts * stride * 4)
-    gemm.residual(A.ptr, K, W.ptr, K, M, N, K, x.ptr, ld, nw.ptr, xn.ptr, ld, ss.ptr, stride)
+    ws_bytes = gemm.residual_workspace_bytes(M, N) if split_workspace else 0
+    ws = dev.alloc(ws_bytes) if ws_bytes else None
+    gemm.residual(A.ptr, K, W.ptr, K, M, N, K, x.ptr, ld, nw.ptr, xn.ptr, ld, ss.ptr, stride,
+                  workspace=ws.ptr if ws else 0, workspace_bytes=ws_bytes)
     x_ref = x0.astype(np.float64) + a.astype(np.float64) @ w.astype(np.float64).T
     got_x = dev.download(x, F32, (M, ld))[:, :N]
     _close(got_x, x_ref, False, f"residual x M={M} N={N} K={K}")

@@ -73,6 +73,34 @@ def pick_block_rows(M: int, N: int, tile_n: int, units: int, blocks_per_unit: di
     return best
 
 
+#: Split-K factors the residual GEMM may use (then gemm_residual_reduce finishes the epilogue).
+SPLITS = (1, 2, 4)
+REDUCE_MAX_N = 8192  # templates/prefill/gemm.cu.j2: GEMM_REDUCE_MAX_N
+
+
+def plan_residual(M: int, N: int, K: int, pf: dict, target, heights) -> tuple[int, int]:
+    """(block height, split-K) for the residual GEMM with the least estimated time. A residual GEMM has few
+    column tiles (N = hidden size), so at prompt lengths of a few hundred tokens its blocks cover only part of the
+    chip or spill into a second wave; splitting K fills it, at the cost of writing and re-reading the partial sums.
+    Estimate: blocks are spread one per SM first, so a launch takes ceil(blocks / SMs) block times; a block time is
+    its FLOPs at ~30% of the chip's per-SM matrix rate (what the mma.sync mainloop reaches); the reduce pass streams
+    (split + 2) x M x N floats at ~70% of the descriptor's bandwidth plus a launch."""
+    tile_n, tile_k, units = pf["tile_n"], pf["tile_k"], target.compute_units
+    per_sm_flops_us = target.matmul.peak_tflops * 1e6 / units * 0.3
+    best, best_us = (heights[0], 1), None
+    for bm in heights:
+        blocks = math.ceil(M / bm) * math.ceil(N / tile_n)
+        for split in SPLITS:
+            if K % (split * tile_k) or (split > 1 and N > REDUCE_MAX_N):
+                continue
+            us = math.ceil(blocks * split / units) * 2.0 * bm * tile_n * (K // split) / per_sm_flops_us
+            if split > 1:
+                us += 3.0 + (split + 2) * M * N * 4 / (target.mem_bandwidth_gbs * 1e3 * 0.7)
+            if best_us is None or us < best_us:
+                best, best_us = (bm, split), us
+    return best
+
+
 class GemmKernels:
     """The prefill GEMMs of one model shape (``pf``) on ``device``."""
 
@@ -100,6 +128,12 @@ class GemmKernels:
             per_unit[bm] = self.functions[("rows_f32", bm)].max_active_blocks_per_cu(self.threads, self.smem[bm])
         self.blocks_per_unit = per_unit
         self.gemv_fn = self.module.function("gemv_rows_f32")
+        self.partial_fns = {}
+        for bm in block_heights(pf):
+            fn = self.module.function(f"gemm_partial_m{bm}")
+            fn.set_max_dynamic_smem(self.smem[bm])
+            self.partial_fns[bm] = fn
+        self.reduce_fn = self.module.function("gemm_residual_reduce")
         #: Force one block height (tuning/benchmarks); None = pick_block_rows.
         self.block_rows: int | None = None
         #: rows_f32 uses the GEMV kernel for M <= gemv_max_m (0 disables it).
@@ -162,14 +196,33 @@ class GemmKernels:
                   (_u64(A), np.int32(lda), _u64(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), _u64(ss),
                    np.int32(ss_parts), np.int32(ss_stride), _u64(out), np.int32(ldo)), smem=smem, stream=stream)
 
+    @staticmethod
+    def residual_workspace_bytes(M: int, N: int) -> int:
+        """Scratch for the residual GEMM's split-K partial sums (the most any plan uses)."""
+        return max(SPLITS) * M * N * 4
+
     def residual(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, x: int, ldx: int, norm_w: int,
-                 xn: int, ldxn: int, ss_out: int, ss_stride: int, stream=None) -> None:
-        """x f32 += acc; xn = x * (1 + norm_w); ss_out[j * ss_stride + m] = sum of x^2 over columns of tile j."""
+                 xn: int, ldxn: int, ss_out: int, ss_stride: int, stream=None, workspace: int = 0,
+                 workspace_bytes: int = 0) -> None:
+        """x f32 += acc; xn = x * (1 + norm_w); ss_out[j * ss_stride + m] = sum of x^2 over columns of tile j.
+        With a ``workspace`` of ``residual_workspace_bytes(M, N)``, short prompts split K across blocks (see
+        :func:`plan_residual`) and a reduce pass finishes the epilogue."""
         self._check("residual", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldx": (ldx, N), "ldxn": (ldxn, N)},
                     {"A": (A, 16), "W": (W, 16), "x": (x, 8), "norm_w": (norm_w, 4), "xn": (xn, 2),
                      "ss_out": (ss_out, 4)})
         if ss_stride < M:
             raise LucegenError(f"gemm_residual: ss_stride={ss_stride} is smaller than M={M}")
+        if workspace and self.block_rows is None:
+            bm, split = plan_residual(M, N, K, self.pf, self.target, block_heights(self.pf))
+            if split > 1 and split * M * N * 4 <= workspace_bytes:
+                grid = (math.ceil(M / bm), math.ceil(N / self.pf["tile_n"]), split)
+                self.partial_fns[bm].launch(grid, self.threads,
+                                            (_u64(A), np.int32(lda), _u64(W), np.int32(ldw), np.int32(M), np.int32(N),
+                                             np.int32(K // split), _u64(workspace)), smem=self.smem[bm], stream=stream)
+                self.reduce_fn.launch(M, 256, (_u64(workspace), np.int32(split), np.int32(M), np.int32(N), _u64(x),
+                                               np.int32(ldx), _u64(norm_w), _u64(xn), np.int32(ldxn), _u64(ss_out),
+                                               np.int32(ss_stride)), stream=stream)
+                return
         fn, grid, smem = self._geometry("residual", M, N)
         fn.launch(grid, self.threads,
                   (_u64(A), np.int32(lda), _u64(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), _u64(x),
