@@ -441,6 +441,33 @@ struct GemmResidual {
   }
 };
 
+// Epilogue of a split-K slice: part[z][m][n] = acc (f32, unscaled) for the slice z = blockIdx.z of K; the
+// residual is finished by gemm_residual_reduce, which sums the slices in order (deterministic, no atomics).
+struct GemmPartial {
+  float* part;
+  template <int BM>
+  __device__ __forceinline__ void prologue(float*, int, int) const {}
+  template <int BM>
+  __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float*, float*, int m0, int n0, int M,
+                                        int N) const {
+    float* slice = part + (size_t)blockIdx.z * M * N;
+#pragma unroll
+    for (int mi = 0; mi < GemmTile<BM>::MI; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = m0 + t.local_row(mi, h);
+        if (m >= M) continue;
+#pragma unroll
+        for (int ni = 0; ni < GEMM_NI; ++ni) {
+          const int n = t.column(n0, ni);
+          float* dst = slice + (size_t)m * N + n;
+          if (n + 1 < N) *reinterpret_cast<float2*>(dst) = make_float2(t.acc[mi][ni][2 * h], t.acc[mi][ni][2 * h + 1]);
+          else if (n < N) dst[0] = t.acc[mi][ni][2 * h];
+        }
+      }
+  }
+};
+
 // Grid: x = row tiles of BM (fastest, so the blocks resident together share one W tile), y = column tiles.
 template <int BM, class Epilogue>
 __device__ __forceinline__ void gemm_block(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
@@ -477,6 +504,14 @@ gemm_residual_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restri
   gemm_block<128>(A, lda, W, ldw, M, N, K, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride});
 }
 
+// Split-K slice z = blockIdx.z: columns [z * K, (z + 1) * K) of A and W (K = the slice length).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+gemm_partial_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
+                       int K, float* __restrict__ part) {
+  const size_t k0 = (size_t)blockIdx.z * K;
+  gemm_block<128>(A + k0, lda, W + k0, ldw, M, N, K, GemmPartial{part});
+}
+
 // ---- block tile 64 x 128 x 64, 2 x 4 warps, 4 stages, mma_m16n8k16 ----
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
 gemm_rows_f32_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
@@ -499,6 +534,14 @@ gemm_residual_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restric
   gemm_block<64>(A, lda, W, ldw, M, N, K, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride});
 }
 
+// Split-K slice z = blockIdx.z: columns [z * K, (z + 1) * K) of A and W (K = the slice length).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+gemm_partial_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
+                       int K, float* __restrict__ part) {
+  const size_t k0 = (size_t)blockIdx.z * K;
+  gemm_block<64>(A + k0, lda, W + k0, ldw, M, N, K, GemmPartial{part});
+}
+
 // ---- block tile 32 x 128 x 64, 2 x 4 warps, 4 stages, mma_m16n8k16 ----
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
 gemm_rows_f32_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
@@ -519,6 +562,50 @@ gemm_residual_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restric
                         int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
                         bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride) {
   gemm_block<32>(A, lda, W, ldw, M, N, K, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride});
+}
+
+// Split-K slice z = blockIdx.z: columns [z * K, (z + 1) * K) of A and W (K = the slice length).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+gemm_partial_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
+                       int K, float* __restrict__ part) {
+  const size_t k0 = (size_t)blockIdx.z * K;
+  gemm_block<32>(A + k0, lda, W + k0, ldw, M, N, K, GemmPartial{part});
+}
+
+#define GEMM_REDUCE_THREADS 256
+#define GEMM_REDUCE_MAX_N 8192
+// The residual epilogue after a split-K GEMM (same results as gemm_residual): for row m = blockIdx.x,
+//   x[m, n] += sum_{z < splits} part[z][m][n] (in slice order), xn[m, n] = x * (1 + norm_w[n]),
+//   ss_out[j * ss_stride + m] = sum of x^2 over columns [j * GEMM_BN, (j + 1) * GEMM_BN): per-warp sums of each
+//   32-column group, then the groups of a tile in order (deterministic). N <= GEMM_REDUCE_MAX_N.
+extern "C" __global__ void __launch_bounds__(GEMM_REDUCE_THREADS)
+gemm_residual_reduce(const float* __restrict__ part, int splits, int M, int N, float* __restrict__ x, int ldx,
+                     const float* __restrict__ norm_w, bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out,
+                     int ss_stride) {
+  __shared__ float group_sq[GEMM_REDUCE_MAX_N / 32];
+  const int m = blockIdx.x;
+  const int lane = threadIdx.x % 32;
+  for (int c0 = threadIdx.x - lane; c0 < N; c0 += GEMM_REDUCE_THREADS) {
+    const int n = c0 + lane;
+    float sq = 0.0f;
+    if (n < N) {
+      float v = x[(size_t)m * ldx + n];
+      for (int z = 0; z < splits; ++z) v += part[((size_t)z * M + m) * N + n];
+      x[(size_t)m * ldx + n] = v;
+      xn[(size_t)m * ldxn + n] = lg_from_float<bf16_t>(v * (1.0f + norm_w[n]));
+      sq = v * v;
+    }
+    sq = lg_warp_sum(sq);
+    if (lane == 0) group_sq[c0 / 32] = sq;
+  }
+  __syncthreads();
+  const int tiles = (N + GEMM_BN - 1) / GEMM_BN;
+  for (int j = threadIdx.x; j < tiles; j += GEMM_REDUCE_THREADS) {
+    float sum_sq = 0.0f;
+    const int g1 = min((j + 1) * (GEMM_BN / 32), (N + 31) / 32);
+    for (int g = j * (GEMM_BN / 32); g < g1; ++g) sum_sq += group_sq[g];
+    ss_out[(size_t)j * ss_stride + m] = sum_sq;
+  }
 }
 
 // gemm_rows_f32 for M <= GEMV_MAX_M rows (the lm_head row): out[m, n] = r[m] * dot(A[m, :], W[n, :]).
