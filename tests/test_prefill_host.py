@@ -68,3 +68,20 @@ def tiny_dir(tmp_path_factory):
 def test_bench_prefill_refuses_bad_counts(tiny_dir, capsys, argv, message):
     code = main(["bench", "prefill", "--model", str(tiny_dir), "--no-hf", *argv])
     assert code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list_targets())
+def test_residual_split_k_plan(name):
+    """Split K only where the residual GEMM's blocks leave the chip idle (short prompts), always into whole k-tiles."""
+    from lucegen.runtime.prefill.gemm import block_heights, plan_residual
+
+    t = load_target(name)
+    pf = prefill_params(ModelConfig.preset("qwen3.5-0.8b"), t)
+    heights = block_heights(pf)
+    for M in (1, 37, 520, 4096, 8192):
+        for K in (2048, 3584):
+            bm, split = plan_residual(M, 1024, K, pf, t, heights)
+            assert bm in heights and K % (split * pf["tile_k"]) == 0
+    if name == "sm_90":
+        assert plan_residual(37, 1024, 3584, pf, t, heights)[1] > 1
+        assert plan_residual(8192, 1024, 3584, pf, t, heights)[1] == 1

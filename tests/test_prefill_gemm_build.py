@@ -27,8 +27,8 @@ def test_gemm_module_compiles_for_every_target(name):
     source = codegen.render(target, "prefill/gemm.cu.j2", pf=pf)
     module = compile_source(target, "prefill_gemm", source, template="prefill/gemm.cu.j2")
     kernels = {k.name: k for k in module.kernels}
-    expected = {f"gemm_{ep}_m{bm}" for ep in ("rows_f32", "swiglu", "residual") for bm in block_heights(pf)}
-    assert expected | {"gemv_rows_f32"} == set(kernels)
+    expected = {f"gemm_{ep}_m{bm}" for ep in ("rows_f32", "swiglu", "residual", "partial") for bm in block_heights(pf)}
+    assert expected | {"gemv_rows_f32", "gemm_residual_reduce"} == set(kernels)
     assert all(k.spills == 0 for k in kernels.values()), [(k.name, k.spills) for k in kernels.values()]
     if pf["instruction"] == "mma_m16n8k16":
         assert "cp.async.cg.shared.global" in source and "ldmatrix" in source and "m16n8k16" in source
