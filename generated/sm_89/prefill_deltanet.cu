@@ -173,38 +173,6 @@ deltanet_conv_prepare(const float* __restrict__ proj, const float* __restrict__ 
   }
 }
 
-// m16n8k16 tensor-core helpers (bf16 operands, f32 accumulation)
-#define DN_QROW (DN_DK + 8)   // shared row strides in elements: 16-byte aligned rows, ldmatrix rows 4 banks apart
-__device__ __forceinline__ unsigned dn_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void dn_ldsm_x4(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(dn_smem_u32(p)));
-}
-__device__ __forceinline__ void dn_ldsm_x4_trans(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(dn_smem_u32(p)));
-}
-// c[16x8] += a[16x16] b[16x8] (m16n8k16 fragments)
-__device__ __forceinline__ void dn_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 { %0, %1, %2, %3}, "
-               "{ %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ unsigned dn_pack2(float lo, float hi) {
-  const bf16_t a = lg_from_float<bf16_t>(lo), b = lg_from_float<bf16_t>(hi);
-  return (unsigned)*reinterpret_cast<const unsigned short*>(&a) |
-         ((unsigned)*reinterpret_cast<const unsigned short*>(&b) << 16);
-}
-// ROWS x COLS f32 (global row stride src_stride) -> bf16_t shared (row stride DST_STRIDE), 4 elements per step
-template <int ROWS, int COLS, int DST_STRIDE, int THREADS>
-__device__ __forceinline__ void dn_stage(unsigned short* dst, const float* src, size_t src_stride) {
-  for (int e = threadIdx.x; e < ROWS * COLS / 4; e += THREADS) {
-    const int r = e / (COLS / 4), c4 = 4 * (e % (COLS / 4));
-    const float4 x = *reinterpret_cast<const float4*>(src + r * src_stride + c4);
-    *reinterpret_cast<uint2*>(dst + r * DST_STRIDE + c4) = make_uint2(dn_pack2(x.x, x.y), dn_pack2(x.z, x.w));
-  }
-}
 // ------------------------------------------------------------------------------------------------ chunk prepare
 // chunked.chunked_gated_delta_rule, the chunk-parallel part, for chunk blockIdx.x of value head blockIdx.y (key head
 // h / GROUP): gc = cumsum(g); A = strictly_lower(beta_i (k_i . k_j) exp(gc_i - gc_j)); P = lower_incl_diag((q_i .
@@ -524,81 +492,80 @@ deltanet_chunk_scan(float* __restrict__ workspace, float* __restrict__ recurrent
 }
 
 // ------------------------------------------------------------------------------------------------ chunk output
-// chunked.chunked_gated_delta_rule's output, chunk-parallel, on m16n8k16 tensor cores: O = exp(gc) (q hs[c]) + P V'
-// for chunk blockIdx.x, value head blockIdx.y, value columns [j0, j0 + DVO), j0 = blockIdx.z * DVO. As in
-// flash-linear-attention's chunk_fwd_o, the operands q, hs[c], P and V' are rounded to bf16, products
-// accumulate in f32 and exp(gc) scales the f32 q hs[c] rows. Warp w owns rows 16w .. 16w + 15 (C/16 warps); P is zero
-// above the diagonal, so warp w's P V' stops at key block w.
+// chunked.chunked_gated_delta_rule's output, chunk-parallel: O = exp(gc) (q hs[c]) + P V' for chunk blockIdx.x, value
+// head blockIdx.y, value columns [j0, j0 + DVO) with j0 = blockIdx.z * DVO. Thread task = rows i, i + C/4, i + C/2,
+// i + 3C/4 times 8 columns: every shared-memory float feeds 4 FMAs, every q / P float 8 (shared-memory bandwidth, not
+// the FMA pipes, bounds this loop).
 #define DN_DVO 32
-#define DN_OUT_NT 128
-#define DN_SROWO (DN_DVO + 8)
-#define DN_PROW (DN_C + 8)
+#define DN_OG 8
+#define DN_OUT_NT 64
+#define DN_RQ (DN_C / 4)
 extern "C" __global__ void __launch_bounds__(DN_OUT_NT)
 deltanet_chunk_output(float* __restrict__ workspace, int n_tokens) {
-  __shared__ __align__(16) unsigned short qs[DN_C * DN_QROW];   // q [C][DK]
-  __shared__ __align__(16) unsigned short ss[DN_DK * DN_SROWO];  // hs[c] [DK][DVO]
-  __shared__ __align__(16) unsigned short ps[DN_C * DN_PROW];   // P [C][C]
-  __shared__ __align__(16) unsigned short vs[DN_C * DN_SROWO];  // V' [C][DVO]
+  __shared__ float4 st4[DN_DK * DN_OG];  // hs[c][d][j0 ..]
+  __shared__ float4 vt4[DN_C * DN_OG];   // V'[i][j0 ..]
   __shared__ float eg_s[DN_C];
   const int tp = dn_padded(n_tokens);
   const deltanet_ws ws = dn_workspace(workspace, tp);
-  const int c = blockIdx.x, h = blockIdx.y, kh = h / DN_GROUP, j0 = blockIdx.z * DN_DVO;
+  const int c = blockIdx.x, h = blockIdx.y, kh = h / DN_GROUP, j0 = blockIdx.z * DN_DVO, tid = threadIdx.x;
   const size_t vrow0 = (size_t)h * tp + c * DN_C, krow0 = (size_t)kh * tp + c * DN_C;
-  dn_stage<DN_C, DN_DK, DN_QROW, DN_OUT_NT>(qs, ws.q + krow0 * DN_DK, DN_DK);
-  dn_stage<DN_DK, DN_DVO, DN_SROWO, DN_OUT_NT>(ss, ws.hs + (((size_t)h * (tp / DN_C) + c) * DN_DK) * DN_DV + j0, DN_DV);
-  dn_stage<DN_C, DN_C, DN_PROW, DN_OUT_NT>(ps, ws.p + vrow0 * DN_C, DN_C);
-  dn_stage<DN_C, DN_DVO, DN_SROWO, DN_OUT_NT>(vs, ws.u + vrow0 * DN_DV + j0, DN_DV);
-  for (int e = threadIdx.x; e < DN_C; e += DN_OUT_NT) eg_s[e] = expf(ws.gc[vrow0 + e]);
+  const float* hs = ws.hs + (((size_t)h * (tp / DN_C) + c) * DN_DK) * DN_DV + j0;
+  for (int e = tid; e < DN_DK * DN_OG; e += DN_OUT_NT)
+    st4[e] = reinterpret_cast<const float4*>(hs + (size_t)(e / DN_OG) * DN_DV)[e % DN_OG];
+  for (int e = tid; e < DN_C * DN_OG; e += DN_OUT_NT)
+    vt4[e] = reinterpret_cast<const float4*>(ws.u + (vrow0 + e / DN_OG) * DN_DV + j0)[e % DN_OG];
+  for (int e = tid; e < DN_C; e += DN_OUT_NT) eg_s[e] = expf(ws.gc[vrow0 + e]);
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float acc[DN_DVO / 8][4];
+  const int i0 = tid / (DN_OG / 2), g = 2 * (tid % (DN_OG / 2));  // rows i0 + r * RQ, float4 groups g, g + 1
+  float4 acc[4][2];
 #pragma unroll
-  for (int n = 0; n < DN_DVO / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  // q hs[c]: A = q rows 16w.., B = hs[c] (row-major [k][n]: transposed ldmatrix)
-  const unsigned short* const a_q = qs + (warp * 16 + lane % 16) * DN_QROW + (lane / 16) * 8;
-  const int b_row = ((lane / 8) % 2) * 8 + lane % 8, b_col = (lane / 16) * 8;
+  for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 2
+  for (int d4 = 0; d4 < DN_DK / 4; ++d4) {
+    float4 qv[4];
 #pragma unroll
-  for (int kk = 0; kk < DN_DK / 16; ++kk) {
-    unsigned a[4];
-    dn_ldsm_x4(a, a_q + kk * 16);
+    for (int r = 0; r < 4; ++r) qv[r] = reinterpret_cast<const float4*>(ws.q + (krow0 + i0 + r * DN_RQ) * DN_DK)[d4];
 #pragma unroll
-    for (int nn = 0; nn < DN_DVO / 16; ++nn) {
-      unsigned b[4];
-      dn_ldsm_x4_trans(b, ss + (kk * 16 + b_row) * DN_SROWO + nn * 16 + b_col);
-      dn_mma(acc[2 * nn], a, b[0], b[1]);
-      dn_mma(acc[2 * nn + 1], a, b[2], b[3]);
+    for (int dd = 0; dd < 4; ++dd) {
+      const float4 s0 = st4[(4 * d4 + dd) * DN_OG + g], s1 = st4[(4 * d4 + dd) * DN_OG + g + 1];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float qd = dd == 0 ? qv[r].x : dd == 1 ? qv[r].y : dd == 2 ? qv[r].z : qv[r].w;
+        acc[r][0] = dn_fma4(qd, s0, acc[r][0]);
+        acc[r][1] = dn_fma4(qd, s1, acc[r][1]);
+      }
     }
   }
-  // rows lane/4 (elements 0, 1) and lane/4 + 8 (elements 2, 3) of the warp's 16
-  const int r0 = warp * 16 + lane / 4;
-  const float e0 = eg_s[r0], e1 = eg_s[r0 + 8];
 #pragma unroll
-  for (int n = 0; n < DN_DVO / 8; ++n) {
-    acc[n][0] *= e0;
-    acc[n][1] *= e0;
-    acc[n][2] *= e1;
-    acc[n][3] *= e1;
+  for (int r = 0; r < 4; ++r) {
+    const float e = eg_s[i0 + r * DN_RQ];
+    acc[r][0] = make_float4(e * acc[r][0].x, e * acc[r][0].y, e * acc[r][0].z, e * acc[r][0].w);
+    acc[r][1] = make_float4(e * acc[r][1].x, e * acc[r][1].y, e * acc[r][1].z, e * acc[r][1].w);
   }
-  // + P V' over key blocks 0 .. warp (P is zero above the diagonal)
-  const unsigned short* const a_p = ps + (warp * 16 + lane % 16) * DN_PROW + (lane / 16) * 8;
-  for (int kc = 0; kc <= warp; ++kc) {
-    unsigned a[4];
-    dn_ldsm_x4(a, a_p + kc * 16);
+  // + P V' (P is zero above the diagonal: summing whole float4 groups up to the last row's diagonal is exact)
+  for (int m4 = 0; m4 <= (i0 + 3 * DN_RQ) / 4; ++m4) {
+    float4 pv[4];
 #pragma unroll
-    for (int nn = 0; nn < DN_DVO / 16; ++nn) {
-      unsigned b[4];
-      dn_ldsm_x4_trans(b, vs + (kc * 16 + b_row) * DN_SROWO + nn * 16 + b_col);
-      dn_mma(acc[2 * nn], a, b[0], b[1]);
-      dn_mma(acc[2 * nn + 1], a, b[2], b[3]);
+    for (int r = 0; r < 4; ++r) pv[r] = reinterpret_cast<const float4*>(ws.p + (vrow0 + i0 + r * DN_RQ) * DN_C)[m4];
+#pragma unroll
+    for (int mm = 0; mm < 4; ++mm) {
+      const float4 v0 = vt4[(4 * m4 + mm) * DN_OG + g], v1 = vt4[(4 * m4 + mm) * DN_OG + g + 1];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float pm = mm == 0 ? pv[r].x : mm == 1 ? pv[r].y : mm == 2 ? pv[r].z : pv[r].w;
+        acc[r][0] = dn_fma4(pm, v0, acc[r][0]);
+        acc[r][1] = dn_fma4(pm, v1, acc[r][1]);
+      }
     }
   }
-  float* const o = ws.o + (size_t)(c * DN_C + r0) * DN_VD + h * DN_DV + j0 + 2 * (lane % 4);
 #pragma unroll
-  for (int n = 0; n < DN_DVO / 8; ++n) {
-    *reinterpret_cast<float2*>(o + n * 8) = make_float2(acc[n][0], acc[n][1]);
-    *reinterpret_cast<float2*>(o + 8 * DN_VD + n * 8) = make_float2(acc[n][2], acc[n][3]);
+  for (int r = 0; r < 4; ++r) {
+    float4* const o = reinterpret_cast<float4*>(ws.o + (size_t)(c * DN_C + i0 + r * DN_RQ) * DN_VD + h * DN_DV + j0);
+    o[g] = acc[r][0];
+    o[g + 1] = acc[r][1];
   }
 }
+
 // ------------------------------------------------------------------------------------------------ gated norm
 // reference.gated_rms_norm per value head: out[t, h*DV + j] = o * rsqrt(mean(o^2) + eps) * gnorm_w[j] * silu(z),
 // z = proj[t, CD + h*DV + j]; one warp per (token blockIdx.x, value head). Also the new conv state (the last CK-1
