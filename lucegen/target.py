@@ -68,7 +68,7 @@ class Matmul:
 
 
 #: Matrix instructions a template can emit, with the oldest NVIDIA SM that has each (None: any chip).
-MATRIX_INSTRUCTIONS = {"mma_m16n8k16": 80, "mma_m16n8k8": 75, "simt": None}
+MATRIX_INSTRUCTIONS = {"mma_m16n8k16": 80, "mma_m16n8k8": 75, "wgmma_m64nNk16": 90, "simt": None}
 
 
 @dataclass(frozen=True)
@@ -382,6 +382,8 @@ def _check_consistency(t: Target, path) -> None:
     min_sm = MATRIX_INSTRUCTIONS[mm.instruction]
     if min_sm is not None and (t.vendor != "nvidia" or _sm_number(t.arch) < min_sm):
         fail("matmul.instruction", f"{mm.instruction} needs an NVIDIA chip of sm_{min_sm} or newer, not {t.arch}")
+    if mm.instruction.startswith("wgmma") and t.arch != "sm_90":
+        fail("matmul.instruction", f"{mm.instruction} (warpgroup MMA, sm_90a) exists on sm_90 only, not {t.arch}")
     if mm.instruction == "mma_m16n8k8" and t.compute_dtype != "fp16":
         fail("matmul.instruction", "mma_m16n8k8 is used for fp16 only (bf16 needs mma_m16n8k16)")
     pf = t.prefill

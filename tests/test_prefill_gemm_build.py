@@ -25,14 +25,18 @@ def test_gemm_module_compiles_for_every_target(name):
     target = load_target(name)
     pf = _pf(target)
     source = codegen.render(target, "prefill/gemm.cu.j2", pf=pf)
-    module = compile_source(target, "prefill_gemm", source, template="prefill/gemm.cu.j2")
+    module = compile_source(target, "prefill_gemm", source, template="prefill/gemm.cu.j2",
+                            arch="sm_90a" if pf["gemm_instruction"].startswith("wgmma") else None)
     kernels = {k.name: k for k in module.kernels}
     expected = {f"gemm_{ep}_m{bm}" for ep in ("rows_f32", "swiglu", "residual", "partial") for bm in block_heights(pf)}
     assert expected | {"gemv_rows_f32", "gemm_residual_reduce"} == set(kernels)
     assert all(k.spills == 0 for k in kernels.values()), [(k.name, k.spills) for k in kernels.values()]
-    if pf["instruction"] == "mma_m16n8k16":
+    if pf["gemm_instruction"].startswith("wgmma"):
+        assert "cp.async.cg.shared.global" in source and f"wgmma.mma_async.sync.aligned.m64n{pf['tile_n']}k16" in source
+        assert "mma.sync.aligned.m16n8" not in source  # no warp-level MMA left in the mainloop
+    elif pf["gemm_instruction"] == "mma_m16n8k16":
         assert "cp.async.cg.shared.global" in source and "ldmatrix" in source and "m16n8k16" in source
-    elif pf["instruction"] == "mma_m16n8k8":
+    elif pf["gemm_instruction"] == "mma_m16n8k8":
         assert "m16n8k8.row.col" in source and "cp.async.cg" not in source
     else:
         assert "mma.sync.aligned" not in source and "ldmatrix.sync" not in source
@@ -87,7 +91,8 @@ def test_launch_geometry_and_kernel_choice(gemm90):
     name, grid, block, smem, args = dev.log[-1]
     bm = int(name.rsplit("_m", 1)[1])
     assert name.startswith("gemm_swiglu_m") and grid == (-(-520 // bm), 7168 // 128) and block == 256
-    assert smem == 4 * (bm + 128) * 64 * 2
+    # 4 stages of (A + W) tiles; the wgmma mainloop adds 1024 bytes to align them for the 128-byte swizzle
+    assert smem == 4 * (bm + 128) * 64 * 2 + (1024 if g.pf["gemm_instruction"].startswith("wgmma") else 0)
     g.residual(0x1000, 3584, 0x2000, 3584, 520, 1024, 3584, 0x5000, 1024, 0x6000, 0x7000, 1024, 0x8000, 520)
     assert dev.log[-1][0].startswith("gemm_residual_m") and dev.log[-1][1][1] == 1024 // 128
     assert len(dev.log[-1][4]) == 14
@@ -121,3 +126,27 @@ def test_block_height_choice_fills_the_chip():
     # a large problem keeps the tallest tile (fewest W re-reads)
     assert pick_block_rows(4096, 8224, 128, 132, per_unit) in (128, 64)
     assert warp_grid(8) == (2, 4) and warp_grid(4) == (2, 2)
+
+
+@pytest.mark.parametrize("chip, ok", [("sm_90", True), ("sm_89", False), ("sm_120", False), ("gfx1100", False)])
+def test_wgmma_instruction_is_sm90_only(tmp_path, chip, ok):
+    from lucegen import TARGETS_DIR
+    from lucegen.errors import DescriptorError
+
+    text = (TARGETS_DIR / f"{chip}.toml").read_text()
+    lines = [('instruction = "wgmma_m64nNk16"' if line.startswith("instruction =") else line)
+             for line in text.splitlines()]
+    path = tmp_path / f"{chip}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    if ok:
+        target = load_target(path)
+        pf = _pf(target)
+        # the GEMM takes wgmma; flash attention keeps the warp-level m16n8k16 MMA
+        assert pf["gemm_instruction"] == "wgmma_m64nNk16" and pf["instruction"] == "mma_m16n8k16"
+        assert warp_grid(pf["warps"], pf["gemm_instruction"]) == (pf["warps"], 1)
+        assert block_heights(pf) == (pf["tile_m"],)
+        from lucegen.families.prefill import FAMILIES
+        assert {f.name: f.arch(target) for f in FAMILIES}["prefill_gemm"] == "sm_90a"
+    else:
+        with pytest.raises(DescriptorError, match="matmul.instruction"):
+            load_target(path)

@@ -63,10 +63,10 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 #define GEMM_THREADS 256
 #define GEMM_BN 128
 #define GEMM_BK 64
-#define GEMM_WARPS_M 2
-#define GEMM_WARPS_N 4
-#define GEMM_WN 32
-#define GEMM_NI 4
+#define GEMM_WARPS_M 8
+#define GEMM_WARPS_N 1
+#define GEMM_WN 128
+#define GEMM_NI 16
 #define GEMM_CHUNKS 8
 #define GEMM_STAGES 4
 #define GEMV_MAX_M 4
@@ -114,12 +114,33 @@ template <int PENDING>
 __device__ __forceinline__ void gemm_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING) : "memory");
 }
-// c += a (16x16, row) * b (16x8, col): one m16n8k16 tensor-core op, f32 accumulate.
-__device__ __forceinline__ void gemm_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-               "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// Hopper warpgroup MMA: D (64 x 128, f32 registers) += A (64 x 16, shared) * B (128 x 16, shared), both
+// operands K-major [rows][64] tiles whose 128-byte rows are 16-byte-chunk XOR-swizzled by row % 8 (gemm_smem_offset
+// with tile_k 64 is exactly the 128-byte swizzle pattern; tile bases are 1024-byte aligned).
+// Matrix descriptor: start address >> 4, leading byte offset 16 (unused with 128-byte swizzle, K-major),
+// stride byte offset 1024 (8 rows x 128 B), swizzle mode 1 (128 B). A k16 step inside the row adds 32 bytes.
+__device__ __forceinline__ unsigned long long gemm_wgmma_desc(const void* p) {
+  const unsigned long long addr = gemm_smem_addr(p);
+  return ((addr & 0x3FFFFull) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void gemm_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void gemm_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void gemm_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+// Shared memory written by cp.async (generic proxy) before the async-proxy reads of wgmma.
+__device__ __forceinline__ void gemm_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// c[ni][2h + e] = D[warp%4 * 16 + lane/4 + 8h][ni * 8 + 2 (lane%4) + e]: the m16n8 fragment layout per n8 group.
+__device__ __forceinline__ void gemm_wgmma_k16(float (&c)[16][4], unsigned long long desc_a,
+                                               unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]), "+f"(c[8][0]), "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]), "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]), "+f"(c[9][3]), "+f"(c[10][0]), "+f"(c[10][1]), "+f"(c[10][2]), "+f"(c[10][3]), "+f"(c[11][0]), "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]), "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]), "+f"(c[12][3]), "+f"(c[13][0]), "+f"(c[13][1]), "+f"(c[13][2]), "+f"(c[13][3]), "+f"(c[14][0]), "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]), "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]), "+f"(c[15][3])
+      : "l"(desc_a), "l"(desc_b), "r"(1)
+      : "memory");
 }
 
 // The block's tile of acc: rows m0 .. m0 + BM - 1, columns n0 .. n0 + GEMM_BN - 1, all of K.
@@ -145,27 +166,38 @@ struct GemmTile {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
     const int k_tiles = (K + GEMM_BK - 1) / GEMM_BK;
-    // Prologue: stages 0 .. STAGES-2 in flight; then each step waits for tile kt, refills the stage freed by
-    // step kt-1 with tile kt + STAGES - 1, and multiplies tile kt. One commit group per step (possibly empty).
-    // Address arithmetic is hoisted out of the k loop: each thread's chunks keep their shared offset for every
-    // k-tile and their global source advances by GEMM_BK elements (integer work was half the issue slots).
+    // wgmma pipeline: tiles kt+1 .. kt+STAGES-2 in flight (cp.async, zero-filled edges) while the warpgroups
+    // multiply tile kt; one wgmma group stays in flight across steps, so the stage refilled at step kt (last read
+    // by step kt-2's wgmmas, which every warpgroup waited for before this step's barrier) is free.
+    {
+      const unsigned pad = (1024u - (gemm_smem_addr(smem) & 1023u)) & 1023u;
+      smem += pad / sizeof(bf16_t);
+    }
     AsyncLoads loads;
     loads.init(A, lda, W, ldw, M, N, m0, n0);
-    FragmentOffsets frag;
-    frag.init(warp_m, warp_n, lane);
+    const int wg = threadIdx.x / 128;
 #pragma unroll
-    for (int s = 0; s < GEMM_STAGES - 1; ++s) {
+    for (int s = 0; s < GEMM_STAGES - 2; ++s) {
       if (s < k_tiles) loads.issue(smem + s * STAGE_ELEMS, s, K);
       gemm_cp_async_commit();
     }
     for (int kt = 0; kt < k_tiles; ++kt) {
-      gemm_cp_async_wait<GEMM_STAGES - 2>();
+      gemm_cp_async_wait<GEMM_STAGES - 3>();
+      gemm_fence_proxy_async();
       __syncthreads();
-      const int next = kt + GEMM_STAGES - 1;
+      const int next = kt + GEMM_STAGES - 2;
       if (next < k_tiles) loads.issue(smem + (next % GEMM_STAGES) * STAGE_ELEMS, next, K);
       gemm_cp_async_commit();
-      multiply_fast(smem + (kt % GEMM_STAGES) * STAGE_ELEMS, frag);
+      const bf16_t* stage = smem + (kt % GEMM_STAGES) * STAGE_ELEMS;
+      gemm_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < GEMM_BK / 16; ++kk)
+        gemm_wgmma_k16(acc[0], gemm_wgmma_desc(stage + wg * 64 * GEMM_BK + kk * 16),
+                       gemm_wgmma_desc(stage + BM * GEMM_BK + kk * 16));
+      gemm_wgmma_commit();
+      gemm_wgmma_wait<1>();
     }
+    gemm_wgmma_wait<0>();
     gemm_cp_async_wait<0>();
   }
 
@@ -482,7 +514,7 @@ __device__ __forceinline__ void gemm_block(const bf16_t* __restrict__ A, int lda
   ep.template apply<BM>(tile, row_scale, red, m0, n0, M, N);
 }
 
-// ---- block tile 128 x 128 x 64, 2 x 4 warps, 4 stages, mma_m16n8k16 ----
+// ---- block tile 128 x 128 x 64, 8 x 1 warps, 4 stages, wgmma_m64nNk16 ----
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
 gemm_rows_f32_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                         int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
@@ -510,66 +542,6 @@ gemm_partial_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restric
                        int K, float* __restrict__ part) {
   const size_t k0 = (size_t)blockIdx.z * K;
   gemm_block<128>(A + k0, lda, W + k0, ldw, M, N, K, GemmPartial{part});
-}
-
-// ---- block tile 64 x 128 x 64, 2 x 4 warps, 4 stages, mma_m16n8k16 ----
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_rows_f32_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
-                        int ldo) {
-  gemm_block<64>(A, lda, W, ldw, M, N, K, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
-}
-
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_swiglu_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                      int K, const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out,
-                      int ldo) {
-  gemm_block<64>(A, lda, W, ldw, M, N, K, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
-}
-
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_residual_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
-                        bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride) {
-  gemm_block<64>(A, lda, W, ldw, M, N, K, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride});
-}
-
-// Split-K slice z = blockIdx.z: columns [z * K, (z + 1) * K) of A and W (K = the slice length).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_partial_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                       int K, float* __restrict__ part) {
-  const size_t k0 = (size_t)blockIdx.z * K;
-  gemm_block<64>(A + k0, lda, W + k0, ldw, M, N, K, GemmPartial{part});
-}
-
-// ---- block tile 32 x 128 x 64, 2 x 4 warps, 4 stages, mma_m16n8k16 ----
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_rows_f32_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
-                        int ldo) {
-  gemm_block<32>(A, lda, W, ldw, M, N, K, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
-}
-
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_swiglu_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                      int K, const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out,
-                      int ldo) {
-  gemm_block<32>(A, lda, W, ldw, M, N, K, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
-}
-
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_residual_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
-                        bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride) {
-  gemm_block<32>(A, lda, W, ldw, M, N, K, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride});
-}
-
-// Split-K slice z = blockIdx.z: columns [z * K, (z + 1) * K) of A and W (K = the slice length).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_partial_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                       int K, float* __restrict__ part) {
-  const size_t k0 = (size_t)blockIdx.z * K;
-  gemm_block<32>(A + k0, lda, W + k0, ldw, M, N, K, GemmPartial{part});
 }
 
 #define GEMM_REDUCE_THREADS 256

@@ -24,4 +24,10 @@ def _params(target: Target) -> dict:
     return {"pf": prefill_params(ModelConfig.preset(DEFAULT_MODEL), target)}
 
 
-FAMILIES = tuple(KernelFamily(name, template, params=_params) for name, template in MODULES)
+def _arch(target: Target) -> str | None:
+    """The GEMM's wgmma mainloop needs the sm_90a target (architecture-specific instructions)."""
+    return "sm_90a" if target.matmul.instruction.startswith("wgmma") else None
+
+
+FAMILIES = tuple(KernelFamily(name, template, params=_params, arch=_arch if name == "prefill_gemm" else lambda t: None)
+                 for name, template in MODULES)

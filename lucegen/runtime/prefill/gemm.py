@@ -33,20 +33,29 @@ def _u64(addr: int) -> np.uint64:
     return np.uint64(int(addr))
 
 
-def warp_grid(warps: int) -> tuple[int, int]:
-    """(warps along M, warps along N) of a block: the template's WARPS_M x WARPS_N."""
+def uses_wgmma(pf: dict) -> bool:
+    """The Hopper warpgroup-MMA mainloop (compiled for sm_90a)."""
+    return pf["gemm_instruction"].startswith("wgmma")
+
+
+def warp_grid(warps: int, instruction: str = "mma_m16n8k16") -> tuple[int, int]:
+    """(warps along M, warps along N) of a block: the template's WARPS_M x WARPS_N (wgmma: every warp owns 16 rows
+    of all tile_n columns)."""
+    if instruction.startswith("wgmma"):
+        return warps, 1
     wm = 2 if warps >= 4 and warps % 2 == 0 else 1
     return wm, warps // wm
 
 
 def pipeline_stages(pf: dict, target) -> int:
     """Shared-memory stages the mainloop uses: the descriptor's with cp.async, else a register-staged double buffer."""
-    return pf["stages"] if (target.features.cp_async and pf["instruction"] == "mma_m16n8k16") else 2
+    pipelined = pf["gemm_instruction"] == "mma_m16n8k16" or uses_wgmma(pf)
+    return pf["stages"] if (target.features.cp_async and pipelined) else 2
 
 
 def block_heights(pf: dict) -> tuple[int, ...]:
     """The block tile heights the module is built with (tile_m and its halvings down to 16 rows per M-warp)."""
-    wm, _ = warp_grid(pf["warps"])
+    wm, _ = warp_grid(pf["warps"], pf["gemm_instruction"])
     out = []
     for div in (1, 2, 4):
         bm = pf["tile_m"] // div
@@ -57,7 +66,8 @@ def block_heights(pf: dict) -> tuple[int, ...]:
 
 def smem_bytes(pf: dict, target, block_rows: int) -> int:
     """Dynamic shared memory of one block: stages x (A tile + W tile) x tile_k x 2 bytes."""
-    return pipeline_stages(pf, target) * (block_rows + pf["tile_n"]) * pf["tile_k"] * 2
+    tiles = pipeline_stages(pf, target) * (block_rows + pf["tile_n"]) * pf["tile_k"] * 2
+    return tiles + 1024 if uses_wgmma(pf) else tiles  # wgmma: room to align the tiles to 1024 bytes (swizzle)
 
 
 def pick_block_rows(M: int, N: int, tile_n: int, units: int, blocks_per_unit: dict[int, int]) -> int:
@@ -105,7 +115,7 @@ class GemmKernels:
     """The prefill GEMMs of one model shape (``pf``) on ``device``."""
 
     def __init__(self, device, target, pf: dict):
-        wm, wn = warp_grid(pf["warps"])
+        wm, wn = warp_grid(pf["warps"], pf["gemm_instruction"])
         if pf["tile_n"] % (16 * wn) or pf["tile_k"] % 16 or not block_heights(pf):
             raise LucegenError(f"{target.name}: [matmul] tiles {pf['tile_m']}x{pf['tile_n']}x{pf['tile_k']} with "
                                f"{pf['warps']} warps do not fit the GEMM template (tile_n a multiple of "
@@ -115,7 +125,8 @@ class GemmKernels:
         self.device, self.target, self.pf = device, target, pf
         self.threads = pf["warps"] * 32
         source = codegen.render(target, TEMPLATE, pf=pf)
-        self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE))
+        self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE,
+                                                  arch="sm_90a" if uses_wgmma(pf) else None))
         self.functions: dict[tuple[str, int], object] = {}
         self.smem: dict[int, int] = {}
         per_unit: dict[int, int] = {}

@@ -84,7 +84,10 @@ def prefill_params(config: ModelConfig, target: Target) -> dict:
         "dtype": target.compute_dtype,
         "ctype": DTYPES[target.compute_dtype][0],
         "kv_ctype": DTYPES[target.kv_cache_type][0],
-        "instruction": mm.instruction,
+        # the warp-level MMA of flash attention and the other mma.sync users (wgmma targets: m16n8k16, which
+        # every sm_90 has) and the GEMM mainloop's own instruction (the descriptor's [matmul] instruction)
+        "instruction": "mma_m16n8k16" if mm.instruction.startswith("wgmma") else mm.instruction,
+        "gemm_instruction": mm.instruction,
         "tile_m": mm.tile_m, "tile_n": mm.tile_n, "tile_k": mm.tile_k, "warps": mm.warps, "stages": mm.stages,
         # RMSNorm partial sums of squares: one part per tile_n columns of the hidden size
         "ss_parts": math.ceil(c.hidden_size / mm.tile_n),
