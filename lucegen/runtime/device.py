@@ -138,6 +138,11 @@ class Event:
             self.handle = None
 
 
+def address(addr: int) -> np.uint64:
+    """A raw device address (a Buffer's ptr plus an offset) as a kernel argument."""
+    return np.uint64(int(addr))
+
+
 def pack_args(args: Iterable) -> tuple[np.ndarray, np.ndarray]:
     """Lay kernel arguments out for cuLaunchKernel: (storage, array of pointers into it). Keep both alive."""
     values = []

@@ -18,15 +18,12 @@ import numpy as np
 from ... import codegen
 from ...compile import compile_source
 from ...errors import LucegenError
+from ..device import address
 
 TEMPLATE = "prefill/attention.cu.j2"
 MODULE = "prefill_attention"
 PREPARE_THREADS = 256  # templates/prefill/attention.cu.j2: PREP_THREADS
 SIMT_ROWS = 4  # templates/prefill/attention.cu.j2: rows (warps) per block of the FMA kernel
-
-
-def _u64(addr: int) -> np.uint64:
-    return np.uint64(int(addr))
 
 
 def launch_geometry(pf: dict, T: int, warp_size: int = 32) -> tuple[tuple[int, int], int, int]:
@@ -66,11 +63,11 @@ class AttentionKernels:
             raise LucegenError(f"prefill attention: positions {pos0} .. {pos0 + T - 1} do not fit a cache of "
                                f"max_context {max_context}")
         self.prepare_fn.launch(T, PREPARE_THREADS,
-                               (_u64(proj), _u64(q_norm), _u64(k_norm), _u64(inv_freq), _u64(kv),
-                                np.int32(max_context), _u64(workspace), np.int32(T), np.int32(pos0)),
+                               (address(proj), address(q_norm), address(k_norm), address(inv_freq), address(kv),
+                                np.int32(max_context), address(workspace), np.int32(T), np.int32(pos0)),
                                stream=stream)
         grid, threads, smem = launch_geometry(self.pf, T, self.target.warp_size)
         self.attend_fn.launch(grid, threads,
-                              (_u64(workspace), _u64(proj), _u64(kv), np.int32(max_context), _u64(out),
+                              (address(workspace), address(proj), address(kv), np.int32(max_context), address(out),
                                np.int32(T), np.int32(pos0)),
                               smem=smem, stream=stream)

@@ -21,14 +21,11 @@ import numpy as np
 from ... import codegen
 from ...compile import compile_source
 from ...errors import LucegenError
+from ..device import address
 
 TEMPLATE = "prefill/deltanet.cu.j2"
 MODULE = "prefill_deltanet"
 THREADS = 256  # templates/prefill/deltanet.cu.j2: NT
-
-
-def _u64(addr: int) -> np.uint64:
-    return np.uint64(int(addr))
 
 
 def default_scan_tile(pf: dict) -> int:
@@ -97,15 +94,15 @@ class DeltaNetKernels:
         if T < 1:
             raise LucegenError(f"prefill DeltaNet: T must be at least 1, got {T}")
         n_chunks = padded_tokens(pf, T) // pf["chunk"]
-        ws, n = _u64(workspace), np.int32(T)
+        ws, n = address(workspace), np.int32(T)
         self.conv_fn.launch(n_chunks * pf["chunk"], THREADS,
-                            (_u64(proj), _u64(conv_w), _u64(conv_state), _u64(a_log), _u64(dt_bias), ws, n),
+                            (address(proj), address(conv_w), address(conv_state), address(a_log), address(dt_bias), ws, n),
                             stream=stream)
         self.prepare_fn.launch((n_chunks, pf["NV"]), THREADS, (ws, n), stream=stream)
-        self.scan_fn.launch((pf["DV"] // self.scan_tile, pf["NV"]), THREADS, (ws, _u64(recurrent), n),
+        self.scan_fn.launch((pf["DV"] // self.scan_tile, pf["NV"]), THREADS, (ws, address(recurrent), n),
                             smem=self.scan_smem, stream=stream)
         self.output_fn.launch((n_chunks, pf["NV"], pf["DV"] // self.output_tile), self.output_threads, (ws, n),
                               stream=stream)
         heads_per_block = THREADS // self.target.warp_size
         self.norm_fn.launch((T, -(-pf["NV"] // heads_per_block)), THREADS,
-                            (_u64(proj), _u64(gnorm_w), ws, _u64(conv_state), _u64(out), n), stream=stream)
+                            (address(proj), address(gnorm_w), ws, address(conv_state), address(out), n), stream=stream)

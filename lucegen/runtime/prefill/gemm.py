@@ -21,16 +21,13 @@ import numpy as np
 from ... import codegen
 from ...compile import compile_source
 from ...errors import LucegenError
+from ..device import address
 
 TEMPLATE = "prefill/gemm.cu.j2"
 MODULE = "prefill_gemm"
 GEMV_MAX_M = 4  # templates/prefill/gemm.cu.j2: GEMV_MAX_M
 GEMV_WARPS = 8  # templates/prefill/gemm.cu.j2: GEMV_WARPS
 EPILOGUES = ("rows_f32", "swiglu", "residual")
-
-
-def _u64(addr: int) -> np.uint64:
-    return np.uint64(int(addr))
 
 
 def uses_wgmma(pf: dict) -> bool:
@@ -186,8 +183,8 @@ class GemmKernels:
         self._check("rows_f32", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldo": (ldo, N)},
                     {"A": (A, 16), "W": (W, 16), "out": (out, 8)})
         self._check_ss("rows_f32", M, ss, ss_parts, ss_stride)
-        args = (_u64(A), np.int32(lda), _u64(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), _u64(ss),
-                np.int32(ss_parts), np.int32(ss_stride), _u64(out), np.int32(ldo))
+        args = (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(ss),
+                np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo))
         if M <= self.gemv_max_m:
             self.gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, args, stream=stream)
             return
@@ -204,8 +201,8 @@ class GemmKernels:
         self._check_ss("swiglu", M, ss, ss_parts, ss_stride)
         fn, grid, smem = self._geometry("swiglu", M, N)
         fn.launch(grid, self.threads,
-                  (_u64(A), np.int32(lda), _u64(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), _u64(ss),
-                   np.int32(ss_parts), np.int32(ss_stride), _u64(out), np.int32(ldo)), smem=smem, stream=stream)
+                  (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(ss),
+                   np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo)), smem=smem, stream=stream)
 
     @staticmethod
     def residual_workspace_bytes(M: int, N: int) -> int:
@@ -228,14 +225,14 @@ class GemmKernels:
             if split > 1 and split * M * N * 4 <= workspace_bytes:
                 grid = (math.ceil(M / bm), math.ceil(N / self.pf["tile_n"]), split)
                 self.partial_fns[bm].launch(grid, self.threads,
-                                            (_u64(A), np.int32(lda), _u64(W), np.int32(ldw), np.int32(M), np.int32(N),
-                                             np.int32(K // split), _u64(workspace)), smem=self.smem[bm], stream=stream)
-                self.reduce_fn.launch(M, 256, (_u64(workspace), np.int32(split), np.int32(M), np.int32(N), _u64(x),
-                                               np.int32(ldx), _u64(norm_w), _u64(xn), np.int32(ldxn), _u64(ss_out),
+                                            (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N),
+                                             np.int32(K // split), address(workspace)), smem=self.smem[bm], stream=stream)
+                self.reduce_fn.launch(M, 256, (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(x),
+                                               np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out),
                                                np.int32(ss_stride)), stream=stream)
                 return
         fn, grid, smem = self._geometry("residual", M, N)
         fn.launch(grid, self.threads,
-                  (_u64(A), np.int32(lda), _u64(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), _u64(x),
-                   np.int32(ldx), _u64(norm_w), _u64(xn), np.int32(ldxn), _u64(ss_out), np.int32(ss_stride)),
+                  (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(x),
+                   np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out), np.int32(ss_stride)),
                   smem=smem, stream=stream)

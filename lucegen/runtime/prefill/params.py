@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from ...errors import CheckpointError
 from ...model.config import ModelConfig
 from ...target import DTYPES, Target
-
-
-def _f32_literal(x: float) -> str:
-    """A C float literal that parses to exactly float32(x)."""
-    return repr(float(np.float32(x)))
+from ..packing import _f32_literal
 
 
 def check_supported(config: ModelConfig, target: Target) -> None:

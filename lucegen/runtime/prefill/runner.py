@@ -25,17 +25,13 @@ import numpy as np
 from ... import codegen
 from ...compile import compile_source
 from ...errors import LucegenError
-from ..device import Buffer
+from ..device import Buffer, address
 from .attention import AttentionKernels
 from .deltanet import DeltaNetKernels
 from .gemm import GemmKernels
 from .params import prefill_params
 
 EMBED_THREADS = 256  # templates/prefill/common.cu.j2
-
-
-def _u64(addr: int) -> np.uint64:
-    return np.uint64(int(addr))
 
 
 class Prefiller:
@@ -110,8 +106,8 @@ class Prefiller:
         ss_parts = pf["ss_parts"]
         layers = lay.layers
         self.embed_fn.launch(T, EMBED_THREADS,
-                             (_u64(self.tokens.ptr + 4 * tok_offset), _u64(self._wmat(lay.embed)),
-                              _u64(self._wvec(layers[0].in_norm)), _u64(x), _u64(xn), _u64(ss), np.int32(seg)),
+                             (address(self.tokens.ptr + 4 * tok_offset), address(self._wmat(lay.embed)),
+                              address(self._wvec(layers[0].in_norm)), address(x), address(xn), address(ss), np.int32(seg)),
                              stream=st)
         at_out = c.num_attention_heads * c.head_dim
         resid_ws = {"workspace": self.ws_resid.ptr, "workspace_bytes": self.ws_resid_bytes}
