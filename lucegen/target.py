@@ -65,6 +65,7 @@ class Matmul:
     stages: int
     instruction: str
     peak_tflops: float
+    cluster_m: int  # thread-block cluster along M sharing each W tile by TMA multicast (1: no cluster)
 
 
 #: Matrix instructions a template can emit, with the oldest NVIDIA SM that has each (None: any chip).
@@ -386,6 +387,13 @@ def _check_consistency(t: Target, path) -> None:
         fail("matmul.instruction", f"{mm.instruction} (warpgroup MMA, sm_90a) exists on sm_90 only, not {t.arch}")
     if mm.instruction == "mma_m16n8k8" and t.compute_dtype != "fp16":
         fail("matmul.instruction", "mma_m16n8k8 is used for fp16 only (bf16 needs mma_m16n8k16)")
+    if mm.cluster_m not in (1, 2):
+        fail("matmul.cluster_m", f"{mm.cluster_m} is not 1 or 2")
+    if mm.cluster_m > 1 and not mm.instruction.startswith("wgmma"):  # (used when features.tma is on)
+        fail("matmul.cluster_m", f"{mm.cluster_m} needs the TMA-fed wgmma mainloop (a wgmma instruction); use 1")
+    if mm.tile_n % (8 * mm.cluster_m):
+        fail("matmul.cluster_m", f"tile_n {mm.tile_n} does not split into {mm.cluster_m} multicast parts of 8-row "
+             f"multiples")
     pf = t.prefill
     if pf.deltanet_chunk not in (16, 32, 64):
         fail("prefill.deltanet_chunk", f"{pf.deltanet_chunk} is not 16, 32 or 64")

@@ -10,7 +10,9 @@ from lucegen import codegen
 from lucegen.compile import compile_source
 from lucegen.errors import LucegenError
 from lucegen.model.config import ModelConfig
-from lucegen.runtime.prefill.gemm import (GemmKernels, block_heights, pick_block_rows, smem_bytes, warp_grid)
+from lucegen.runtime.device import TensorMap
+from lucegen.runtime.prefill.gemm import (GemmKernels, block_heights, pick_block_rows, smem_bytes, uses_tma,
+                                          warp_grid)
 from lucegen.runtime.prefill.params import prefill_params
 from lucegen.target import list_targets, load_target
 
@@ -34,6 +36,8 @@ def test_gemm_module_compiles_for_every_target(name):
     if pf["gemm_instruction"].startswith("wgmma"):
         assert "cp.async.cg.shared.global" in source and f"wgmma.mma_async.sync.aligned.m64n{pf['tile_n']}k16" in source
         assert "mma.sync.aligned.m16n8" not in source  # no warp-level MMA left in the mainloop
+        # chips with TMA feed it from a producer warp (tensor-map tile loads into an mbarrier ring)
+        assert ("cp.async.bulk.tensor.2d" in source) == uses_tma(pf, target)
     elif pf["gemm_instruction"] == "mma_m16n8k16":
         assert "cp.async.cg.shared.global" in source and "ldmatrix" in source and "m16n8k16" in source
     elif pf["gemm_instruction"] == "mma_m16n8k8":
@@ -54,6 +58,9 @@ class _Fn:
     def max_active_blocks_per_cu(self, threads, smem):
         return 1
 
+    def max_active_clusters(self, cluster, threads, smem):
+        return 132 // cluster
+
     def launch(self, grid, block, args, smem=0, stream=None):
         self.log.append((self.name, grid, block, smem, args))
 
@@ -73,6 +80,10 @@ class _Device:
     def load(self, compiled):
         return _Module(self.log)
 
+    def tensor_map_2d(self, ptr, rows, cols, row_stride_bytes, box_rows, box_cols, dtype="bf16"):
+        self.log.append(("tensor_map", (ptr, rows, cols, row_stride_bytes, box_rows, box_cols, dtype)))
+        return TensorMap(bytes(TensorMap.SIZE))
+
 
 @pytest.fixture(scope="module")
 def gemm90():
@@ -90,12 +101,20 @@ def test_launch_geometry_and_kernel_choice(gemm90):
     g.swiglu(0x1000, 1024, 0x2000, 1024, 520, 7168, 1024, 0x3000, 8, 520, 0x4000, 3584)
     name, grid, block, smem, args = dev.log[-1]
     bm = int(name.rsplit("_m", 1)[1])
-    assert name.startswith("gemm_swiglu_m") and grid == (-(-520 // bm), 7168 // 128) and block == 256
+    tma = uses_tma(g.pf, g.target)
+    c = g.cluster  # clusters of c blocks take c adjacent row tiles of one column tile
+    groups = -(-(-(-520 // bm)) // c) * (7168 // 128)
+    assert name.startswith("gemm_swiglu_m") and grid == (min(groups, 132 // c) * c if uses_tma(g.pf, g.target) else groups)
+    assert block == 256 + (32 if tma else 0)  # 8 consumer warps (+ the TMA producer warp)
+    if tma:  # A [520][1024] in boxes of bm x 64, W [7168][1024] in boxes of tile_n x 64, rows 2 * ld bytes apart
+        assert isinstance(args[-1], TensorMap) and isinstance(args[-2], TensorMap)
+        assert [e[1] for e in dev.log[-3:-1]] == [(0x1000, 520, 1024, 2048, bm, 64, "bf16"),
+                                                   (0x2000, 7168, 1024, 2048, 128 // c, 64, "bf16")]
     # 4 stages of (A + W) tiles; the wgmma mainloop adds 1024 bytes to align them for the 128-byte swizzle
     assert smem == 4 * (bm + 128) * 64 * 2 + (1024 if g.pf["gemm_instruction"].startswith("wgmma") else 0)
     g.residual(0x1000, 3584, 0x2000, 3584, 520, 1024, 3584, 0x5000, 1024, 0x6000, 0x7000, 1024, 0x8000, 520)
-    assert dev.log[-1][0].startswith("gemm_residual_m") and dev.log[-1][1][1] == 1024 // 128
-    assert len(dev.log[-1][4]) == 14
+    assert dev.log[-1][0].startswith("gemm_residual_m")
+    assert len(dev.log[-1][4]) == 14 + (2 if tma else 0)
 
 
 @pytest.mark.parametrize("call, message", [

@@ -275,3 +275,21 @@ def test_match_target_picks_and_refuses():
         match_target("sm_90", 132, "H100", target="sm_86")
     with pytest.raises(DeviceError, match="compute_units = 132"):
         match_target("sm_90", 114, "H100 PCIe", target="sm_90")
+
+
+@pytest.mark.parametrize("chip, value, message", [
+    ("sm_90", 3, "is not 1 or 2"),
+    ("sm_86", 2, "needs the TMA-fed wgmma mainloop"),
+    ("gfx1100", 2, "needs the TMA-fed wgmma mainloop"),
+])
+def test_matmul_cluster_m_is_checked(tmp_path, chip, value, message):
+    from lucegen import TARGETS_DIR
+    from lucegen.errors import DescriptorError
+
+    text = (TARGETS_DIR / f"{chip}.toml").read_text()
+    lines = [(f"cluster_m = {value}" if line.startswith("cluster_m =") else line) for line in text.splitlines()]
+    path = tmp_path / f"{chip}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DescriptorError) as e:
+        load_target(path)
+    assert e.value.field == "matmul.cluster_m" and message in e.value.reason

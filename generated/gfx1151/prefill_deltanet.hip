@@ -92,6 +92,10 @@ __device__ __forceinline__ unsigned lg_load_acquire(const unsigned* p) {
 __device__ __forceinline__ void lg_store_release(unsigned* p, unsigned v) {
   __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
 }
+__device__ __forceinline__ unsigned lg_float_bits(float v) { return __builtin_bit_cast(unsigned, v); }
+__device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) {
+  __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 
 #define LG_WARP_SIZE 32
 #define LG_LOG2_WARP_SIZE 5

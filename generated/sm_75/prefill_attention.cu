@@ -26,6 +26,8 @@ __device__ __forceinline__ unsigned lg_load_acquire(const unsigned* p) {
 __device__ __forceinline__ void lg_store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ unsigned lg_float_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) { atomicMax(p, v); }
 
 #define LG_WARP_SIZE 32
 #define LG_LOG2_WARP_SIZE 5

@@ -26,6 +26,8 @@ __device__ __forceinline__ unsigned lg_load_acquire(const unsigned* p) {
 __device__ __forceinline__ void lg_store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ unsigned lg_float_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) { atomicMax(p, v); }
 
 #define LG_WARP_SIZE 32
 #define LG_LOG2_WARP_SIZE 5
@@ -59,6 +61,8 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 }
 
 #define GEMM_THREADS 256
+#define GEMM_CLUSTER 1  // CTAs along M sharing each W tile (TMA multicast)
+#define GEMM_BLOCK_THREADS 256  // + the TMA producer warp
 #define GEMM_BN 128
 #define GEMM_BK 32
 #define GEMM_WARPS_M 2
@@ -119,6 +123,7 @@ __device__ __forceinline__ void gemm_mma_k16(float (&c)[4], const unsigned (&a)[
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+__device__ __forceinline__ void gemm_consumers_sync() { __syncthreads(); }
 
 // The block's tile of acc: rows m0 .. m0 + BM - 1, columns n0 .. n0 + GEMM_BN - 1, all of K.
 // smem: GEMM_STAGES x ([BM][GEMM_BK] A tile, [GEMM_BN][GEMM_BK] W tile) of bf16_t.
@@ -131,9 +136,11 @@ struct GemmTile {
   int warp_m, warp_n, lane;
 
   __device__ __forceinline__ void mainloop(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
-                                           int ldw, int M, int N, int K, int m0, int n0, bf16_t* smem) {
+                                           int ldw, int M, int N, int K, int k0, int m0, int n0, bf16_t* smem) {
     const int warp = threadIdx.x / LG_WARP_SIZE;
     lane = threadIdx.x % LG_WARP_SIZE;
+    A += k0;
+    W += k0;
     warp_m = warp / GEMM_WARPS_N;
     warp_n = warp % GEMM_WARPS_N;
 #pragma unroll
@@ -166,6 +173,7 @@ struct GemmTile {
     }
     gemm_cp_async_wait<0>();
   }
+
 
   // Source of 16-byte chunk i of k-tile kt (A rows first, then W rows); nullptr when outside M/N/K (zero fill).
   __device__ __forceinline__ const bf16_t* chunk_source(const bf16_t* __restrict__ A, int lda,
@@ -331,7 +339,7 @@ struct GemmRowsF32 {
   }
   template <int BM>
   __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float* row_scale, float* red, int m0, int n0,
-                                        int M, int N) const {
+                                        int, int M, int N) const {
 #pragma unroll
     for (int mi = 0; mi < GemmTile<BM>::MI; ++mi)
 #pragma unroll
@@ -361,7 +369,7 @@ struct GemmSwiglu {
   }
   template <int BM>
   __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float* row_scale, float* red, int m0, int n0,
-                                        int M, int N) const {
+                                        int, int M, int N) const {
 #pragma unroll
     for (int mi = 0; mi < GemmTile<BM>::MI; ++mi)
 #pragma unroll
@@ -394,7 +402,7 @@ struct GemmResidual {
   __device__ __forceinline__ void prologue(float*, int, int) const {}
   template <int BM>
   __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float* row_scale, float* red, int m0, int n0,
-                                        int M, int N) const {
+                                        int, int M, int N) const {
 #pragma unroll
     for (int mi = 0; mi < GemmTile<BM>::MI; ++mi)
 #pragma unroll
@@ -427,28 +435,28 @@ struct GemmResidual {
         sum_sq += lg_shfl_xor(sum_sq, 2);
         if ((t.lane & 3) == 0) red[t.warp_n * BM + lr] = sum_sq;
       }
-    __syncthreads();
+    gemm_consumers_sync();
     for (int lr = threadIdx.x; lr < BM; lr += GEMM_THREADS) {
       const int m = m0 + lr;
       if (m >= M) break;
       float sum_sq = 0.0f;
 #pragma unroll
       for (int w = 0; w < GEMM_WARPS_N; ++w) sum_sq += red[w * BM + lr];
-      ss_out[(size_t)blockIdx.y * ss_stride + m] = sum_sq;
+      ss_out[(size_t)(n0 / GEMM_BN) * ss_stride + m] = sum_sq;
     }
   }
 };
 
-// Epilogue of a split-K slice: part[z][m][n] = acc (f32, unscaled) for the slice z = blockIdx.z of K; the
+// Epilogue of a split-K slice: part[z][m][n] = acc (f32, unscaled) for the slice z of K; the
 // residual is finished by gemm_residual_reduce, which sums the slices in order (deterministic, no atomics).
 struct GemmPartial {
   float* part;
   template <int BM>
   __device__ __forceinline__ void prologue(float*, int, int) const {}
   template <int BM>
-  __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float*, float*, int m0, int n0, int M,
+  __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float*, float*, int m0, int n0, int z, int M,
                                         int N) const {
-    float* slice = part + (size_t)blockIdx.z * M * N;
+    float* slice = part + (size_t)z * M * N;
 #pragma unroll
     for (int mi = 0; mi < GemmTile<BM>::MI; ++mi)
 #pragma unroll
@@ -466,108 +474,117 @@ struct GemmPartial {
   }
 };
 
-// Grid: x = row tiles of BM (fastest, so the blocks resident together share one W tile), y = column tiles.
+// The output tiles of a launch: tile t -> row tile t % tiles_m (fastest, so blocks running together share one W
+// tile), column tile (t / tiles_m) % tiles_n, K slice t / (tiles_m * tiles_n) (split-K: K is the slice length).
+// One block per tile (the loop runs once when the grid covers the tiles; a smaller grid also works).
 template <int BM, class Epilogue>
 __device__ __forceinline__ void gemm_block(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
-                                           int ldw, int M, int N, int K, const Epilogue& ep) {
+                                           int ldw, int M, int N, int K, int splits,
+                                           const Epilogue& ep) {
   extern __shared__ __attribute__((aligned(16))) unsigned char gemm_smem[];
   __shared__ float row_scale[BM];
   __shared__ float red[GEMM_WARPS_N * BM];
-  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * GEMM_BN;
-  ep.template prologue<BM>(row_scale, m0, M);  // read after the mainloop's barriers
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + GEMM_BN - 1) / GEMM_BN;
+  const int tiles = tiles_m * tiles_n * splits;
+  bf16_t* smem = reinterpret_cast<bf16_t*>(gemm_smem);
   GemmTile<BM> tile;
-  tile.mainloop(A, lda, W, ldw, M, N, K, m0, n0, reinterpret_cast<bf16_t*>(gemm_smem));
-  ep.template apply<BM>(tile, row_scale, red, m0, n0, M, N);
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int m0 = (t % tiles_m) * BM, n0 = (t / tiles_m % tiles_n) * GEMM_BN, z = t / (tiles_m * tiles_n);
+    gemm_consumers_sync();  // the previous tile's epilogue is done with row_scale, red and the stages
+    ep.template prologue<BM>(row_scale, m0, M);
+    tile.mainloop(A, lda, W, ldw, M, N, K, z * K, m0, n0, smem);  // (its barriers publish row_scale)
+    ep.template apply<BM>(tile, row_scale, red, m0, n0, z, M, N);
+  }
 }
 
 // ---- block tile 128 x 128 x 32, 2 x 4 warps, 3 stages, mma_m16n8k16 ----
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_rows_f32_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                         int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
                         int ldo) {
-  gemm_block<128>(A, lda, W, ldw, M, N, K, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
+  gemm_block<128>(A, lda, W, ldw, M, N, K, 1, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_swiglu_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                       int K, const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out,
                       int ldo) {
-  gemm_block<128>(A, lda, W, ldw, M, N, K, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
+  gemm_block<128>(A, lda, W, ldw, M, N, K, 1, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_residual_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                         int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
                         bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride) {
-  gemm_block<128>(A, lda, W, ldw, M, N, K, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride});
+  gemm_block<128>(A, lda, W, ldw, M, N, K, 1, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride}
+                       );
 }
 
-// Split-K slice z = blockIdx.z: columns [z * K, (z + 1) * K) of A and W (K = the slice length).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+// Split-K: slice z of `splits` multiplies columns [z * K, (z + 1) * K) of A and W (K = the slice length).
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_partial_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                       int K, float* __restrict__ part) {
-  const size_t k0 = (size_t)blockIdx.z * K;
-  gemm_block<128>(A + k0, lda, W + k0, ldw, M, N, K, GemmPartial{part});
+                       int K, int splits, float* __restrict__ part) {
+  gemm_block<128>(A, lda, W, ldw, M, N, K, splits, GemmPartial{part});
 }
 
 // ---- block tile 64 x 128 x 32, 2 x 4 warps, 3 stages, mma_m16n8k16 ----
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_rows_f32_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                         int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
                         int ldo) {
-  gemm_block<64>(A, lda, W, ldw, M, N, K, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
+  gemm_block<64>(A, lda, W, ldw, M, N, K, 1, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_swiglu_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                       int K, const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out,
                       int ldo) {
-  gemm_block<64>(A, lda, W, ldw, M, N, K, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
+  gemm_block<64>(A, lda, W, ldw, M, N, K, 1, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_residual_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                         int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
                         bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride) {
-  gemm_block<64>(A, lda, W, ldw, M, N, K, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride});
+  gemm_block<64>(A, lda, W, ldw, M, N, K, 1, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride}
+                       );
 }
 
-// Split-K slice z = blockIdx.z: columns [z * K, (z + 1) * K) of A and W (K = the slice length).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+// Split-K: slice z of `splits` multiplies columns [z * K, (z + 1) * K) of A and W (K = the slice length).
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_partial_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                       int K, float* __restrict__ part) {
-  const size_t k0 = (size_t)blockIdx.z * K;
-  gemm_block<64>(A + k0, lda, W + k0, ldw, M, N, K, GemmPartial{part});
+                       int K, int splits, float* __restrict__ part) {
+  gemm_block<64>(A, lda, W, ldw, M, N, K, splits, GemmPartial{part});
 }
 
 // ---- block tile 32 x 128 x 32, 2 x 4 warps, 3 stages, mma_m16n8k16 ----
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_rows_f32_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                         int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
                         int ldo) {
-  gemm_block<32>(A, lda, W, ldw, M, N, K, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
+  gemm_block<32>(A, lda, W, ldw, M, N, K, 1, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_swiglu_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                       int K, const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out,
                       int ldo) {
-  gemm_block<32>(A, lda, W, ldw, M, N, K, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
+  gemm_block<32>(A, lda, W, ldw, M, N, K, 1, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_residual_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                         int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
                         bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride) {
-  gemm_block<32>(A, lda, W, ldw, M, N, K, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride});
+  gemm_block<32>(A, lda, W, ldw, M, N, K, 1, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride}
+                       );
 }
 
-// Split-K slice z = blockIdx.z: columns [z * K, (z + 1) * K) of A and W (K = the slice length).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+// Split-K: slice z of `splits` multiplies columns [z * K, (z + 1) * K) of A and W (K = the slice length).
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_partial_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                       int K, float* __restrict__ part) {
-  const size_t k0 = (size_t)blockIdx.z * K;
-  gemm_block<32>(A + k0, lda, W + k0, ldw, M, N, K, GemmPartial{part});
+                       int K, int splits, float* __restrict__ part) {
+  gemm_block<32>(A, lda, W, ldw, M, N, K, splits, GemmPartial{part});
 }
 
 #define GEMM_REDUCE_THREADS 256
@@ -606,15 +623,21 @@ gemm_residual_reduce(const float* __restrict__ part, int splits, int M, int N, f
   }
 }
 
-// gemm_rows_f32 for M <= GEMV_MAX_M rows (the lm_head row): out[m, n] = r[m] * dot(A[m, :], W[n, :]).
-// One warp per column n, GEMV_WARPS warps per block; each lane streams 16-byte chunks of W's row (the GEMM is a
-// pure read of W: memory bound), A's few rows come from L1/L2.
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * LG_WARP_SIZE)
-gemv_rows_f32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
-              const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out, int ldo) {
-  const int n = blockIdx.x * GEMV_WARPS + threadIdx.x / LG_WARP_SIZE;
+// The argmax of row 0 as one 64-bit key that atomicMax can reduce in any order to the same result, numpy.argmax's
+// (larger value wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins):
+// high word = the value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
+__device__ __forceinline__ unsigned long long gemv_argmax_key(float v, int n) {
+  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
+  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
+  return ((unsigned long long)bits << 32) | (unsigned)~n;
+}
+
+// One warp: column n of gemv_rows_f32; lane 0 leaves row 0's argmax key in block_best[warp].
+__device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
+                                            int ldw, int M, int n, int K, const float* __restrict__ ss, int ss_parts,
+                                            int ss_stride, float* __restrict__ out, int ldo,
+                                            unsigned long long* block_best) {
   const int lane = threadIdx.x % LG_WARP_SIZE;
-  if (n >= N) return;
   float acc[GEMV_MAX_M];
 #pragma unroll
   for (int m = 0; m < GEMV_MAX_M; ++m) acc[m] = 0.0f;
@@ -657,7 +680,32 @@ gemv_rows_f32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ 
           r = rsqrtf(sum_sq / 1024 + 9.999999974752427e-07f);
         }
         out[(size_t)m * ldo + n] = dot * r;
+        if (m == 0) block_best[threadIdx.x / LG_WARP_SIZE] = gemv_argmax_key(dot * r, n);
       }
+    }
+  }
+}
+
+// gemm_rows_f32 for M <= GEMV_MAX_M rows (the lm_head row): out[m, n] = r[m] * dot(A[m, :], W[n, :]).
+// One warp per column n, GEMV_WARPS warps per block; each lane streams 16-byte chunks of W's row (the GEMM is a
+// pure read of W: memory bound), A's few rows come from L1/L2. With argmax_key (zeroed beforehand) the argmax of
+// row 0 is folded in: the block's best key, an atomicMax when it beats the current one (index = ~low word).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * LG_WARP_SIZE)
+gemv_rows_f32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+              const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out, int ldo,
+              unsigned long long* __restrict__ argmax_key) {
+  __shared__ unsigned long long block_best[GEMV_WARPS];
+  const int n = blockIdx.x * GEMV_WARPS + threadIdx.x / LG_WARP_SIZE;
+  const int lane = threadIdx.x % LG_WARP_SIZE;
+  if (lane == 0) block_best[threadIdx.x / LG_WARP_SIZE] = 0ull;  // below every key
+  if (n < N) gemv_column(A, lda, W, ldw, M, n, K, ss, ss_parts, ss_stride, out, ldo, block_best);
+  if (argmax_key != nullptr) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long best = 0ull;
+#pragma unroll
+      for (int w = 0; w < GEMV_WARPS; ++w) best = block_best[w] > best ? block_best[w] : best;
+      if (best > *reinterpret_cast<volatile unsigned long long*>(argmax_key)) lg_atomic_max_u64(argmax_key, best);
     }
   }
 }

@@ -28,6 +28,8 @@ __device__ __forceinline__ unsigned lg_load_acquire(const unsigned* p) {
 __device__ __forceinline__ void lg_store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ unsigned lg_float_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) { atomicMax(p, v); }
 
 #define LG_WARP_SIZE 32
 #define LG_LOG2_WARP_SIZE 5
@@ -61,6 +63,8 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 }
 
 #define GEMM_THREADS 256
+#define GEMM_CLUSTER 1  // CTAs along M sharing each W tile (TMA multicast)
+#define GEMM_BLOCK_THREADS 288  // + the TMA producer warp
 #define GEMM_BN 128
 #define GEMM_BK 64
 #define GEMM_WARPS_M 8
@@ -142,6 +146,64 @@ __device__ __forceinline__ void gemm_wgmma_k16(float (&c)[16][4], unsigned long 
       : "l"(desc_a), "l"(desc_b), "r"(1)
       : "memory");
 }
+// TMA tile loads tracked by mbarriers. A tensor map (CUtensorMap, encoded on the host by device.tensor_map_2d) is a
+// __grid_constant__ kernel parameter; its generic address is what cp.async.bulk.tensor takes. 2-D maps over
+// [rows][K] row-major bf16/f16, box [box_rows][64] (128 bytes per row), 128-byte swizzle: the shared tile comes out
+// in exactly the gemm_smem_offset layout the wgmma descriptors expect. Rows and columns outside the matrix arrive
+// as zeros (and still count toward the transaction bytes).
+struct __align__(64) GemmTensorMap { unsigned long long opaque[16]; };
+__device__ __forceinline__ void gemm_mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(gemm_smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void gemm_mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(gemm_smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void gemm_mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(gemm_smem_addr(bar)) : "memory");
+}
+// Block until phase `parity` of the barrier has completed.
+__device__ __forceinline__ void gemm_mbar_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(gemm_smem_addr(bar)), "r"(parity) : "memory");
+  }
+}
+// box at (column k, row) of the map into shared `dst`; completes `bar`'s transaction bytes.
+__device__ __forceinline__ void gemm_tma_load(void* dst, const GemmTensorMap* map, int k, int row,
+                                              unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, { %2, %3 }], [%4];\n"
+      :: "r"(gemm_smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(k), "r"(row),
+         "r"(gemm_smem_addr(bar))
+      : "memory");
+}
+// The same box delivered to the same shared offset of every CTA in `cta_mask` of the cluster, completing each one's
+// barrier at the same offset.
+__device__ __forceinline__ void gemm_tma_load_multicast(void* dst, const GemmTensorMap* map, int k, int row,
+                                                        unsigned long long* bar, unsigned short cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, { %2, %3 }], [%4], %5;\n"
+      :: "r"(gemm_smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(k), "r"(row),
+         "r"(gemm_smem_addr(bar)), "h"(cta_mask)
+      : "memory");
+}
+// Arrive on the barrier at the same shared offset in CTA `rank` of the cluster (this CTA's own included).
+__device__ __forceinline__ void gemm_mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
+  asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+               "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
+               :: "r"(gemm_smem_addr(bar)), "r"(rank) : "memory");
+}
+// Every thread of every CTA in the cluster (memory before it visible cluster-wide after it).
+__device__ __forceinline__ void gemm_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The consumer warps' own barrier (the producer warp never joins one after the mainloop starts).
+__device__ __forceinline__ void gemm_consumers_sync() {
+  asm volatile("bar.sync 1, %0;\n" :: "n"(GEMM_THREADS) : "memory");
+}
 
 // The block's tile of acc: rows m0 .. m0 + BM - 1, columns n0 .. n0 + GEMM_BN - 1, all of K.
 // smem: GEMM_STAGES x ([BM][GEMM_BK] A tile, [GEMM_BN][GEMM_BK] W tile) of bf16_t.
@@ -153,52 +215,61 @@ struct GemmTile {
   float acc[MI][GEMM_NI][4];
   int warp_m, warp_n, lane;
 
-  __device__ __forceinline__ void mainloop(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
-                                           int ldw, int M, int N, int K, int m0, int n0, bf16_t* smem) {
-    const int warp = threadIdx.x / LG_WARP_SIZE;
-    lane = threadIdx.x % LG_WARP_SIZE;
-    warp_m = warp / GEMM_WARPS_N;
-    warp_n = warp % GEMM_WARPS_N;
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < GEMM_NI; ++ni)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+  // The TMA ring: stage s = it % STAGES of the block's running k-tile count `it` (it carries on across the tiles a
+  // persistent block computes, so the producer runs ahead into the next tile while the consumers finish this one).
+  // full[s] completes when both boxes of a k-tile have landed; empty[s] when every consumer warp (of every CTA of
+  // the cluster) has released it. With a cluster, each CTA loads its own A box and 1 / CLUSTER of the W box,
+  // multicast to all CTAs of the cluster (they work on the same column tile).
+  // Producer (one lane of the producer warp): wait for empty[s] (phase it / STAGES - 1), then TMA the A box
+  // (m0, k) and the W box (n0, k).
+  __device__ __forceinline__ static void produce(const GemmTensorMap* map_a, const GemmTensorMap* map_w, int k0, int K,
+                                                 int m0, int n0, bf16_t* smem, unsigned long long* full,
+                                                 unsigned long long* empty, int& it, unsigned rank) {
     const int k_tiles = (K + GEMM_BK - 1) / GEMM_BK;
-    // wgmma pipeline: tiles kt+1 .. kt+STAGES-2 in flight (cp.async, zero-filled edges) while the warpgroups
-    // multiply tile kt; one wgmma group stays in flight across steps, so the stage refilled at step kt (last read
-    // by step kt-2's wgmmas, which every warpgroup waited for before this step's barrier) is free.
-    {
-      const unsigned pad = (1024u - (gemm_smem_addr(smem) & 1023u)) & 1023u;
-      smem += pad / sizeof(bf16_t);
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int s = it % GEMM_STAGES;
+      if (it >= GEMM_STAGES) gemm_mbar_wait(&empty[s], (it / GEMM_STAGES - 1) & 1);
+      gemm_mbar_expect_tx(&full[s], STAGE_ELEMS * sizeof(bf16_t));
+      bf16_t* stage = smem + s * STAGE_ELEMS;
+      gemm_tma_load(stage, map_a, k0 + kt * GEMM_BK, m0, &full[s]);
+      gemm_tma_load(stage + BM * GEMM_BK, map_w, k0 + kt * GEMM_BK, n0, &full[s]);
     }
-    AsyncLoads loads;
-    loads.init(A, lda, W, ldw, M, N, m0, n0);
-    const int wg = threadIdx.x / 128;
+  }
+  // Consumers (the GEMM_THREADS threads; warpgroup wg owns rows 64 wg .. 64 wg + 63): wait for full[s] (phase
+  // it / STAGES), four wgmma k16 steps, keep one wgmma group in flight and release the stage of the group that just
+  // retired (one arrive per warp); the tile's last stage is released after the final wait.
+  __device__ __forceinline__ void consume(int K, const bf16_t* smem, unsigned long long* full,
+                                          unsigned long long* empty, int& it) {
+    const int warp = threadIdx.x / LG_WARP_SIZE, wg = warp / 4;
+    lane = threadIdx.x % LG_WARP_SIZE;
+    warp_m = warp;
+    warp_n = 0;
 #pragma unroll
-    for (int s = 0; s < GEMM_STAGES - 2; ++s) {
-      if (s < k_tiles) loads.issue(smem + s * STAGE_ELEMS, s, K);
-      gemm_cp_async_commit();
-    }
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      gemm_cp_async_wait<GEMM_STAGES - 3>();
-      gemm_fence_proxy_async();
-      __syncthreads();
-      const int next = kt + GEMM_STAGES - 2;
-      if (next < k_tiles) loads.issue(smem + (next % GEMM_STAGES) * STAGE_ELEMS, next, K);
-      gemm_cp_async_commit();
-      const bf16_t* stage = smem + (kt % GEMM_STAGES) * STAGE_ELEMS;
+    for (int ni = 0; ni < GEMM_NI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
+    const int k_tiles = (K + GEMM_BK - 1) / GEMM_BK;
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int s = it % GEMM_STAGES;
+      gemm_mbar_wait(&full[s], (it / GEMM_STAGES) & 1);
+      const bf16_t* stage = smem + s * STAGE_ELEMS;
       gemm_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < GEMM_BK / 16; ++kk)
         gemm_wgmma_k16(acc[0], gemm_wgmma_desc(stage + wg * 64 * GEMM_BK + kk * 16),
                        gemm_wgmma_desc(stage + BM * GEMM_BK + kk * 16));
       gemm_wgmma_commit();
-      gemm_wgmma_wait<1>();
+      gemm_wgmma_wait<1>();  // the group of step kt - 1 has retired: its stage is free
+      if (kt > 0) release(&empty[(it - 1) % GEMM_STAGES]);
     }
     gemm_wgmma_wait<0>();
-    gemm_cp_async_wait<0>();
+    release(&empty[(it - 1) % GEMM_STAGES]);
+  }
+  // One arrive per consumer warp on the stage's empty barrier of every CTA of the cluster (each one's producer
+  // multicasts into all of them, so a stage is free only when every CTA is done with it).
+  __device__ __forceinline__ void release(unsigned long long* empty_s) const {
+    if (lane == 0) gemm_mbar_arrive(empty_s);
   }
 
   // Source of 16-byte chunk i of k-tile kt (A rows first, then W rows); nullptr when outside M/N/K (zero fill).
@@ -365,7 +436,7 @@ struct GemmRowsF32 {
   }
   template <int BM>
   __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float* row_scale, float* red, int m0, int n0,
-                                        int M, int N) const {
+                                        int, int M, int N) const {
 #pragma unroll
     for (int mi = 0; mi < GemmTile<BM>::MI; ++mi)
 #pragma unroll
@@ -395,7 +466,7 @@ struct GemmSwiglu {
   }
   template <int BM>
   __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float* row_scale, float* red, int m0, int n0,
-                                        int M, int N) const {
+                                        int, int M, int N) const {
 #pragma unroll
     for (int mi = 0; mi < GemmTile<BM>::MI; ++mi)
 #pragma unroll
@@ -428,7 +499,7 @@ struct GemmResidual {
   __device__ __forceinline__ void prologue(float*, int, int) const {}
   template <int BM>
   __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float* row_scale, float* red, int m0, int n0,
-                                        int M, int N) const {
+                                        int, int M, int N) const {
 #pragma unroll
     for (int mi = 0; mi < GemmTile<BM>::MI; ++mi)
 #pragma unroll
@@ -461,28 +532,28 @@ struct GemmResidual {
         sum_sq += lg_shfl_xor(sum_sq, 2);
         if ((t.lane & 3) == 0) red[t.warp_n * BM + lr] = sum_sq;
       }
-    __syncthreads();
+    gemm_consumers_sync();
     for (int lr = threadIdx.x; lr < BM; lr += GEMM_THREADS) {
       const int m = m0 + lr;
       if (m >= M) break;
       float sum_sq = 0.0f;
 #pragma unroll
       for (int w = 0; w < GEMM_WARPS_N; ++w) sum_sq += red[w * BM + lr];
-      ss_out[(size_t)blockIdx.y * ss_stride + m] = sum_sq;
+      ss_out[(size_t)(n0 / GEMM_BN) * ss_stride + m] = sum_sq;
     }
   }
 };
 
-// Epilogue of a split-K slice: part[z][m][n] = acc (f32, unscaled) for the slice z = blockIdx.z of K; the
+// Epilogue of a split-K slice: part[z][m][n] = acc (f32, unscaled) for the slice z of K; the
 // residual is finished by gemm_residual_reduce, which sums the slices in order (deterministic, no atomics).
 struct GemmPartial {
   float* part;
   template <int BM>
   __device__ __forceinline__ void prologue(float*, int, int) const {}
   template <int BM>
-  __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float*, float*, int m0, int n0, int M,
+  __device__ __forceinline__ void apply(const GemmTile<BM>& t, const float*, float*, int m0, int n0, int z, int M,
                                         int N) const {
-    float* slice = part + (size_t)blockIdx.z * M * N;
+    float* slice = part + (size_t)z * M * N;
 #pragma unroll
     for (int mi = 0; mi < GemmTile<BM>::MI; ++mi)
 #pragma unroll
@@ -500,48 +571,84 @@ struct GemmPartial {
   }
 };
 
-// Grid: x = row tiles of BM (fastest, so the blocks resident together share one W tile), y = column tiles.
+// The output tiles of a launch: tile t -> row tile t % tiles_m (fastest, so blocks running together share one W
+// tile), column tile (t / tiles_m) % tiles_n, K slice t / (tiles_m * tiles_n) (split-K: K is the slice length).
+// Persistent blocks (grid = the resident blocks, tiles t = blockIdx.x, blockIdx.x + gridDim.x, ...): the producer
+// warp streams every tile's k-tiles through the ring while the consumers multiply and run the epilogue, so a tile's
+// epilogue overlaps the next tile's first loads.
 template <int BM, class Epilogue>
 __device__ __forceinline__ void gemm_block(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
-                                           int ldw, int M, int N, int K, const Epilogue& ep) {
+                                           int ldw, int M, int N, int K, int splits,
+                                           const Epilogue& ep, const GemmTensorMap* map_a, const GemmTensorMap* map_w) {
   extern __shared__ __attribute__((aligned(16))) unsigned char gemm_smem[];
   __shared__ float row_scale[BM];
   __shared__ float red[GEMM_WARPS_N * BM];
-  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * GEMM_BN;
-  ep.template prologue<BM>(row_scale, m0, M);  // read after the mainloop's barriers
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + GEMM_BN - 1) / GEMM_BN;
+  const int tiles = tiles_m * tiles_n * splits;
+  bf16_t* smem = reinterpret_cast<bf16_t*>(gemm_smem);
   GemmTile<BM> tile;
-  tile.mainloop(A, lda, W, ldw, M, N, K, m0, n0, reinterpret_cast<bf16_t*>(gemm_smem));
-  ep.template apply<BM>(tile, row_scale, red, m0, n0, M, N);
+  __shared__ unsigned long long full[GEMM_STAGES], empty[GEMM_STAGES];
+  smem += ((1024u - (gemm_smem_addr(smem) & 1023u)) & 1023u) / sizeof(bf16_t);  // 128-byte swizzle: 1 KB aligned
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < GEMM_STAGES; ++s) {
+      gemm_mbar_init(&full[s], 1);
+      gemm_mbar_init(&empty[s], GEMM_CLUSTER * GEMM_THREADS / LG_WARP_SIZE);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  const unsigned rank = 0;
+  const int tiles_mg = tiles_m, groups = tiles, first = blockIdx.x, step = gridDim.x;
+  __syncthreads();
+  int it = 0;
+  if (threadIdx.x >= GEMM_THREADS) {  // the producer warp
+    if (threadIdx.x == GEMM_THREADS) {
+      for (int g = first; g < groups; g += step) {
+        const int m0 = ((g % tiles_mg) * GEMM_CLUSTER + rank) * BM, n0 = (g / tiles_mg % tiles_n) * GEMM_BN;
+        GemmTile<BM>::produce(map_a, map_w, g / (tiles_mg * tiles_n) * K, K, m0, n0, smem, full, empty, it, rank);
+      }
+    }
+    return;
+  }
+  for (int g = first; g < groups; g += step) {
+    const int m0 = ((g % tiles_mg) * GEMM_CLUSTER + rank) * BM, n0 = (g / tiles_mg % tiles_n) * GEMM_BN;
+    const int z = g / (tiles_mg * tiles_n);
+    gemm_consumers_sync();  // the previous tile's epilogue is done with row_scale, red and the stages
+    ep.template prologue<BM>(row_scale, m0, M);
+    tile.consume(K, smem, full, empty, it);
+    gemm_consumers_sync();  // row_scale is written
+    ep.template apply<BM>(tile, row_scale, red, m0, n0, z, M, N);
+  }
 }
 
 // ---- block tile 128 x 128 x 64, 8 x 1 warps, 4 stages, wgmma_m64nNk16 ----
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_rows_f32_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                         int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
-                        int ldo) {
-  gemm_block<128>(A, lda, W, ldw, M, N, K, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
+                        int ldo, const __grid_constant__ GemmTensorMap map_a, const __grid_constant__ GemmTensorMap map_w) {
+  gemm_block<128>(A, lda, W, ldw, M, N, K, 1, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo}, &map_a, &map_w);
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_swiglu_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                       int K, const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out,
-                      int ldo) {
-  gemm_block<128>(A, lda, W, ldw, M, N, K, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
+                      int ldo, const __grid_constant__ GemmTensorMap map_a, const __grid_constant__ GemmTensorMap map_w) {
+  gemm_block<128>(A, lda, W, ldw, M, N, K, 1, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo}, &map_a, &map_w);
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_residual_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
                         int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
-                        bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride) {
-  gemm_block<128>(A, lda, W, ldw, M, N, K, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride});
+                        bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride, const __grid_constant__ GemmTensorMap map_a, const __grid_constant__ GemmTensorMap map_w) {
+  gemm_block<128>(A, lda, W, ldw, M, N, K, 1, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride}
+                       , &map_a, &map_w);
 }
 
-// Split-K slice z = blockIdx.z: columns [z * K, (z + 1) * K) of A and W (K = the slice length).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+// Split-K: slice z of `splits` multiplies columns [z * K, (z + 1) * K) of A and W (K = the slice length).
+extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
 gemm_partial_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                       int K, float* __restrict__ part) {
-  const size_t k0 = (size_t)blockIdx.z * K;
-  gemm_block<128>(A + k0, lda, W + k0, ldw, M, N, K, GemmPartial{part});
+                       int K, int splits, float* __restrict__ part, const __grid_constant__ GemmTensorMap map_a, const __grid_constant__ GemmTensorMap map_w) {
+  gemm_block<128>(A, lda, W, ldw, M, N, K, splits, GemmPartial{part}, &map_a, &map_w);
 }
 
 #define GEMM_REDUCE_THREADS 256
@@ -580,15 +687,21 @@ gemm_residual_reduce(const float* __restrict__ part, int splits, int M, int N, f
   }
 }
 
-// gemm_rows_f32 for M <= GEMV_MAX_M rows (the lm_head row): out[m, n] = r[m] * dot(A[m, :], W[n, :]).
-// One warp per column n, GEMV_WARPS warps per block; each lane streams 16-byte chunks of W's row (the GEMM is a
-// pure read of W: memory bound), A's few rows come from L1/L2.
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * LG_WARP_SIZE)
-gemv_rows_f32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
-              const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out, int ldo) {
-  const int n = blockIdx.x * GEMV_WARPS + threadIdx.x / LG_WARP_SIZE;
+// The argmax of row 0 as one 64-bit key that atomicMax can reduce in any order to the same result, numpy.argmax's
+// (larger value wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins):
+// high word = the value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
+__device__ __forceinline__ unsigned long long gemv_argmax_key(float v, int n) {
+  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
+  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
+  return ((unsigned long long)bits << 32) | (unsigned)~n;
+}
+
+// One warp: column n of gemv_rows_f32; lane 0 leaves row 0's argmax key in block_best[warp].
+__device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
+                                            int ldw, int M, int n, int K, const float* __restrict__ ss, int ss_parts,
+                                            int ss_stride, float* __restrict__ out, int ldo,
+                                            unsigned long long* block_best) {
   const int lane = threadIdx.x % LG_WARP_SIZE;
-  if (n >= N) return;
   float acc[GEMV_MAX_M];
 #pragma unroll
   for (int m = 0; m < GEMV_MAX_M; ++m) acc[m] = 0.0f;
@@ -631,7 +744,32 @@ gemv_rows_f32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ 
           r = rsqrtf(sum_sq / 1024 + 9.999999974752427e-07f);
         }
         out[(size_t)m * ldo + n] = dot * r;
+        if (m == 0) block_best[threadIdx.x / LG_WARP_SIZE] = gemv_argmax_key(dot * r, n);
       }
+    }
+  }
+}
+
+// gemm_rows_f32 for M <= GEMV_MAX_M rows (the lm_head row): out[m, n] = r[m] * dot(A[m, :], W[n, :]).
+// One warp per column n, GEMV_WARPS warps per block; each lane streams 16-byte chunks of W's row (the GEMM is a
+// pure read of W: memory bound), A's few rows come from L1/L2. With argmax_key (zeroed beforehand) the argmax of
+// row 0 is folded in: the block's best key, an atomicMax when it beats the current one (index = ~low word).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * LG_WARP_SIZE)
+gemv_rows_f32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+              const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out, int ldo,
+              unsigned long long* __restrict__ argmax_key) {
+  __shared__ unsigned long long block_best[GEMV_WARPS];
+  const int n = blockIdx.x * GEMV_WARPS + threadIdx.x / LG_WARP_SIZE;
+  const int lane = threadIdx.x % LG_WARP_SIZE;
+  if (lane == 0) block_best[threadIdx.x / LG_WARP_SIZE] = 0ull;  // below every key
+  if (n < N) gemv_column(A, lda, W, ldw, M, n, K, ss, ss_parts, ss_stride, out, ldo, block_best);
+  if (argmax_key != nullptr) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long best = 0ull;
+#pragma unroll
+      for (int w = 0; w < GEMV_WARPS; ++w) best = block_best[w] > best ? block_best[w] : best;
+      if (best > *reinterpret_cast<volatile unsigned long long*>(argmax_key)) lg_atomic_max_u64(argmax_key, best);
     }
   }
 }

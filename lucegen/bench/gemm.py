@@ -123,6 +123,8 @@ def sweep(device, target, pf: dict, shapes, overrides=({},), repeats: int = 10, 
             if log:
                 log(out[-1])
             continue
+        if getattr(gemm, "resident_clusters", None):
+            print("resident clusters", change, gemm.resident_clusters, flush=True)
         for bm in (None, *block_heights(p)):
             gemm.block_rows = bm
             for row in bench_gemm_shapes(device, target, p, shapes, repeats=repeats, gemm=gemm):
@@ -132,7 +134,7 @@ def sweep(device, target, pf: dict, shapes, overrides=({},), repeats: int = 10, 
     return out
 
 
-def main() -> None:  # python -m lucegen.bench.gemm [--sweep] [--out FILE]
+def main() -> None:  # python -m lucegen.bench.gemm [--sweep | --tiles JSON] [--out FILE]
     import argparse
     import json
 
@@ -142,6 +144,7 @@ def main() -> None:  # python -m lucegen.bench.gemm [--sweep] [--out FILE]
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--tiles", help='JSON list of [matmul] overrides to sweep, e.g. [{"tile_n": 256}]')
     ap.add_argument("--out")
     args = ap.parse_args()
     dev = Device.open()
@@ -152,9 +155,10 @@ def main() -> None:  # python -m lucegen.bench.gemm [--sweep] [--out FILE]
         print(f"{g['M']:>6} x {g['N']:>6} x {g['K']:>5} {g['epilogue']:>9} ours {g['ours_us']:>8.1f} us "
               f"{g['ours_tflops']:>6.1f} TF  cuBLAS {g['cublas_us']:>8.1f} us {g['cublas_tflops']:>6.1f} TF  "
               f"ratio {g['ratio']:.2f}", flush=True)
-    if args.sweep:
-        overrides = ({}, {"stages": 3}, {"tile_k": 32, "stages": 4}, {"warps": 4, "tile_k": 64, "stages": 3},
-                     {"tile_n": 256, "tile_k": 32, "stages": 3}, {"tile_n": 256, "tile_k": 64, "stages": 3})
+    if args.sweep or args.tiles:
+        overrides = json.loads(args.tiles) if args.tiles else (
+            {}, {"stages": 3}, {"tile_k": 32, "stages": 4}, {"warps": 4, "tile_k": 64, "stages": 3},
+            {"tile_n": 256, "tile_k": 32, "stages": 3}, {"tile_n": 256, "tile_k": 64, "stages": 3})
 
         def log(r):
             if "error" in r:

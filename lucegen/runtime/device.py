@@ -143,22 +143,70 @@ def address(addr: int) -> np.uint64:
     return np.uint64(int(addr))
 
 
+class TensorMap:
+    """A CUtensorMap (128 opaque bytes) passed by value as a ``__grid_constant__`` kernel argument."""
+
+    SIZE = 128
+
+    def __init__(self, raw: bytes):
+        if len(raw) != self.SIZE:
+            raise DeviceError(f"a tensor map is {self.SIZE} bytes, got {len(raw)}")
+        self.raw = bytes(raw)
+
+
+def tensor_map_2d(ptr: int, rows: int, cols: int, row_stride_bytes: int, box_rows: int, box_cols: int,
+                  dtype: str = "bf16") -> TensorMap:
+    """The TMA descriptor of a row-major [rows][cols] matrix of 2-byte elements at ``ptr`` (rows ``row_stride_bytes``
+    apart), loaded as [box_rows][box_cols] boxes with the 128-byte swizzle (box_cols * 2 must be 128); elements
+    outside the matrix load as zeros."""
+    driver = _driver()
+    kinds = {"bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             "fp16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}
+    if dtype not in kinds:
+        raise DeviceError(f"tensor_map_2d: dtype {dtype!r} is not one of {sorted(kinds)}")
+    if box_cols * 2 != 128 or not 1 <= box_rows <= 256:
+        raise DeviceError(f"tensor_map_2d: box {box_rows}x{box_cols} does not fit the 128-byte swizzle")
+    if int(ptr) % 16 or row_stride_bytes % 16:
+        raise DeviceError(f"tensor_map_2d: address {int(ptr):#x} and row stride {row_stride_bytes} must be "
+                          f"multiples of 16 bytes")
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    err, tmap = driver.cuTensorMapEncodeTiled(
+        kinds[dtype], 2, int(ptr), [u64(cols), u64(rows)], [u64(row_stride_bytes)], [u32(box_cols), u32(box_rows)],
+        [u32(1), u32(1)],
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    _check(f"cuTensorMapEncodeTiled({rows}x{cols}, box {box_rows}x{box_cols})", (err,))
+    return TensorMap(np.array([int(v) for v in tmap.opaque], dtype=np.uint64).tobytes())
+
+
 def pack_args(args: Iterable) -> tuple[np.ndarray, np.ndarray]:
-    """Lay kernel arguments out for cuLaunchKernel: (storage, array of pointers into it). Keep both alive."""
+    """Lay kernel arguments out for cuLaunchKernel: (storage, array of pointers into it). Keep both alive.
+    Scalars and addresses take 8-byte slots; a TensorMap its 128 bytes (64-byte aligned)."""
     values = []
     for i, arg in enumerate(args):
         if isinstance(arg, Buffer):
             values.append(np.uint64(arg.ptr).tobytes())
         elif isinstance(arg, np.generic) and arg.dtype.kind in "iufb":
             values.append(arg.tobytes())
+        elif isinstance(arg, TensorMap):
+            values.append(arg.raw)
         else:
-            raise DeviceError(f"kernel argument {i}: expected a Buffer or a numpy scalar (np.int32(...), "
-                              f"np.float32(...)), got {type(arg).__name__} {arg!r}")
-    storage = np.zeros(max(1, len(values)) * 8, dtype=np.uint8)
-    for i, blob in enumerate(values):
-        storage[i * 8 : i * 8 + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
-    base = storage.ctypes.data
-    pointers = np.array([base + i * 8 for i in range(len(values))], dtype=np.uint64)
+            raise DeviceError(f"kernel argument {i}: expected a Buffer, a TensorMap or a numpy scalar "
+                              f"(np.int32(...), np.float32(...)), got {type(arg).__name__} {arg!r}")
+    offsets, end = [], 0
+    for blob in values:
+        align = 64 if len(blob) > 8 else 8
+        end = -(-end // align) * align
+        offsets.append(end)
+        end += max(8, len(blob))
+    storage = np.zeros(max(8, end) + 64, dtype=np.uint8)
+    shift = (-storage.ctypes.data) % 64  # the host copy itself 64-byte aligned, like the parameter it fills
+    for off, blob in zip(offsets, values):
+        storage[shift + off : shift + off + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+    base = storage.ctypes.data + shift
+    pointers = np.array([base + off for off in offsets], dtype=np.uint64)
     return storage, pointers
 
 
@@ -202,6 +250,18 @@ class Function:
         driver = _driver()
         result = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.handle, block_threads, smem)
         return int(_check(f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})", result))
+
+    def max_active_clusters(self, cluster: int, block_threads: int, smem: int = 0) -> int:
+        """Occupancy of a kernel compiled with ``__cluster_dims__(cluster, 1, 1)``: how many of its clusters the
+        whole device holds at once (cluster CTAs share a GPC, so this can be less than SMs / cluster)."""
+        driver = _driver()
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = block_threads, 1, 1
+        config.sharedMemBytes = smem
+        config.numAttrs = 0
+        result = driver.cuOccupancyMaxActiveClusters(self.handle, config)
+        return int(_check(f"cuOccupancyMaxActiveClusters({self.name})", result))
 
     def attribute(self, name: str) -> int:
         """A CU_FUNC_ATTRIBUTE_* value by its short name, e.g. ``attribute("NUM_REGS")``."""
@@ -334,6 +394,13 @@ class Device:
         if out.nbytes:
             _check("cuMemcpyDtoH", _driver().cuMemcpyDtoH(out.ctypes.data, buffer.ptr, out.nbytes))
         return out
+
+    def tensor_map_2d(self, ptr: int, rows: int, cols: int, row_stride_bytes: int, box_rows: int, box_cols: int,
+                      dtype: str = "bf16") -> TensorMap:
+        """:func:`tensor_map_2d` (a TMA descriptor for a kernel argument; needs ``features.tma``)."""
+        if not self.target.features.tma:
+            raise DeviceError(f"{self.target.name} has no TMA (features.tma = false): no tensor maps")
+        return tensor_map_2d(ptr, rows, cols, row_stride_bytes, box_rows, box_cols, dtype)
 
     def memset(self, buffer: Buffer, byte: int = 0) -> None:
         _check("cuMemsetD8", _driver().cuMemsetD8(buffer.ptr, byte, buffer.nbytes))

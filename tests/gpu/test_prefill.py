@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lucegen.errors import LucegenError
@@ -133,6 +133,10 @@ def test_prefill_matches_reference(preset):
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+# Found by hypothesis on 2026-11-22 and failing identically on the earlier commit cef1517 (pre-existing, open):
+# tiny-gqa drifts past the BF16 bounds at these lengths (logit cosine 0.99990 < 0.9999; layer 7 KV k 2.3%).
+@example(length=671, seed=8009, preset="tiny-gqa")
+@example(length=721, seed=8011, preset="tiny-gqa")
 @given(length=st.one_of(st.integers(1, 80), st.integers(81, 4096)), seed=st.integers(0, 2**16),
        preset=st.sampled_from(["tiny", "tiny-gqa"]))
 def test_prefill_property(length, seed, preset):

@@ -35,6 +35,12 @@ def uses_wgmma(pf: dict) -> bool:
     return pf["gemm_instruction"].startswith("wgmma")
 
 
+def uses_tma(pf: dict, target) -> bool:
+    """The wgmma mainloop fed by TMA tile loads from a producer warp (chips with ``features.tma``): the kernels take
+    two tensor maps (A, W) as trailing arguments and run GEMM_THREADS + 32 threads."""
+    return uses_wgmma(pf) and bool(target.features.tma)
+
+
 def warp_grid(warps: int, instruction: str = "mma_m16n8k16") -> tuple[int, int]:
     """(warps along M, warps along N) of a block: the template's WARPS_M x WARPS_N (wgmma: every warp owns 16 rows
     of all tile_n columns)."""
@@ -108,6 +114,11 @@ def plan_residual(M: int, N: int, K: int, pf: dict, target, heights) -> tuple[in
     return best
 
 
+def argmax_from_key(key: int) -> int:
+    """The index in gemv_rows_f32's argmax key (templates/prefill/gemm.cu.j2 gemv_argmax_key: low word = ~index)."""
+    return (~int(key)) & 0xFFFFFFFF
+
+
 class GemmKernels:
     """The prefill GEMMs of one model shape (``pf``) on ``device``."""
 
@@ -120,7 +131,9 @@ class GemmKernels:
         if target.warp_size != 32:
             raise LucegenError(f"{target.name}: the prefill GEMM needs warp_size 32, got {target.warp_size}")
         self.device, self.target, self.pf = device, target, pf
-        self.threads = pf["warps"] * 32
+        self.tma = uses_tma(pf, target)
+        self.cluster = pf["cluster_m"] if self.tma else 1  # templates/prefill/gemm.cu.j2 GEMM_CLUSTER
+        self.threads = pf["warps"] * 32 + (32 if self.tma else 0)  # templates/prefill/gemm.cu.j2 GEMM_BLOCK_THREADS
         source = codegen.render(target, TEMPLATE, pf=pf)
         self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE,
                                                   arch="sm_90a" if uses_wgmma(pf) else None))
@@ -135,6 +148,11 @@ class GemmKernels:
                 self.functions[(ep, bm)] = fn
             per_unit[bm] = self.functions[("rows_f32", bm)].max_active_blocks_per_cu(self.threads, self.smem[bm])
         self.blocks_per_unit = per_unit
+        #: Persistent (TMA) launches: the clusters of each block height the device holds at once.
+        self.resident_clusters = {
+            bm: (self.functions[("rows_f32", bm)].max_active_clusters(self.cluster, self.threads, self.smem[bm])
+                 if self.cluster > 1 else target.compute_units * max(1, per_unit[bm]))
+            for bm in block_heights(pf)} if self.tma else {}
         self.gemv_fn = self.module.function("gemv_rows_f32")
         self.partial_fns = {}
         for bm in block_heights(pf):
@@ -163,33 +181,55 @@ class GemmKernels:
             if int(ptr) == 0 or int(ptr) % align:
                 raise LucegenError(f"gemm_{name}: {arg} must be a {align}-byte aligned device address, "
                                    f"got {int(ptr):#x}")
-        if N > 65535 * self.pf["tile_n"]:
-            raise LucegenError(f"gemm_{name}: N={N} exceeds the grid's {65535} column tiles of {self.pf['tile_n']}")
 
     def _check_ss(self, name: str, M: int, ss: int, ss_parts: int, ss_stride: int) -> None:
         if ss and (ss_parts < 1 or ss_stride < M):
             raise LucegenError(f"gemm_{name}: ss needs ss_parts >= 1 and ss_stride >= M, got ss_parts={ss_parts} "
                                f"ss_stride={ss_stride} M={M}")
 
+    def _grid(self, bm: int, M: int, N: int, splits: int = 1) -> int:
+        """Blocks for the output tiles of an M x N (x splits) GEMM: one per tile, or with TMA the resident blocks
+        (persistent: each loops over tiles), in whole clusters of ``cluster_m`` blocks that take ``cluster_m``
+        adjacent row tiles of one column tile."""
+        c = self.cluster
+        groups = math.ceil(math.ceil(M / bm) / c) * math.ceil(N / self.pf["tile_n"]) * splits
+        if not self.tma:
+            return groups
+        return min(groups, max(1, self.resident_clusters[bm])) * c
+
     def _geometry(self, ep: str, M: int, N: int):
         bm = self.block_rows or pick_block_rows(M, N, self.pf["tile_n"], self.target.compute_units,
                                                 self.blocks_per_unit)
-        return self.functions[(ep, bm)], (math.ceil(M / bm), math.ceil(N / self.pf["tile_n"])), self.smem[bm]
+        return self.functions[(ep, bm)], self._grid(bm, M, N), self.smem[bm], bm
+
+    def _maps(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, bm: int) -> tuple:
+        """The TMA builds' trailing kernel arguments: tensor maps of A [M][K] (boxes bm x tile_k) and W [N][K]
+        (tile_n / cluster_m x tile_k); () for the other mainloops."""
+        if not self.tma:
+            return ()
+        dt, bk = self.pf["dtype"], self.pf["tile_k"]
+        maps = self.device.tensor_map_2d  # W boxes: each CTA of a cluster loads 1 / cluster_m of the W tile
+        return maps(A, M, K, 2 * lda, bm, bk, dt), maps(W, N, K, 2 * ldw, self.pf["tile_n"] // self.cluster, bk, dt)
 
     # ---- the three epilogues -------------------------------------------------------------------------------------
     def rows_f32(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, ss: int, ss_parts: int,
-                 ss_stride: int, out: int, ldo: int, stream=None) -> None:
-        """out f32 [m, n] = r[m] * sum_k A[m, k] W[n, k]."""
+                 ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0) -> None:
+        """out f32 [m, n] = r[m] * sum_k A[m, k] W[n, k]. With ``argmax_key`` (M = 1: the GEMV; an 8-byte device
+        word zeroed beforehand) the argmax of the row is folded in: index = :func:`argmax_from_key` of the word."""
         self._check("rows_f32", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldo": (ldo, N)},
                     {"A": (A, 16), "W": (W, 16), "out": (out, 8)})
         self._check_ss("rows_f32", M, ss, ss_parts, ss_stride)
         args = (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(ss),
                 np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo))
+        if argmax_key and (M != 1 or M > self.gemv_max_m):
+            raise LucegenError(f"gemm_rows_f32: the folded argmax needs the one-row GEMV (M = 1), got M={M}")
         if M <= self.gemv_max_m:
-            self.gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, args, stream=stream)
+            self.gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, args + (address(argmax_key),),
+                                stream=stream)
             return
-        fn, grid, smem = self._geometry("rows_f32", M, N)
-        fn.launch(grid, self.threads, args, smem=smem, stream=stream)
+        fn, grid, smem, bm = self._geometry("rows_f32", M, N)
+        fn.launch(grid, self.threads, args + self._maps(A, lda, W, ldw, M, N, K, bm), smem=smem,
+                  stream=stream)
 
     def swiglu(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, ss: int, ss_parts: int,
                ss_stride: int, out: int, ldo: int, stream=None) -> None:
@@ -199,10 +239,11 @@ class GemmKernels:
         self._check("swiglu", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldo": (ldo, N // 2)},
                     {"A": (A, 16), "W": (W, 16), "out": (out, 2)})
         self._check_ss("swiglu", M, ss, ss_parts, ss_stride)
-        fn, grid, smem = self._geometry("swiglu", M, N)
+        fn, grid, smem, bm = self._geometry("swiglu", M, N)
         fn.launch(grid, self.threads,
                   (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(ss),
-                   np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo)), smem=smem, stream=stream)
+                   np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo))
+                  + self._maps(A, lda, W, ldw, M, N, K, bm), smem=smem, stream=stream)
 
     @staticmethod
     def residual_workspace_bytes(M: int, N: int) -> int:
@@ -223,16 +264,17 @@ class GemmKernels:
         if workspace and self.block_rows is None:
             bm, split = plan_residual(M, N, K, self.pf, self.target, block_heights(self.pf))
             if split > 1 and split * M * N * 4 <= workspace_bytes:
-                grid = (math.ceil(M / bm), math.ceil(N / self.pf["tile_n"]), split)
+                grid = self._grid(bm, M, N, split)
                 self.partial_fns[bm].launch(grid, self.threads,
                                             (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N),
-                                             np.int32(K // split), address(workspace)), smem=self.smem[bm], stream=stream)
+                                             np.int32(K // split), np.int32(split), address(workspace))
+                                            + self._maps(A, lda, W, ldw, M, N, K, bm), smem=self.smem[bm], stream=stream)
                 self.reduce_fn.launch(M, 256, (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(x),
                                                np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out),
                                                np.int32(ss_stride)), stream=stream)
                 return
-        fn, grid, smem = self._geometry("residual", M, N)
+        fn, grid, smem, bm = self._geometry("residual", M, N)
         fn.launch(grid, self.threads,
                   (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(x),
-                   np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out), np.int32(ss_stride)),
-                  smem=smem, stream=stream)
+                   np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out), np.int32(ss_stride))
+                  + self._maps(A, lda, W, ldw, M, N, K, bm), smem=smem, stream=stream)

@@ -28,7 +28,7 @@ from ...errors import LucegenError
 from ..device import Buffer, address
 from .attention import AttentionKernels
 from .deltanet import DeltaNetKernels
-from .gemm import GemmKernels
+from .gemm import GemmKernels, argmax_from_key
 from .params import prefill_params
 
 EMBED_THREADS = 256  # templates/prefill/common.cu.j2
@@ -49,9 +49,6 @@ class Prefiller:
         source = codegen.render(t, "prefill/common.cu.j2", pf=pf)
         self.common = dev.load(compile_source(t, "prefill_common", source, template="prefill/common.cu.j2"))
         self.embed_fn = self.common.function("prefill_embed")
-        small = dev.load(codegen.build(t, "small_kernels"))
-        self.argmax_fn = small.function("argmax_f32")
-        self._small = small
         want = segment or t.prefill.max_tokens
         if not isinstance(want, int) or want < 1:
             raise LucegenError(f"prefill segment must be a positive integer, got {want!r}")
@@ -135,11 +132,12 @@ class Prefiller:
             self.gemm.swiglu(xn, H, self._wmat(l.gateup), H, T, 2 * I, H, ss, ss_parts, seg, act, I, stream=st)
             self.gemm.residual(act, I, self._wmat(l.down), I, T, H, I, x, H, self._wvec(next_norm), xn, H, ss, seg,
                                stream=st, **resid_ws)
-        if last:  # final norm (folded into xn, row scale from ss) + lm_head on the last row, then argmax
+        if last:  # final norm (folded into xn, row scale from ss) + lm_head on the last row with its argmax
             row = T - 1
+            self.device.memset_async(self.argmax.ptr, 8, st)
             self.gemm.rows_f32(xn + 2 * row * H, H, self._wmat(lay.lm_head), H, 1, c.vocab_size, H,
-                               ss + 4 * row, ss_parts, seg, self.logits.ptr, c.vocab_size, stream=st)
-            self.argmax_fn.launch(1, 256, (self.logits, np.int32(c.vocab_size), self.argmax), stream=st)
+                               ss + 4 * row, ss_parts, seg, self.logits.ptr, c.vocab_size, stream=st,
+                               argmax_key=self.argmax.ptr)
 
     def _run_segment(self, tok_offset: int, T: int, pos0: int, last: bool) -> None:
         if not self.use_graphs:
@@ -187,7 +185,7 @@ class Prefiller:
         n = self.stage(tokens)
         self.launch(n)
         self.stream.synchronize()
-        nxt = int(self.device.download(self.argmax, np.int32, (1,))[0])
+        nxt = argmax_from_key(self.device.download(self.argmax, np.uint64, (1,))[0])
         self.dec.position += n
         self.dec.next_token = nxt
         if logits:
