@@ -476,9 +476,31 @@ struct GemmPartial {
   }
 };
 
-// The output tiles of a launch: tile t -> row tile t % tiles_m (fastest, so blocks running together share one W
-// tile), column tile (t / tiles_m) % tiles_n, K slice t / (tiles_m * tiles_n) (split-K: K is the slice length).
+// The output tiles of a launch, in groups of GEMM_CLUSTER row tiles of one column tile (one tile per group without a
+// cluster): group g -> row tile GEMM_CLUSTER * (g % groups_m) + rank (fastest, so blocks running together share one
+// W tile), column tile (g / groups_m) % tiles_n, K slice g / (groups_m * tiles_n) (split-K: K is the slice length).
+// A cluster's CTAs are consecutive blockIdx.x; cluster c takes groups c, c + clusters, ... (a row tile >= tiles_m
+// is all zeros and writes nothing, but keeps its cluster in step).
 // One block per tile (the loop runs once when the grid covers the tiles; a smaller grid also works).
+template <int BM>
+struct GemmSchedule {
+  int groups_m, tiles_n, groups, first, step;
+  unsigned rank;
+  __device__ __forceinline__ GemmSchedule(int M, int N, int splits) {
+    groups_m = ((M + BM - 1) / BM + GEMM_CLUSTER - 1) / GEMM_CLUSTER;
+    tiles_n = (N + GEMM_BN - 1) / GEMM_BN;
+    groups = groups_m * tiles_n * splits;
+    rank = blockIdx.x % GEMM_CLUSTER;
+    first = blockIdx.x / GEMM_CLUSTER;
+    step = gridDim.x / GEMM_CLUSTER;
+  }
+  __device__ __forceinline__ void origin(int g, int& m0, int& n0, int& z) const {
+    m0 = ((g % groups_m) * GEMM_CLUSTER + (int)rank) * BM;
+    n0 = (g / groups_m % tiles_n) * GEMM_BN;
+    z = g / (groups_m * tiles_n);
+  }
+};
+
 template <int BM, class Epilogue>
 __device__ __forceinline__ void gemm_block(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
                                            int ldw, int M, int N, int K, int splits,
@@ -486,12 +508,12 @@ __device__ __forceinline__ void gemm_block(const bf16_t* __restrict__ A, int lda
   extern __shared__ __attribute__((aligned(16))) unsigned char gemm_smem[];
   __shared__ float row_scale[BM];
   __shared__ float red[GEMM_WARPS_N * BM];
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + GEMM_BN - 1) / GEMM_BN;
-  const int tiles = tiles_m * tiles_n * splits;
+  const GemmSchedule<BM> order(M, N, splits);
   bf16_t* smem = reinterpret_cast<bf16_t*>(gemm_smem);
   GemmTile<BM> tile;
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int m0 = (t % tiles_m) * BM, n0 = (t / tiles_m % tiles_n) * GEMM_BN, z = t / (tiles_m * tiles_n);
+  for (int g = order.first; g < order.groups; g += order.step) {
+    int m0, n0, z;
+    order.origin(g, m0, n0, z);
     gemm_consumers_sync();  // the previous tile's epilogue is done with row_scale, red and the stages
     ep.template prologue<BM>(row_scale, m0, M);
     tile.mainloop(A, lda, W, ldw, M, N, K, z * K, m0, n0, smem);  // (its barriers publish row_scale)

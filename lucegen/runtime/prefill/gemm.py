@@ -221,7 +221,7 @@ class GemmKernels:
         self._check_ss("rows_f32", M, ss, ss_parts, ss_stride)
         args = (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(ss),
                 np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo))
-        if argmax_key and (M != 1 or M > self.gemv_max_m):
+        if argmax_key and not M == 1 <= self.gemv_max_m:
             raise LucegenError(f"gemm_rows_f32: the folded argmax needs the one-row GEMV (M = 1), got M={M}")
         if M <= self.gemv_max_m:
             self.gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, args + (address(argmax_key),),
