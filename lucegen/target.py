@@ -1,7 +1,7 @@
 """Chip descriptors: ``targets/<name>.toml`` → a validated, frozen :class:`Target`.
 
 A descriptor holds published hardware facts about one chip (plus a few commented tuning choices). Every field is
-required, every key must be known, every value must have the right type and be possible on that chip; anything else
+required (but the optional per-epilogue GEMM tables, ``[matmul.swiglu]`` / ``[matmul.rows_f32]``), every key must be known, every value must have the right type and be possible on that chip; anything else
 is a :class:`DescriptorError` naming the file, the field and the reason. Derived values (``megakernel.blocks``,
 the compute capability) are computed here, never written in the file.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,23 @@ class Megakernel:
 
 
 @dataclass(frozen=True)
+class GemmTiling:
+    """An epilogue's own GEMM instance (``[matmul.swiglu]``, ``[matmul.rows_f32]``): the [matmul] fields it replaces,
+    all of them (the residual GEMM keeps [matmul]'s: its tile_n sets the RMSNorm partial sums' column parts)."""
+
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    warps: int
+    stages: int
+    schedule: str
+
+
+#: Epilogues that may run on their own GEMM instance (a [matmul.<epilogue>] table).
+TILED_EPILOGUES = ("rows_f32", "swiglu")
+
+
+@dataclass(frozen=True)
 class Matmul:
     """Tiles, software-pipeline depth and matrix instruction of the prefill GEMMs (and flash attention).
     ``peak_tflops`` is the chip's published dense matrix throughput in compute_dtype (benchmarks report against it)."""
@@ -66,7 +84,19 @@ class Matmul:
     instruction: str
     peak_tflops: float
     cluster_m: int  # thread-block cluster along M sharing each W tile by TMA multicast (1: no cluster)
+    schedule: str  # how the consumer warpgroups share tiles (GEMM_SCHEDULES)
+    rows_f32: GemmTiling | None = dataclasses.field(default=None, metadata={"optional": True})
+    swiglu: GemmTiling | None = dataclasses.field(default=None, metadata={"optional": True})
 
+    def tilings(self) -> dict[str, GemmTiling]:
+        """The epilogues with their own GEMM instance, and its tiling."""
+        return {ep: getattr(self, ep) for ep in TILED_EPILOGUES if getattr(self, ep) is not None}
+
+
+#: How the TMA-fed wgmma GEMM's two consumer warpgroups share the output tiles: "cooperative" (both multiply one
+#: tile_m = 128-row tile, then both run its epilogue) or "pingpong" (each owns its own tile_m = 64-row tile and the
+#: two take turns at the tensor cores, so one's epilogue overlaps the other's mainloop).
+GEMM_SCHEDULES = ("cooperative", "pingpong")
 
 #: Matrix instructions a template can emit, with the oldest NVIDIA SM that has each (None: any chip).
 MATRIX_INSTRUCTIONS = {"mma_m16n8k16": 80, "mma_m16n8k8": 75, "wgmma_m64nNk16": 90, "simt": None}
@@ -269,6 +299,8 @@ def _parse_table(cls, data: Any, path, prefix: str) -> dict[str, Any]:
     for f in schema:
         name = prefix + f.name
         if f.name not in data:
+            if f.metadata.get("optional"):
+                continue
             raise DescriptorError(path, name, "missing")
         out[f.name] = _parse_value(hints[f.name], data[f.name], path, name)
     return out
@@ -281,6 +313,8 @@ def _type_name(value: Any) -> str:
 
 
 def _parse_value(hint, value: Any, path, name: str) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # an optional table: X | None
+        (hint,) = [h for h in typing.get_args(hint) if h is not type(None)]
     if dataclasses.is_dataclass(hint):
         return hint(**_parse_table(hint, value, path, prefix=name + "."))
     if hint is bool:
@@ -312,6 +346,36 @@ def _parse_value(hint, value: Any, path, name: str) -> Any:
             raise DescriptorError(path, name, f"lists a dtype twice: {value!r}")
         return tuple(value)
     raise AssertionError(f"unhandled schema type {hint!r}")  # a bug in this module, not in the descriptor
+
+
+def _check_tiling(t: Target, table: str, tiling, fail) -> None:
+    """The checks every GEMM instance's tiling (``[matmul]`` or ``[matmul.<epilogue>]``) must pass."""
+    mm = t.matmul
+    for tile in ("tile_m", "tile_n", "tile_k"):
+        if getattr(tiling, tile) % 16:
+            fail(f"{table}.{tile}", f"{getattr(tiling, tile)} is not a multiple of 16 (the MMA fragment size)")
+    if tiling.warps * t.warp_size > t.max_threads_per_block:
+        fail(f"{table}.warps", f"{tiling.warps} warps × {t.warp_size} exceed max_threads_per_block "
+             f"{t.max_threads_per_block}")
+    if tiling.tile_n % (8 * mm.cluster_m):
+        fail("matmul.cluster_m", f"tile_n {tiling.tile_n} does not split into {mm.cluster_m} multicast parts of "
+             f"8-row multiples")
+    if tiling.schedule not in GEMM_SCHEDULES:
+        fail(f"{table}.schedule", f"{tiling.schedule!r} is not one of {', '.join(GEMM_SCHEDULES)}")
+    if tiling.schedule == "pingpong":
+        if not (mm.instruction.startswith("wgmma") and t.features.tma):
+            fail(f"{table}.schedule", "pingpong needs the TMA-fed wgmma mainloop (a wgmma instruction and "
+                 "features.tma)")
+        if tiling.warps != 8 or tiling.tile_m != 64:
+            fail(f"{table}.schedule", f"pingpong runs two warpgroups (warps = 8) on tiles of one warpgroup's 64 "
+                 f"rows (tile_m = 64), got warps {tiling.warps}, tile_m {tiling.tile_m}")
+        if mm.cluster_m != 1:
+            fail(f"{table}.schedule", f"pingpong has no cluster variant (cluster_m must be 1, got {mm.cluster_m})")
+    smem = tiling.stages * (tiling.tile_m + tiling.tile_n) * tiling.tile_k * DTYPES[t.compute_dtype][1]
+    if smem > t.smem_per_block_optin:
+        fail(f"{table}.stages", f"{tiling.stages} stages of {tiling.tile_m}x{tiling.tile_k} + "
+             f"{tiling.tile_n}x{tiling.tile_k} tiles need {smem} bytes of shared memory, over smem_per_block_optin "
+             f"{t.smem_per_block_optin}")
 
 
 def _check_consistency(t: Target, path) -> None:
@@ -373,11 +437,6 @@ def _check_consistency(t: Target, path) -> None:
              f"max_threads_per_cu {t.max_threads_per_cu}")
 
     mm = t.matmul
-    for tile in ("tile_m", "tile_n", "tile_k"):
-        if getattr(mm, tile) % 16:
-            fail(f"matmul.{tile}", f"{getattr(mm, tile)} is not a multiple of 16 (the MMA fragment size)")
-    if mm.warps * t.warp_size > t.max_threads_per_block:
-        fail("matmul.warps", f"{mm.warps} warps × {t.warp_size} exceed max_threads_per_block {t.max_threads_per_block}")
     if mm.instruction not in MATRIX_INSTRUCTIONS:
         fail("matmul.instruction", f"{mm.instruction!r} is not one of {', '.join(MATRIX_INSTRUCTIONS)}")
     min_sm = MATRIX_INSTRUCTIONS[mm.instruction]
@@ -391,17 +450,13 @@ def _check_consistency(t: Target, path) -> None:
         fail("matmul.cluster_m", f"{mm.cluster_m} is not 1 or 2")
     if mm.cluster_m > 1 and not mm.instruction.startswith("wgmma"):  # (used when features.tma is on)
         fail("matmul.cluster_m", f"{mm.cluster_m} needs the TMA-fed wgmma mainloop (a wgmma instruction); use 1")
-    if mm.tile_n % (8 * mm.cluster_m):
-        fail("matmul.cluster_m", f"tile_n {mm.tile_n} does not split into {mm.cluster_m} multicast parts of 8-row "
-             f"multiples")
+    _check_tiling(t, "matmul", mm, fail)
+    for ep, tiling in mm.tilings().items():
+        _check_tiling(t, f"matmul.{ep}", tiling, fail)
     pf = t.prefill
     if pf.deltanet_chunk not in (16, 32, 64):
         fail("prefill.deltanet_chunk", f"{pf.deltanet_chunk} is not 16, 32 or 64")
     for name in ("attention_block_q", "attention_block_kv"):
         if getattr(pf, name) % 16:
             fail(f"prefill.{name}", f"{getattr(pf, name)} is not a multiple of 16 (the MMA fragment size)")
-    elem = DTYPES[t.compute_dtype][1]
-    smem = mm.stages * (mm.tile_m + mm.tile_n) * mm.tile_k * elem
-    if smem > t.smem_per_block_optin:
-        fail("matmul.stages", f"{mm.stages} stages of {mm.tile_m}x{mm.tile_k} + {mm.tile_n}x{mm.tile_k} tiles need "
-             f"{smem} bytes of shared memory, over smem_per_block_optin {t.smem_per_block_optin}")
+

@@ -30,7 +30,7 @@ def test_gemm_module_compiles_for_every_target(name):
     module = compile_source(target, "prefill_gemm", source, template="prefill/gemm.cu.j2",
                             arch="sm_90a" if pf["gemm_instruction"].startswith("wgmma") else None)
     kernels = {k.name: k for k in module.kernels}
-    expected = {f"gemm_{ep}_m{bm}" for ep in ("rows_f32", "swiglu", "residual", "partial") for bm in block_heights(pf)}
+    expected = {f"gemm_{ep}_m{bm}" for ep in ("rows_f32", "swiglu", "residual", "partial") for bm in block_heights(pf, target)}
     assert expected | {"gemv_rows_f32", "gemm_residual_reduce"} == set(kernels)
     assert all(k.spills == 0 for k in kernels.values()), [(k.name, k.spills) for k in kernels.values()]
     if pf["gemm_instruction"].startswith("wgmma"):
@@ -44,7 +44,7 @@ def test_gemm_module_compiles_for_every_target(name):
         assert "m16n8k8.row.col" in source and "cp.async.cg" not in source
     else:
         assert "mma.sync.aligned" not in source and "ldmatrix.sync" not in source
-    for bm in block_heights(pf):
+    for bm in block_heights(pf, target):
         assert smem_bytes(pf, target, bm) <= target.smem_per_block_optin
 
 
@@ -101,17 +101,19 @@ def test_launch_geometry_and_kernel_choice(gemm90):
     g.swiglu(0x1000, 1024, 0x2000, 1024, 520, 7168, 1024, 0x3000, 8, 520, 0x4000, 3584)
     name, grid, block, smem, args = dev.log[-1]
     bm = int(name.rsplit("_m", 1)[1])
-    tma = uses_tma(g.pf, g.target)
-    c = g.cluster  # clusters of c blocks take c adjacent row tiles of one column tile
-    groups = -(-(-(-520 // bm)) // c) * (7168 // 128)
-    assert name.startswith("gemm_swiglu_m") and grid == (min(groups, 132 // c) * c if uses_tma(g.pf, g.target) else groups)
+    inst = g.instances["swiglu"]  # sm_90: its own instance ([matmul.swiglu])
+    assert inst is not g.instances["residual"] and inst.pf["tile_n"] == g.target.matmul.swiglu.tile_n
+    tn, tma, c, crews = inst.pf["tile_n"], inst.tma, inst.cluster, inst.crews
+    groups = -(-(-(-520 // bm)) // c) * (7168 // tn)  # clusters of c blocks take c adjacent row tiles of a column
+    # persistent TMA blocks: each computes `crews` tiles at a time (pingpong: one per warpgroup)
+    assert name.startswith("gemm_swiglu_m") and grid == (min(-(-groups // crews), 132 // c) * c if tma else groups)
     assert block == 256 + (32 if tma else 0)  # 8 consumer warps (+ the TMA producer warp)
     if tma:  # A [520][1024] in boxes of bm x 64, W [7168][1024] in boxes of tile_n x 64, rows 2 * ld bytes apart
         assert isinstance(args[-1], TensorMap) and isinstance(args[-2], TensorMap)
         assert [e[1] for e in dev.log[-3:-1]] == [(0x1000, 520, 1024, 2048, bm, 64, "bf16"),
-                                                   (0x2000, 7168, 1024, 2048, 128 // c, 64, "bf16")]
-    # 4 stages of (A + W) tiles; the wgmma mainloop adds 1024 bytes to align them for the 128-byte swizzle
-    assert smem == 4 * (bm + 128) * 64 * 2 + (1024 if g.pf["gemm_instruction"].startswith("wgmma") else 0)
+                                                   (0x2000, 7168, 1024, 2048, tn // c, 64, "bf16")]
+    # stages of (A + W) tiles; the wgmma mainloop adds 1024 bytes to align them for the 128-byte swizzle
+    assert smem == inst.pf["stages"] * (bm + tn) * 64 * 2 + (1024 if inst.pf["gemm_instruction"].startswith("wgmma") else 0)
     g.residual(0x1000, 3584, 0x2000, 3584, 520, 1024, 3584, 0x5000, 1024, 0x6000, 0x7000, 1024, 0x8000, 520)
     assert dev.log[-1][0].startswith("gemm_residual_m")
     assert len(dev.log[-1][4]) == 14 + (2 if tma else 0)
@@ -163,7 +165,7 @@ def test_wgmma_instruction_is_sm90_only(tmp_path, chip, ok):
         # the GEMM takes wgmma; flash attention keeps the warp-level m16n8k16 MMA
         assert pf["gemm_instruction"] == "wgmma_m64nNk16" and pf["instruction"] == "mma_m16n8k16"
         assert warp_grid(pf["warps"], pf["gemm_instruction"]) == (pf["warps"], 1)
-        assert block_heights(pf) == (pf["tile_m"],)
+        assert block_heights(pf, target) == (pf["tile_m"],)
         from lucegen.families.prefill import FAMILIES
         assert {f.name: f.arch(target) for f in FAMILIES}["prefill_gemm"] == "sm_90a"
     else:

@@ -73,15 +73,15 @@ def test_bench_prefill_refuses_bad_counts(tiny_dir, capsys, argv, message):
 @pytest.mark.parametrize("name", list_targets())
 def test_residual_split_k_plan(name):
     """Split K only where the residual GEMM's blocks leave the chip idle (short prompts), always into whole k-tiles."""
-    from lucegen.runtime.prefill.gemm import block_heights, plan_residual
+    from lucegen.runtime.prefill.gemm import block_heights, crews, plan_residual
 
     t = load_target(name)
     pf = prefill_params(ModelConfig.preset("qwen3.5-0.8b"), t)
-    heights = block_heights(pf)
+    heights, n = block_heights(pf, t), crews(pf, t)
     for M in (1, 37, 520, 4096, 8192):
         for K in (2048, 3584):
-            bm, split = plan_residual(M, 1024, K, pf, t, heights)
+            bm, split = plan_residual(M, 1024, K, pf, t, heights, n)
             assert bm in heights and K % (split * pf["tile_k"]) == 0
     if name == "sm_90":
-        assert plan_residual(37, 1024, 3584, pf, t, heights)[1] > 1
-        assert plan_residual(8192, 1024, 3584, pf, t, heights)[1] == 1
+        assert plan_residual(37, 1024, 3584, pf, t, heights, n)[1] > 1
+        assert plan_residual(8192, 1024, 3584, pf, t, heights, n)[1] == 1

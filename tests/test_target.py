@@ -63,7 +63,8 @@ def test_load_by_path_and_unknown_name(tmp_path):
 # ---- hypothesis: mutate a valid descriptor -------------------------------------------------------------------
 def _schema_paths(cls=Target, prefix=""):
     """(dotted path, python type) for every field a descriptor file sets."""
-    hints = {f.name: f.type for f in dataclasses.fields(cls) if not f.metadata.get("derived")}
+    hints = {f.name: f.type for f in dataclasses.fields(cls)
+             if not f.metadata.get("derived") and not f.metadata.get("optional")}  # (optional tables: own tests)
     import typing
 
     resolved = typing.get_type_hints(cls)
@@ -251,6 +252,9 @@ def test_valid_variations_load_and_derive(name, cus, data):
     raw["features"][dropped] = False  # leaving a supported feature off is always allowed...
     if dropped in raw["dtypes"] and dropped != raw["compute_dtype"]:
         raw["dtypes"].remove(dropped)  # ...with its dtype dropped too
+    if dropped == "tma":  # ...with the pingpong GEMM instances that need it
+        for ep in [k for k, v in raw["matmul"].items() if isinstance(v, dict) and v.get("schedule") == "pingpong"]:
+            del raw["matmul"][ep]
     t = target_from_dict(raw, f"{name}.toml")
     assert t.megakernel.blocks == cus * blocks_per_cu and t.megakernel.threads == threads
 
@@ -293,3 +297,36 @@ def test_matmul_cluster_m_is_checked(tmp_path, chip, value, message):
     with pytest.raises(DescriptorError) as e:
         load_target(path)
     assert e.value.field == "matmul.cluster_m" and message in e.value.reason
+
+
+# ---- per-epilogue GEMM instances ([matmul.<epilogue>]) -----------------------------------------------------------
+_TILING = {"tile_m": 64, "tile_n": 256, "tile_k": 64, "warps": 8, "stages": 4, "schedule": "pingpong"}
+
+
+@pytest.mark.parametrize("chip, table, change, field, message", [
+    ("sm_90", "swiglu", {"schedule": "zigzag"}, "matmul.swiglu.schedule", "not one of"),
+    ("sm_90", "swiglu", {"tile_m": 128}, "matmul.swiglu.schedule", "tile_m = 64"),
+    ("sm_90", "rows_f32", {"stages": 9}, "matmul.rows_f32.stages", "shared memory"),
+    ("sm_90", "rows_f32", {"tile_n": 200}, "matmul.rows_f32.tile_n", "multiple of 16"),
+    ("sm_89", "swiglu", {}, "matmul.swiglu.schedule", "TMA-fed wgmma"),
+    ("sm_90", "residual", {}, "matmul.residual", "unknown key"),
+    ("sm_90", "swiglu", {"tile_k": None}, "matmul.swiglu.tile_k", "missing"),
+])
+def test_epilogue_tiling_is_checked(chip, table, change, field, message):
+    data = copy.deepcopy(RAW[chip])
+    tiling = {k: v for k, v in {**_TILING, **change}.items() if v is not None}
+    data["matmul"][table] = tiling
+    with pytest.raises(DescriptorError) as e:
+        target_from_dict(data, f"{chip}.toml")
+    assert e.value.field == field and message in e.value.reason, (e.value.field, e.value.reason)
+
+
+def test_epilogue_tiling_is_optional_and_kept():
+    data = copy.deepcopy(RAW["sm_90"])
+    tables = {k for k, v in data["matmul"].items() if isinstance(v, dict)}
+    assert tables and load_target("sm_90").matmul.tilings().keys() == tables
+    for k in tables:
+        del data["matmul"][k]
+    assert target_from_dict(data, "sm_90.toml").matmul.tilings() == {}
+    data["matmul"]["rows_f32"] = dict(_TILING, schedule="cooperative", tile_m=128)
+    assert target_from_dict(data, "sm_90.toml").matmul.rows_f32.tile_m == 128

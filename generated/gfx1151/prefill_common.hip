@@ -93,6 +93,7 @@ __device__ __forceinline__ void lg_store_release(unsigned* p, unsigned v) {
   __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
 }
 __device__ __forceinline__ unsigned lg_float_bits(float v) { return __builtin_bit_cast(unsigned, v); }
+template <typename T> __device__ __forceinline__ unsigned lg_bits16(T x) { return __builtin_bit_cast(unsigned short, x); }
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) {
   __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }

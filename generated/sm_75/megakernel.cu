@@ -27,6 +27,9 @@ __device__ __forceinline__ void lg_store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ unsigned lg_float_bits(float v) { return __float_as_uint(v); }
+// The 16 bits of a two-byte float (for packing several into one wide store; element i in bits 16 i and up).
+__device__ __forceinline__ unsigned lg_bits16(fp16_t x) { return __half_as_ushort(x); }
+__device__ __forceinline__ unsigned lg_bits16(bf16_t x) { return __bfloat16_as_ushort(x); }
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) { atomicMax(p, v); }
 
 #define LG_WARP_SIZE 32

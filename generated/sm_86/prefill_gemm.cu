@@ -27,6 +27,9 @@ __device__ __forceinline__ void lg_store_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ unsigned lg_float_bits(float v) { return __float_as_uint(v); }
+// The 16 bits of a two-byte float (for packing several into one wide store; element i in bits 16 i and up).
+__device__ __forceinline__ unsigned lg_bits16(fp16_t x) { return __half_as_ushort(x); }
+__device__ __forceinline__ unsigned lg_bits16(bf16_t x) { return __bfloat16_as_ushort(x); }
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) { atomicMax(p, v); }
 
 #define LG_WARP_SIZE 32
@@ -62,6 +65,8 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 
 #define GEMM_THREADS 256
 #define GEMM_CLUSTER 1  // CTAs along M sharing each W tile (TMA multicast)
+#define GEMM_CREWS 1  // consumer crews, each on its own tiles (2: pingpong warpgroups)
+#define GEMM_CREW_THREADS 256
 #define GEMM_BLOCK_THREADS 256  // + the TMA producer warp
 #define GEMM_BN 128
 #define GEMM_BK 32
@@ -75,6 +80,12 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 #define GEMV_WARPS 8
 #define GEMV_BATCH 4
 
+// The crew of consumer threads sharing one output tile: this thread's crew, its index in the crew.
+__device__ __forceinline__ int gemm_crew() { return 0; }
+__device__ __forceinline__ int gemm_crew_thread() {
+  return threadIdx.x;
+}
+
 // Element offset of 16-byte chunk `chunk` of row `row` in a [rows][GEMM_BK] shared tile, XOR-swizzled so the
 // 8 rows one ldmatrix phase reads (same logical chunk) land in 8 distinct 16-byte bank groups.
 __device__ __forceinline__ int gemm_smem_offset(int row, int chunk) {
@@ -82,11 +93,11 @@ __device__ __forceinline__ int gemm_smem_offset(int row, int chunk) {
   return row * GEMM_BK + ((chunk ^ swizzle) << 3);
 }
 
-// r[m] of the contract for rows m0 .. m0 + rows - 1 into row_scale (1 where ss == 0 or beyond M).
+// r[m] of the contract for rows m0 .. m0 + rows - 1 into row_scale (1 where ss == 0 or beyond M), by one crew.
 template <int ROWS>
 __device__ __forceinline__ void gemm_load_row_scale(float* row_scale, const float* __restrict__ ss, int ss_parts,
                                                     int ss_stride, int m0, int M) {
-  for (int lr = threadIdx.x; lr < ROWS; lr += GEMM_THREADS) {
+  for (int lr = gemm_crew_thread(); lr < ROWS; lr += GEMM_CREW_THREADS) {
     const int m = m0 + lr;
     float r = 1.0f;
     if (ss != nullptr && m < M) {
@@ -123,7 +134,8 @@ __device__ __forceinline__ void gemm_mma_k16(float (&c)[4], const unsigned (&a)[
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void gemm_consumers_sync() { __syncthreads(); }
+// The barrier of this thread's crew.
+__device__ __forceinline__ void gemm_crew_sync() { __syncthreads(); }
 
 // The block's tile of acc: rows m0 .. m0 + BM - 1, columns n0 .. n0 + GEMM_BN - 1, all of K.
 // smem: GEMM_STAGES x ([BM][GEMM_BK] A tile, [GEMM_BN][GEMM_BK] W tile) of bf16_t.
@@ -435,8 +447,8 @@ struct GemmResidual {
         sum_sq += lg_shfl_xor(sum_sq, 2);
         if ((t.lane & 3) == 0) red[t.warp_n * BM + lr] = sum_sq;
       }
-    gemm_consumers_sync();
-    for (int lr = threadIdx.x; lr < BM; lr += GEMM_THREADS) {
+    gemm_crew_sync();
+    for (int lr = gemm_crew_thread(); lr < BM; lr += GEMM_CREW_THREADS) {
       const int m = m0 + lr;
       if (m >= M) break;
       float sum_sq = 0.0f;
@@ -478,7 +490,9 @@ struct GemmPartial {
 // cluster): group g -> row tile GEMM_CLUSTER * (g % groups_m) + rank (fastest, so blocks running together share one
 // W tile), column tile (g / groups_m) % tiles_n, K slice g / (groups_m * tiles_n) (split-K: K is the slice length).
 // A cluster's CTAs are consecutive blockIdx.x; cluster c takes groups c, c + clusters, ... (a row tile >= tiles_m
-// is all zeros and writes nothing, but keeps its cluster in step).
+// is all zeros and writes nothing, but keeps its cluster in step). With GEMM_CREWS crews a block takes groups in
+// runs of GEMM_CREWS adjacent ones, crew c the c-th of each run: crew c computes groups first + c, first + c + step,
+// ... and the block's j-th group is crew j % GEMM_CREWS's (j / GEMM_CREWS)-th.
 // One block per tile (the loop runs once when the grid covers the tiles; a smaller grid also works).
 template <int BM>
 struct GemmSchedule {
@@ -489,8 +503,8 @@ struct GemmSchedule {
     tiles_n = (N + GEMM_BN - 1) / GEMM_BN;
     groups = groups_m * tiles_n * splits;
     rank = blockIdx.x % GEMM_CLUSTER;
-    first = blockIdx.x / GEMM_CLUSTER;
-    step = gridDim.x / GEMM_CLUSTER;
+    first = GEMM_CREWS * (blockIdx.x / GEMM_CLUSTER);
+    step = GEMM_CREWS * (gridDim.x / GEMM_CLUSTER);
   }
   __device__ __forceinline__ void origin(int g, int& m0, int& n0, int& z) const {
     m0 = ((g % groups_m) * GEMM_CLUSTER + (int)rank) * BM;
@@ -504,18 +518,19 @@ __device__ __forceinline__ void gemm_block(const bf16_t* __restrict__ A, int lda
                                            int ldw, int M, int N, int K, int splits,
                                            const Epilogue& ep) {
   extern __shared__ __attribute__((aligned(16))) unsigned char gemm_smem[];
-  __shared__ float row_scale[BM];
-  __shared__ float red[GEMM_WARPS_N * BM];
+  __shared__ float row_scale[GEMM_CREWS][BM];
+  __shared__ float red[GEMM_CREWS][GEMM_WARPS_N * BM];
   const GemmSchedule<BM> order(M, N, splits);
   bf16_t* smem = reinterpret_cast<bf16_t*>(gemm_smem);
   GemmTile<BM> tile;
-  for (int g = order.first; g < order.groups; g += order.step) {
+  const int crew = gemm_crew();
+  for (int g = order.first + crew, j = crew; g < order.groups; g += order.step, j += GEMM_CREWS) {
     int m0, n0, z;
     order.origin(g, m0, n0, z);
-    gemm_consumers_sync();  // the previous tile's epilogue is done with row_scale, red and the stages
-    ep.template prologue<BM>(row_scale, m0, M);
+    gemm_crew_sync();  // the crew's previous epilogue is done with row_scale, red (and, without TMA, the stages)
+    ep.template prologue<BM>(row_scale[crew], m0, M);
     tile.mainloop(A, lda, W, ldw, M, N, K, z * K, m0, n0, smem);  // (its barriers publish row_scale)
-    ep.template apply<BM>(tile, row_scale, red, m0, n0, z, M, N);
+    ep.template apply<BM>(tile, row_scale[crew], red[crew], m0, n0, z, M, N);
   }
 }
 
@@ -611,36 +626,53 @@ gemm_partial_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict
 
 #define GEMM_REDUCE_THREADS 256
 #define GEMM_REDUCE_MAX_N 8192
+#define GEMM_REDUCE_SEG 32  // lanes whose column quads form one group of the sum of squares
 // The residual epilogue after a split-K GEMM (same results as gemm_residual): for row m = blockIdx.x,
 //   x[m, n] += sum_{z < splits} part[z][m][n] (in slice order), xn[m, n] = x * (1 + norm_w[n]),
-//   ss_out[j * ss_stride + m] = sum of x^2 over columns [j * GEMM_BN, (j + 1) * GEMM_BN): per-warp sums of each
-//   32-column group, then the groups of a tile in order (deterministic). N <= GEMM_REDUCE_MAX_N.
+//   ss_out[j * ss_stride + m] = sum of x^2 over columns [j * GEMM_BN, (j + 1) * GEMM_BN): a thread takes 4 adjacent
+//   columns (16-byte accesses), the lanes of a group of 4 * GEMM_REDUCE_SEG columns (<= one tile) sum by xor
+//   shuffles, then the groups of a tile in order (deterministic). N % 4 == 0, N <= GEMM_REDUCE_MAX_N; x, part and
+//   norm_w 16-byte aligned, xn 8-byte aligned, ldx and ldxn multiples of 4 (the launcher checks).
 extern "C" __global__ void __launch_bounds__(GEMM_REDUCE_THREADS)
 gemm_residual_reduce(const float* __restrict__ part, int splits, int M, int N, float* __restrict__ x, int ldx,
                      const float* __restrict__ norm_w, bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out,
                      int ss_stride) {
-  __shared__ float group_sq[GEMM_REDUCE_MAX_N / 32];
+  __shared__ float group_sq[GEMM_REDUCE_MAX_N / (4 * GEMM_REDUCE_SEG)];
   const int m = blockIdx.x;
   const int lane = threadIdx.x % 32;
-  for (int c0 = threadIdx.x - lane; c0 < N; c0 += GEMM_REDUCE_THREADS) {
-    const int n = c0 + lane;
+  for (int q0 = threadIdx.x - lane; 4 * q0 < N; q0 += GEMM_REDUCE_THREADS) {
+    const int n = 4 * (q0 + lane);
     float sq = 0.0f;
     if (n < N) {
-      float v = x[(size_t)m * ldx + n];
-      for (int z = 0; z < splits; ++z) v += part[((size_t)z * M + m) * N + n];
-      x[(size_t)m * ldx + n] = v;
-      xn[(size_t)m * ldxn + n] = lg_from_float<bf16_t>(v * (1.0f + norm_w[n]));
-      sq = v * v;
+      float4 v = *reinterpret_cast<const float4*>(x + (size_t)m * ldx + n);
+      for (int z = 0; z < splits; ++z) {
+        const float4* src = reinterpret_cast<const float4*>(part + ((size_t)z * M + m) * N + n);
+        const float4 p = __ldg(src);  // (read-only path: no local-memory staging)
+        v.x += p.x;
+        v.y += p.y;
+        v.z += p.z;
+        v.w += p.w;
+      }
+      *reinterpret_cast<float4*>(x + (size_t)m * ldx + n) = v;
+      const float4 w = *reinterpret_cast<const float4*>(norm_w + n);
+      const unsigned lo = lg_bits16(lg_from_float<bf16_t>(v.x * (1.0f + w.x))) |
+                          lg_bits16(lg_from_float<bf16_t>(v.y * (1.0f + w.y))) << 16;
+      const unsigned hi = lg_bits16(lg_from_float<bf16_t>(v.z * (1.0f + w.z))) |
+                          lg_bits16(lg_from_float<bf16_t>(v.w * (1.0f + w.w))) << 16;
+      *reinterpret_cast<uint2*>(xn + (size_t)m * ldxn + n) = make_uint2(lo, hi);
+      sq = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
-    sq = lg_warp_sum(sq);
-    if (lane == 0) group_sq[c0 / 32] = sq;
+#pragma unroll
+    for (int offset = 1; offset < GEMM_REDUCE_SEG; offset <<= 1) sq += lg_shfl_xor(sq, offset);
+    if (lane % GEMM_REDUCE_SEG == 0) group_sq[(q0 + lane) / GEMM_REDUCE_SEG] = sq;
   }
   __syncthreads();
-  const int tiles = (N + GEMM_BN - 1) / GEMM_BN;
+  constexpr int GROUPS_PER_TILE = GEMM_BN / (4 * GEMM_REDUCE_SEG);
+  const int tiles = (N + GEMM_BN - 1) / GEMM_BN, groups = (N + 4 * GEMM_REDUCE_SEG - 1) / (4 * GEMM_REDUCE_SEG);
   for (int j = threadIdx.x; j < tiles; j += GEMM_REDUCE_THREADS) {
     float sum_sq = 0.0f;
-    const int g1 = min((j + 1) * (GEMM_BN / 32), (N + 31) / 32);
-    for (int g = j * (GEMM_BN / 32); g < g1; ++g) sum_sq += group_sq[g];
+    const int g1 = min((j + 1) * GROUPS_PER_TILE, groups);
+    for (int g = j * GROUPS_PER_TILE; g < g1; ++g) sum_sq += group_sq[g];
     ss_out[(size_t)j * ss_stride + m] = sum_sq;
   }
 }

@@ -110,11 +110,11 @@ def qwen08b_shapes(T: int) -> list[tuple[int, int, int, str]]:
 def sweep(device, target, pf: dict, shapes, overrides=({},), repeats: int = 10, log=None) -> list[dict]:
     """Tuning aid: ours at every block height (and the automatic pick) for each tile override of ``pf``
     (e.g. ``{"tile_k": 32, "stages": 3}``); rows as :func:`bench_gemm_shapes` plus ``tiles`` and ``block_rows``."""
-    from ..runtime.prefill.gemm import GemmKernels, block_heights
+    from ..runtime.prefill.gemm import GemmKernels
 
     out = []
     for change in overrides:
-        p = dict(pf, **change)
+        p = dict(pf, **change, gemm_tilings={})  # the override is every epilogue's tiling
         p["ss_parts"] = -(-p["H"] // p["tile_n"])
         try:
             gemm = GemmKernels(device, target, p)
@@ -123,9 +123,10 @@ def sweep(device, target, pf: dict, shapes, overrides=({},), repeats: int = 10, 
             if log:
                 log(out[-1])
             continue
-        if getattr(gemm, "resident_clusters", None):
-            print("resident clusters", change, gemm.resident_clusters, flush=True)
-        for bm in (None, *block_heights(p)):
+        resident = gemm.instances["rows_f32"].resident_clusters
+        if resident:
+            print("resident clusters", change, resident, flush=True)
+        for bm in (None, *gemm.instances["rows_f32"].heights):
             gemm.block_rows = bm
             for row in bench_gemm_shapes(device, target, p, shapes, repeats=repeats, gemm=gemm):
                 out.append({"tiles": change, "block_rows": bm or "auto", **row})
@@ -168,7 +169,7 @@ def main() -> None:  # python -m lucegen.bench.gemm [--sweep | --tiles JSON] [--
                       f"{r['epilogue']:>9} {r['ours_us']:>8.1f} us {r['ours_tflops']:>6.1f} TF ratio {r['ratio']:.2f}",
                       flush=True)
 
-        result["sweep"] = sweep(dev, dev.target, pf, qwen08b_shapes(520)[:-1] + qwen08b_shapes(4096)[:2],
+        result["sweep"] = sweep(dev, dev.target, pf, qwen08b_shapes(520)[:-1] + qwen08b_shapes(4096)[:-1],
                                 overrides, log=log)
     if args.out:
         with open(args.out, "w") as f:

@@ -4,7 +4,7 @@ the loaded model's own shape through the same templates."""
 from __future__ import annotations
 
 from ..codegen import KernelFamily
-from ..target import Target
+from ..target import TILED_EPILOGUES, Target
 
 #: The model shape `lucegen build` renders the prefill kernels for.
 DEFAULT_MODEL = "qwen3.5-0.8b"
@@ -29,5 +29,15 @@ def _arch(target: Target) -> str | None:
     return "sm_90a" if target.matmul.instruction.startswith("wgmma") else None
 
 
+def _gemm_instance(epilogue: str) -> KernelFamily:
+    """The GEMM instance of an epilogue with its own tiling (``[matmul.<epilogue>]``): rendered only for targets
+    that have one."""
+    from ..runtime.prefill.gemm import instance_params
+
+    return KernelFamily(f"prefill_gemm_{epilogue}", "prefill/gemm.cu.j2",
+                        params=lambda t: {"pf": instance_params(_params(t)["pf"], epilogue)},
+                        applies=lambda t: epilogue in t.matmul.tilings(), arch=_arch)
+
+
 FAMILIES = tuple(KernelFamily(name, template, params=_params, arch=_arch if name == "prefill_gemm" else lambda t: None)
-                 for name, template in MODULES)
+                 for name, template in MODULES) + tuple(_gemm_instance(ep) for ep in TILED_EPILOGUES)

@@ -2,17 +2,21 @@
 lm_head row, argmax) against the numpy Reference, and the hand-off to the decode megakernel.
 
 Two oracles. The prefill feeds its GEMMs in the compute dtype (bf16 on sm_90), like HF's BF16 model: every
-projection input is rounded to 8 mantissa bits, where the decode megakernel keeps f32 activations. So:
-- against ``Reference(gemm_inputs=<compute dtype>)`` — the same model with exactly those inputs rounded (see
-  reference.py) — the bounds of the megakernel tests hold: last-row logits max |err| <= 2e-2 * max |ref|, cosine
-  >= 0.9999, every state within 2e-2 of its largest element; what remains is accumulation order, the f32 chunked
-  delta rule, and flash attention's bf16 q / probabilities;
-- against the plain f32 Reference the rounding itself shows (0.8B, one token: 3.3% of the largest logit, cosine
-  0.9996, measured with the rounded oracle on the CPU), so the bounds are 1e-1 and 0.995: BF16 tolerance.
-The tight bounds hold for the 4- and 8-layer tiny presets. Through the 0.8B's 24 random layers a perturbation grows
-about 16x (bf16 rounding, ~0.2% per element, ends as 3.3% of the logits), so rounding that lands on the other side
-of a tie because of a different summation order is amplified the same way: there the rounded oracle is held to
-5e-2 / 0.999 (states 5e-2).
+projection input is rounded to 8 mantissa bits, where the decode megakernel keeps f32 activations. So the prefill is
+held to ``Reference(gemm_inputs=<compute dtype>)`` (the same model with exactly those inputs rounded, reference.py)
+and, more loosely, to the plain f32 Reference.
+
+The bounds sit above each oracle's own noise floor, measured by ``tools/oracle_floor.py`` (CPU): a bf16 rounding that
+lands on the other side of a half-way point moves an input by 2^-8, and the layers after it amplify that, so the
+rounded oracle run again with every projection input nudged by one f32 ulp (less than any GPU summation order
+changes) already differs from itself by (worst of 40+ prompts x 2 nudges; logits max |err| / max |ref|, 1 - cosine,
+worst state max |err| / max |ref|):
+  tiny       4.2e-3, 2.1e-5, 9.2e-3   (rounded vs f32: 9.1e-3, 9.8e-5, 1.8e-2)
+  tiny-gqa   3.1e-2, 4.3e-4, 3.8e-2   (rounded vs f32: 4.4e-2, 7.9e-4, 5.7e-2)
+  0.8B       3.5e-2, 6.4e-4, 7.4e-2   (rounded vs f32: 5.3e-2, 1.8e-3, 1.1e-1; T = 1, 64, 333, 520, 1100)
+tiny-gqa's single KV head makes its attention layers the most sensitive (the layer-7 KV k at 671 tokens moved 2.6%
+under the nudge; the kernels were 2.3% off there). Each bound is about twice its floor (the f32 oracle's: the
+rounding's own distance plus the floor); a kernel bug shows up as errors of order one.
 Greedy tokens are compared only where the oracle's top-1 margin exceeds twice the measured error.
 """
 
@@ -36,14 +40,14 @@ from lucegen.model.reference import Reference
 
 pytestmark = pytest.mark.gpu
 
-TOL_REL = 2e-2
-COS_MIN = 0.9999
-STATE_TOL_REL = 2e-2
-F32_TOL_REL = 1e-1
-F32_COS_MIN = 0.995
-#: (max |err| / max |ref|, min cosine, state max |err| / max |ref|) per oracle
-TIGHT = {"rounded": (TOL_REL, COS_MIN, STATE_TOL_REL), "f32": (F32_TOL_REL, F32_COS_MIN, F32_TOL_REL)}
-DEEP = {"rounded": (5e-2, 0.999, 5e-2), "f32": (F32_TOL_REL, F32_COS_MIN, F32_TOL_REL)}
+#: per oracle: (max |err| / max |ref| of the last-row logits, min cosine, state max |err| / max |ref|)
+BOUNDS = {
+    "tiny": {"rounded": (2e-2, 0.9999, 2e-2), "f32": (5e-2, 0.9995, 5e-2)},
+    "tiny-gqa": {"rounded": (6e-2, 0.999, 8e-2), "f32": (1.5e-1, 0.997, 1.5e-1)},
+    "0.8b": {"rounded": (7e-2, 0.998, 1.5e-1), "f32": (1.5e-1, 0.995, 2.5e-1)},
+}
+F32_TOL_REL, F32_COS_MIN = BOUNDS["tiny"]["f32"][:2]
+TOL_REL, COS_MIN = BOUNDS["tiny"]["rounded"][:2]
 
 
 @functools.cache
@@ -96,7 +100,7 @@ def compare(logits: np.ndarray, want: np.ndarray) -> dict:
 
 
 def check_prefill(path: str, tokens: np.ndarray, *, max_context: int, segment: int | None = None,
-                  pre_tokens: np.ndarray | None = None, bounds: dict = TIGHT) -> dict:
+                  pre_tokens: np.ndarray | None = None, bounds: dict = BOUNDS["tiny"]) -> dict:
     """Prefill ``tokens`` (after ``pre_tokens``, also prefilled through the kernels) and compare the last-row logits,
     the greedy token and every state with both oracles (module docstring)."""
     dec, pre, (rounded, exact) = engine(path, max_context, segment)
@@ -129,19 +133,19 @@ def check_prefill(path: str, tokens: np.ndarray, *, max_context: int, segment: i
 @pytest.mark.parametrize("preset", ["tiny", "tiny-gqa"])
 def test_prefill_matches_reference(preset):
     tokens = np.random.default_rng(3).integers(0, 512, 197).astype(np.int32)
-    print(check_prefill(str(checkpoint_dir(preset)), tokens, max_context=4200))
+    print(check_prefill(str(checkpoint_dir(preset)), tokens, max_context=4200, bounds=BOUNDS[preset]))
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
-# Found by hypothesis on 2026-11-22 and failing identically on the earlier commit cef1517 (pre-existing, open):
-# tiny-gqa drifts past the BF16 bounds at these lengths (logit cosine 0.99990 < 0.9999; layer 7 KV k 2.3%).
+# Found by hypothesis on 2026-11-22 against the earlier bounds, which sat below the oracle's own noise floor
+# (logit cosine 0.99990 < 0.9999; layer-7 KV k 2.3% off where a one-ulp nudge of the oracle moves it 2.6%).
 @example(length=671, seed=8009, preset="tiny-gqa")
 @example(length=721, seed=8011, preset="tiny-gqa")
 @given(length=st.one_of(st.integers(1, 80), st.integers(81, 4096)), seed=st.integers(0, 2**16),
        preset=st.sampled_from(["tiny", "tiny-gqa"]))
 def test_prefill_property(length, seed, preset):
     tokens = np.random.default_rng(seed).integers(0, 512, length).astype(np.int32)
-    check_prefill(str(checkpoint_dir(preset)), tokens, max_context=4200)
+    check_prefill(str(checkpoint_dir(preset)), tokens, max_context=4200, bounds=BOUNDS[preset])
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
@@ -151,7 +155,8 @@ def test_prefill_in_segments_and_after_a_cache(first, second, seed):
     rng = np.random.default_rng(seed)
     a = rng.integers(0, 512, first).astype(np.int32)
     b = rng.integers(0, 512, second).astype(np.int32)
-    check_prefill(str(checkpoint_dir("tiny-gqa")), b, max_context=512, segment=100, pre_tokens=a)
+    check_prefill(str(checkpoint_dir("tiny-gqa")), b, max_context=512, segment=100, pre_tokens=a,
+                  bounds=BOUNDS["tiny-gqa"])
 
 
 def test_decode_after_prefill_equals_decode_after_token_by_token_prefill():
@@ -190,4 +195,4 @@ def test_refuses_prompt_longer_than_context():
 @pytest.mark.parametrize("length", [1, 333, 1100])
 def test_prefill_08b(length):
     tokens = np.random.default_rng(length).integers(0, 248320, length).astype(np.int32)
-    print(check_prefill(os.environ["LUCEGEN_08B_DIR"], tokens, max_context=1200, bounds=DEEP))
+    print(check_prefill(os.environ["LUCEGEN_08B_DIR"], tokens, max_context=1200, bounds=BOUNDS["0.8b"]))

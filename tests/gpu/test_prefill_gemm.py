@@ -40,7 +40,9 @@ def _setup():
     dev = Device.open()
     pf = prefill_params(ModelConfig.preset("qwen3.5-0.8b"), dev.target)
     # LUCEGEN_GEMM_TILES='{"warps": 4, "tile_k": 32}': check a candidate [matmul] tiling before it goes in a descriptor
-    pf.update(json.loads(os.environ.get("LUCEGEN_GEMM_TILES", "{}")))
+    tiles = json.loads(os.environ.get("LUCEGEN_GEMM_TILES", "{}"))
+    if tiles:  # the candidate is every epilogue's tiling
+        pf.update(tiles, gemm_tilings={})
     pf["ss_parts"] = -(-pf["H"] // pf["tile_n"])
     return dev, pf, GemmKernels(dev, dev.target, pf)
 
@@ -143,10 +145,10 @@ def test_gemm_residual(M, N, K, seed):
 @pytest.mark.parametrize("M,K", [(1, 2048), (37, 3584), (520, 3584), (130, 1024)])
 def test_gemm_residual_split_k(M, K):
     """With a workspace the launcher may split K (plan_residual) and finish with gemm_residual_reduce: same results."""
-    from lucegen.runtime.prefill.gemm import block_heights, plan_residual
+    from lucegen.runtime.prefill.gemm import plan_residual
 
-    _, pf, _ = _setup()
-    assert plan_residual(M, 1024, K, pf, _setup()[0].target, block_heights(pf))[1] > 1 or M == 130
+    _, pf, gemm = _setup()
+    assert plan_residual(M, 1024, K, pf, gemm.target, gemm.instances["residual"].heights, gemm.instances["residual"].crews)[1] > 1 or M == 130
     _check_residual(M, 1024, K, M + K, split_workspace=True)
 
 
@@ -179,8 +181,6 @@ def _check_residual(M, N, K, seed, split_workspace):
 
 def test_every_block_height_and_the_gemv_agree():
     """Each compiled block height (gemm_<epilogue>_m<rows>) and the few-row GEMV give the same rows_f32 result."""
-    from lucegen.runtime.prefill.gemm import block_heights
-
     dev, pf, gemm = _setup()
     M, N, K = 70, 390, 328
     a_bits, a, w_bits, w, rng = _inputs(M, N, K, 11, pf["dtype"])
@@ -188,7 +188,7 @@ def test_every_block_height_and_the_gemv_agree():
     A, W, out = dev.upload(a_bits), dev.upload(w_bits), dev.alloc(M * 392 * 4)
     ref = (a.astype(np.float64) @ w.astype(np.float64).T) * r[:, None]
     try:
-        for bm in block_heights(pf):
+        for bm in gemm.instances["rows_f32"].heights:
             gemm.block_rows = bm
             dev.memset(out, 0xFF)
             gemm.rows_f32(A.ptr, K, W.ptr, K, M, N, K, int(ss), pf["ss_parts"], stride, out.ptr, 392)

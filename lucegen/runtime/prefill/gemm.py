@@ -41,11 +41,17 @@ def uses_tma(pf: dict, target) -> bool:
     return uses_wgmma(pf) and bool(target.features.tma)
 
 
-def warp_grid(warps: int, instruction: str = "mma_m16n8k16") -> tuple[int, int]:
-    """(warps along M, warps along N) of a block: the template's WARPS_M x WARPS_N (wgmma: every warp owns 16 rows
-    of all tile_n columns)."""
+def crews(pf: dict, target) -> int:
+    """Consumer crews of a block, each computing its own tiles (template GEMM_CREWS): 2 for the pingpong schedule of
+    the TMA mainloop (one per warpgroup), else 1."""
+    return 2 if uses_tma(pf, target) and pf["schedule"] == "pingpong" else 1
+
+
+def warp_grid(warps: int, instruction: str = "mma_m16n8k16", crew_count: int = 1) -> tuple[int, int]:
+    """(warps along M, warps along N) of one crew's tile: the template's WARPS_M x WARPS_N (wgmma: every warp owns 16
+    rows of all tile_n columns)."""
     if instruction.startswith("wgmma"):
-        return warps, 1
+        return warps // crew_count, 1
     wm = 2 if warps >= 4 and warps % 2 == 0 else 1
     return wm, warps // wm
 
@@ -56,9 +62,9 @@ def pipeline_stages(pf: dict, target) -> int:
     return pf["stages"] if (target.features.cp_async and pipelined) else 2
 
 
-def block_heights(pf: dict) -> tuple[int, ...]:
-    """The block tile heights the module is built with (tile_m and its halvings down to 16 rows per M-warp)."""
-    wm, _ = warp_grid(pf["warps"], pf["gemm_instruction"])
+def block_heights(pf: dict, target) -> tuple[int, ...]:
+    """The tile heights the module is built with (tile_m and its halvings down to 16 rows per M-warp)."""
+    wm, _ = warp_grid(pf["warps"], pf["gemm_instruction"], crews(pf, target))
     out = []
     for div in (1, 2, 4):
         bm = pf["tile_m"] // div
@@ -91,13 +97,14 @@ SPLITS = (1, 2, 4)
 REDUCE_MAX_N = 8192  # templates/prefill/gemm.cu.j2: GEMM_REDUCE_MAX_N
 
 
-def plan_residual(M: int, N: int, K: int, pf: dict, target, heights) -> tuple[int, int]:
+def plan_residual(M: int, N: int, K: int, pf: dict, target, heights, crew_count: int = 1) -> tuple[int, int]:
     """(block height, split-K) for the residual GEMM with the least estimated time. A residual GEMM has few
     column tiles (N = hidden size), so at prompt lengths of a few hundred tokens its blocks cover only part of the
     chip or spill into a second wave; splitting K fills it, at the cost of writing and re-reading the partial sums.
     Estimate: blocks are spread one per SM first, so a launch takes ceil(blocks / SMs) block times; a block time is
-    its FLOPs at ~30% of the chip's per-SM matrix rate (what the mma.sync mainloop reaches); the reduce pass streams
-    (split + 2) x M x N floats at ~70% of the descriptor's bandwidth plus a launch."""
+    its FLOPs at ~30% of the chip's per-SM matrix rate (what the mma.sync mainloop reaches); with ``crew_count``
+    crews per block (pingpong) an SM holds that many tiles at a time, each at that share of the rate; the reduce pass
+    streams (split + 2) x M x N floats at ~70% of the descriptor's bandwidth plus a launch."""
     tile_n, tile_k, units = pf["tile_n"], pf["tile_k"], target.compute_units
     per_sm_flops_us = target.matmul.peak_tflops * 1e6 / units * 0.3
     best, best_us = (heights[0], 1), None
@@ -106,7 +113,8 @@ def plan_residual(M: int, N: int, K: int, pf: dict, target, heights) -> tuple[in
         for split in SPLITS:
             if K % (split * tile_k) or (split > 1 and N > REDUCE_MAX_N):
                 continue
-            us = math.ceil(blocks * split / units) * 2.0 * bm * tile_n * (K // split) / per_sm_flops_us
+            us = (math.ceil(blocks * split / (units * crew_count)) * 2.0 * bm * tile_n * (K // split)
+                  / (per_sm_flops_us / crew_count))
             if split > 1:
                 us += 3.0 + (split + 2) * M * N * 4 / (target.mem_bandwidth_gbs * 1e3 * 0.7)
             if best_us is None or us < best_us:
@@ -119,30 +127,44 @@ def argmax_from_key(key: int) -> int:
     return (~int(key)) & 0xFFFFFFFF
 
 
-class GemmKernels:
-    """The prefill GEMMs of one model shape (``pf``) on ``device``."""
+def instance_params(pf: dict, epilogue: str) -> dict:
+    """The template parameters of the GEMM instance an epilogue runs on: ``pf`` with that epilogue's own tiling from
+    the descriptor (``[matmul.<epilogue>]``, in ``pf["gemm_tilings"]``) in place of ``[matmul]``'s."""
+    return dict(pf, **pf["gemm_tilings"].get(epilogue, {}))
 
-    def __init__(self, device, target, pf: dict):
-        wm, wn = warp_grid(pf["warps"], pf["gemm_instruction"])
-        if pf["tile_n"] % (16 * wn) or pf["tile_k"] % 16 or not block_heights(pf):
+
+def module_name(pf: dict, epilogue: str) -> str:
+    """``prefill_gemm`` for the [matmul] tiling, ``prefill_gemm_<epilogue>`` for an epilogue's own."""
+    return f"{MODULE}_{epilogue}" if epilogue in pf["gemm_tilings"] else MODULE
+
+
+class GemmInstance:
+    """One compiled instance of the GEMM template: a tiling (tiles, warps, stages, schedule) with every epilogue's
+    kernel at every block height, the split-K reduce and the GEMV."""
+
+    def __init__(self, device, target, pf: dict, name: str = MODULE):
+        wm, wn = warp_grid(pf["warps"], pf["gemm_instruction"], crews(pf, target))
+        if pf["tile_n"] % (16 * wn) or pf["tile_k"] % 16 or not block_heights(pf, target):
             raise LucegenError(f"{target.name}: [matmul] tiles {pf['tile_m']}x{pf['tile_n']}x{pf['tile_k']} with "
                                f"{pf['warps']} warps do not fit the GEMM template (tile_n a multiple of "
                                f"{16 * wn}, tile_k of 16, tile_m of {16 * wm})")
         if target.warp_size != 32:
             raise LucegenError(f"{target.name}: the prefill GEMM needs warp_size 32, got {target.warp_size}")
-        self.device, self.target, self.pf = device, target, pf
+        self.target, self.pf = target, pf
         self.tma = uses_tma(pf, target)
+        self.crews = crews(pf, target)  # tiles a block computes at once
+        self.heights = block_heights(pf, target)
         self.cluster = pf["cluster_m"] if self.tma else 1  # templates/prefill/gemm.cu.j2 GEMM_CLUSTER
         self.threads = pf["warps"] * 32 + (32 if self.tma else 0)  # templates/prefill/gemm.cu.j2 GEMM_BLOCK_THREADS
         source = codegen.render(target, TEMPLATE, pf=pf)
-        self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE,
+        self.module = device.load(compile_source(target, name, source, template=TEMPLATE,
                                                   arch="sm_90a" if uses_wgmma(pf) else None))
         self.functions: dict[tuple[str, int], object] = {}
         self.smem: dict[int, int] = {}
         per_unit: dict[int, int] = {}
-        for bm in block_heights(pf):
+        for bm in self.heights:
             self.smem[bm] = smem_bytes(pf, target, bm)
-            for ep in EPILOGUES:
+            for ep in EPILOGUES + ("partial",):
                 fn = self.module.function(f"gemm_{ep}_m{bm}")
                 fn.set_max_dynamic_smem(self.smem[bm])  # also when static + dynamic crosses the 48 KB default
                 self.functions[(ep, bm)] = fn
@@ -152,15 +174,45 @@ class GemmKernels:
         self.resident_clusters = {
             bm: (self.functions[("rows_f32", bm)].max_active_clusters(self.cluster, self.threads, self.smem[bm])
                  if self.cluster > 1 else target.compute_units * max(1, per_unit[bm]))
-            for bm in block_heights(pf)} if self.tma else {}
+            for bm in self.heights} if self.tma else {}
         self.gemv_fn = self.module.function("gemv_rows_f32")
-        self.partial_fns = {}
-        for bm in block_heights(pf):
-            fn = self.module.function(f"gemm_partial_m{bm}")
-            fn.set_max_dynamic_smem(self.smem[bm])
-            self.partial_fns[bm] = fn
         self.reduce_fn = self.module.function("gemm_residual_reduce")
-        #: Force one block height (tuning/benchmarks); None = pick_block_rows.
+
+    def grid(self, bm: int, M: int, N: int, splits: int = 1) -> int:
+        """Blocks for the output tiles of an M x N (x splits) GEMM: one per tile, or with TMA the resident blocks
+        (persistent: each loops over tiles, ``crews`` at a time), in whole clusters of ``cluster_m`` blocks that take
+        ``cluster_m`` adjacent row tiles of one column tile."""
+        c = self.cluster
+        groups = math.ceil(math.ceil(M / bm) / c) * math.ceil(N / self.pf["tile_n"]) * splits
+        if not self.tma:
+            return groups
+        return min(math.ceil(groups / self.crews), max(1, self.resident_clusters[bm])) * c
+
+    def maps(self, device, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, bm: int) -> tuple:
+        """The TMA builds' trailing kernel arguments: tensor maps of A [M][K] (boxes bm x tile_k) and W [N][K]
+        (tile_n / cluster_m x tile_k); () for the other mainloops."""
+        if not self.tma:
+            return ()
+        dt, bk = self.pf["dtype"], self.pf["tile_k"]
+        maps = device.tensor_map_2d  # W boxes: each CTA of a cluster loads 1 / cluster_m of the W tile
+        return maps(A, M, K, 2 * lda, bm, bk, dt), maps(W, N, K, 2 * ldw, self.pf["tile_n"] // self.cluster, bk, dt)
+
+
+class GemmKernels:
+    """The prefill GEMMs of one model shape (``pf``) on ``device``: each epilogue on its GEMM instance (the [matmul]
+    tiling, or the epilogue's own), instances with the same tiling shared."""
+
+    def __init__(self, device, target, pf: dict):
+        self.device, self.target, self.pf = device, target, pf
+        built: dict[str, GemmInstance] = {}
+        #: epilogue -> the instance it launches on (the split-K pass and its reduce go with "residual")
+        self.instances: dict[str, GemmInstance] = {}
+        for ep in EPILOGUES:
+            name = module_name(pf, ep)
+            if name not in built:
+                built[name] = GemmInstance(device, target, instance_params(pf, ep), name)
+            self.instances[ep] = built[name]
+        #: Force one block height (tuning/benchmarks; every instance must have it); None = pick_block_rows.
         self.block_rows: int | None = None
         #: rows_f32 uses the GEMV kernel for M <= gemv_max_m (0 disables it).
         self.gemv_max_m = GEMV_MAX_M
@@ -187,29 +239,12 @@ class GemmKernels:
             raise LucegenError(f"gemm_{name}: ss needs ss_parts >= 1 and ss_stride >= M, got ss_parts={ss_parts} "
                                f"ss_stride={ss_stride} M={M}")
 
-    def _grid(self, bm: int, M: int, N: int, splits: int = 1) -> int:
-        """Blocks for the output tiles of an M x N (x splits) GEMM: one per tile, or with TMA the resident blocks
-        (persistent: each loops over tiles), in whole clusters of ``cluster_m`` blocks that take ``cluster_m``
-        adjacent row tiles of one column tile."""
-        c = self.cluster
-        groups = math.ceil(math.ceil(M / bm) / c) * math.ceil(N / self.pf["tile_n"]) * splits
-        if not self.tma:
-            return groups
-        return min(groups, max(1, self.resident_clusters[bm])) * c
-
     def _geometry(self, ep: str, M: int, N: int):
-        bm = self.block_rows or pick_block_rows(M, N, self.pf["tile_n"], self.target.compute_units,
-                                                self.blocks_per_unit)
-        return self.functions[(ep, bm)], self._grid(bm, M, N), self.smem[bm], bm
-
-    def _maps(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, bm: int) -> tuple:
-        """The TMA builds' trailing kernel arguments: tensor maps of A [M][K] (boxes bm x tile_k) and W [N][K]
-        (tile_n / cluster_m x tile_k); () for the other mainloops."""
-        if not self.tma:
-            return ()
-        dt, bk = self.pf["dtype"], self.pf["tile_k"]
-        maps = self.device.tensor_map_2d  # W boxes: each CTA of a cluster loads 1 / cluster_m of the W tile
-        return maps(A, M, K, 2 * lda, bm, bk, dt), maps(W, N, K, 2 * ldw, self.pf["tile_n"] // self.cluster, bk, dt)
+        """(kernel, grid, dynamic smem, block height, instance) of epilogue ``ep`` for an M x N GEMM."""
+        g = self.instances[ep]
+        bm = self.block_rows or pick_block_rows(M, N, g.pf["tile_n"], self.target.compute_units * g.crews,
+                                                g.blocks_per_unit)
+        return g.functions[(ep, bm)], g.grid(bm, M, N), g.smem[bm], bm, g
 
     # ---- the three epilogues -------------------------------------------------------------------------------------
     def rows_f32(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, ss: int, ss_parts: int,
@@ -224,11 +259,11 @@ class GemmKernels:
         if argmax_key and not M == 1 <= self.gemv_max_m:
             raise LucegenError(f"gemm_rows_f32: the folded argmax needs the one-row GEMV (M = 1), got M={M}")
         if M <= self.gemv_max_m:
-            self.gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, args + (address(argmax_key),),
+            self.instances["rows_f32"].gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, args + (address(argmax_key),),
                                 stream=stream)
             return
-        fn, grid, smem, bm = self._geometry("rows_f32", M, N)
-        fn.launch(grid, self.threads, args + self._maps(A, lda, W, ldw, M, N, K, bm), smem=smem,
+        fn, grid, smem, bm, g = self._geometry("rows_f32", M, N)
+        fn.launch(grid, g.threads, args + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=smem,
                   stream=stream)
 
     def swiglu(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, ss: int, ss_parts: int,
@@ -239,11 +274,11 @@ class GemmKernels:
         self._check("swiglu", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldo": (ldo, N // 2)},
                     {"A": (A, 16), "W": (W, 16), "out": (out, 2)})
         self._check_ss("swiglu", M, ss, ss_parts, ss_stride)
-        fn, grid, smem, bm = self._geometry("swiglu", M, N)
-        fn.launch(grid, self.threads,
+        fn, grid, smem, bm, g = self._geometry("swiglu", M, N)
+        fn.launch(grid, g.threads,
                   (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(ss),
                    np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo))
-                  + self._maps(A, lda, W, ldw, M, N, K, bm), smem=smem, stream=stream)
+                  + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=smem, stream=stream)
 
     @staticmethod
     def residual_workspace_bytes(M: int, N: int) -> int:
@@ -255,26 +290,30 @@ class GemmKernels:
                  workspace_bytes: int = 0) -> None:
         """x f32 += acc; xn = x * (1 + norm_w); ss_out[j * ss_stride + m] = sum of x^2 over columns of tile j.
         With a ``workspace`` of ``residual_workspace_bytes(M, N)``, short prompts split K across blocks (see
-        :func:`plan_residual`) and a reduce pass finishes the epilogue."""
+        :func:`plan_residual`) and a reduce pass finishes the epilogue (where N % 4 == 0, x, norm_w and the workspace
+        are 16-byte and xn 8-byte aligned: its accesses are 16 bytes wide)."""
         self._check("residual", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldx": (ldx, N), "ldxn": (ldxn, N)},
                     {"A": (A, 16), "W": (W, 16), "x": (x, 8), "norm_w": (norm_w, 4), "xn": (xn, 2),
                      "ss_out": (ss_out, 4)})
         if ss_stride < M:
             raise LucegenError(f"gemm_residual: ss_stride={ss_stride} is smaller than M={M}")
-        if workspace and self.block_rows is None:
-            bm, split = plan_residual(M, N, K, self.pf, self.target, block_heights(self.pf))
+        g = self.instances["residual"]
+        # the split-K reduce moves 4 columns per 16-byte access (templates/prefill/gemm.cu.j2 gemm_residual_reduce)
+        vector_ok = N % 4 == 0 and not (int(x) % 16 or int(norm_w) % 16 or int(xn) % 8 or int(workspace) % 16)
+        if workspace and vector_ok and self.block_rows is None:
+            bm, split = plan_residual(M, N, K, g.pf, self.target, g.heights, g.crews)
             if split > 1 and split * M * N * 4 <= workspace_bytes:
-                grid = self._grid(bm, M, N, split)
-                self.partial_fns[bm].launch(grid, self.threads,
+                g.functions[("partial", bm)].launch(g.grid(bm, M, N, split), g.threads,
                                             (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N),
                                              np.int32(K // split), np.int32(split), address(workspace))
-                                            + self._maps(A, lda, W, ldw, M, N, K, bm), smem=self.smem[bm], stream=stream)
-                self.reduce_fn.launch(M, 256, (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(x),
+                                            + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=g.smem[bm],
+                                            stream=stream)
+                g.reduce_fn.launch(M, 256, (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(x),
                                                np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out),
                                                np.int32(ss_stride)), stream=stream)
                 return
-        fn, grid, smem, bm = self._geometry("residual", M, N)
-        fn.launch(grid, self.threads,
+        fn, grid, smem, bm, g = self._geometry("residual", M, N)
+        fn.launch(grid, g.threads,
                   (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(x),
                    np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out), np.int32(ss_stride))
-                  + self._maps(A, lda, W, ldw, M, N, K, bm), smem=smem, stream=stream)
+                  + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=smem, stream=stream)

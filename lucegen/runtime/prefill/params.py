@@ -3,6 +3,7 @@ compute type. One source of truth shared by every prefill kernel module and its 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 
@@ -84,7 +85,9 @@ def prefill_params(config: ModelConfig, target: Target) -> dict:
         "instruction": "mma_m16n8k16" if mm.instruction.startswith("wgmma") else mm.instruction,
         "gemm_instruction": mm.instruction,
         "tile_m": mm.tile_m, "tile_n": mm.tile_n, "tile_k": mm.tile_k, "warps": mm.warps, "stages": mm.stages,
-        "cluster_m": mm.cluster_m,
+        "cluster_m": mm.cluster_m, "schedule": mm.schedule,
+        # epilogues with their own GEMM instance ([matmul.<epilogue>]): the [matmul] fields they replace
+        "gemm_tilings": {ep: dataclasses.asdict(tiling) for ep, tiling in mm.tilings().items()},
         # RMSNorm partial sums of squares: one part per tile_n columns of the hidden size
         "ss_parts": math.ceil(c.hidden_size / mm.tile_n),
         "chunk": pf.deltanet_chunk,
