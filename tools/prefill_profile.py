@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from lucegen.bench.prefill import time_prefill_graph
 from lucegen.runtime.megakernel import MegakernelDecoder
 from lucegen.runtime.prefill.runner import Prefiller
 
@@ -27,16 +28,7 @@ for T in token_counts:
     prompt = rng.integers(0, dec.config.vocab_size, T).astype(np.int32)
     dec.reset()
     pre.prefill(prompt)
-    times = []
-    for _ in range(10):
-        dec.reset()
-        n = pre.stage(prompt)
-        dev.synchronize()
-        start.record(pre.stream)
-        pre.launch(n)
-        end.record(pre.stream)
-        end.synchronize()
-        times.append(start.elapsed_ms(end))
+    times = time_prefill_graph(dec, pre, prompt, 10, (start, end))
     reps = 3
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):

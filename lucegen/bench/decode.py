@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import LucegenError
 
 PHASE_NAMES = {0: ("dn_in_proj", "delta_rule", "dn_out_proj", "mlp_gate_up", "mlp_down"),
                1: ("attn_qkv_proj", "attention", "attn_o_proj", "mlp_gate_up", "mlp_down")}
@@ -136,12 +135,9 @@ def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, r
 
 def bench_hf(model_dir, *, prompt_tokens: int = 32, gen_tokens: int = 128, seed: int = 0) -> dict:
     """HF transformers Qwen3_5ForCausalLM, BF16 on the GPU, greedy with its KV cache, timed with cuda sync."""
-    try:
-        import torch
-        import transformers
-    except ImportError as exc:
-        raise LucegenError(f"the HF baseline needs torch and transformers: {exc}") from None
-    model = transformers.Qwen3_5ForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).cuda().eval()
+    from .hf import load_hf_model
+
+    torch, transformers, model = load_hf_model(model_dir)
     vocab = model.config.vocab_size
     prompt = torch.tensor(np.random.default_rng(seed).integers(0, vocab, prompt_tokens), device="cuda")[None]
 

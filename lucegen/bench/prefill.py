@@ -38,6 +38,24 @@ def matmul_flops(config, T: int, pos0: int = 0) -> float:
     return 2.0 * T * per_token + attention + 2.0 * c.vocab_size * h
 
 
+def time_prefill_graph(dec, pre, prompt, repeats: int, events=None) -> list[float]:
+    """ms of each of ``repeats`` graph launches of the whole prefill of ``prompt`` (CUDA events on the prefill
+    stream; the state is reset and the prompt staged outside the timed region). Graphs must be captured already."""
+    dev = dec.device
+    start, end = events or (dev.event(), dev.event())
+    times = []
+    for _ in range(repeats):
+        dec.reset()
+        n = pre.stage(prompt)
+        dev.synchronize()
+        start.record(pre.stream)
+        pre.launch(n)
+        end.record(pre.stream)
+        end.synchronize()
+        times.append(start.elapsed_ms(end))
+    return times
+
+
 def bench_lucegen(model, token_counts, *, repeats: int = 10, target=None, seed: int = 0) -> dict:
     from ..runtime.megakernel import MegakernelDecoder
     from ..runtime.prefill.runner import Prefiller
@@ -58,16 +76,7 @@ def bench_lucegen(model, token_counts, *, repeats: int = 10, target=None, seed: 
         w0 = time.perf_counter()
         first = pre.prefill(prompt)  # captures the graphs
         first_call_ms = (time.perf_counter() - w0) * 1e3
-        times, walls = [], []
-        for _ in range(repeats):
-            dec.reset()
-            n = pre.stage(prompt)
-            dev.synchronize()
-            start.record(pre.stream)
-            pre.launch(n)
-            end.record(pre.stream)
-            end.synchronize()
-            times.append(start.elapsed_ms(end))
+        times, walls = time_prefill_graph(dec, pre, prompt, repeats, (start, end)), []
         for _ in range(max(3, repeats // 2)):
             dec.reset()
             dev.synchronize()
@@ -92,12 +101,9 @@ def bench_lucegen(model, token_counts, *, repeats: int = 10, target=None, seed: 
 
 def bench_hf_prefill(model_dir, token_counts, *, repeats: int = 3, seed: int = 0, max_tokens: int = 8192) -> dict:
     """HF transformers Qwen3_5ForCausalLM forward over the prompt (BF16, GPU, logits of the last position only)."""
-    try:
-        import torch
-        import transformers
-    except ImportError as exc:
-        raise LucegenError(f"the HF baseline needs torch and transformers: {exc}") from None
-    model = transformers.Qwen3_5ForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).cuda().eval()
+    from .hf import load_hf_model
+
+    torch, transformers, model = load_hf_model(model_dir)
     vocab = model.config.vocab_size
     rng = np.random.default_rng(seed)
     out = {}

@@ -168,6 +168,20 @@ def internal_name(stored: str) -> str | None:
     return stored  # unprefixed: reported as unexpected below unless it is an internal name
 
 
+def record_tensor(path, fname: str, stored: str, name: str, info, expected: dict, where: dict) -> None:
+    """Check one stored tensor of a shard (not seen before, a weight dtype, the shape the config implies) and record
+    where it lives: ``where[name] = (fname, stored)``."""
+    if name in where:
+        raise CheckpointError(f"{path}: tensor {stored!r} duplicates {where[name][1]!r} in {where[name][0]}")
+    if info.dtype not in WEIGHT_DTYPES:
+        raise CheckpointError(f"{path}: tensor {stored!r}: dtype {info.dtype} (expected one of "
+                              f"{', '.join(WEIGHT_DTYPES)})")
+    if info.shape != expected[name]:
+        raise CheckpointError(f"{path}: tensor {stored!r}: shape {list(info.shape)}, config.json implies "
+                              f"{list(expected[name])}")
+    where[name] = (fname, stored)
+
+
 def load_hf_directory(directory) -> SafetensorsCheckpoint:
     directory = Path(directory)
     config_path = directory / "config.json"
@@ -197,16 +211,7 @@ def load_hf_directory(directory) -> SafetensorsCheckpoint:
             if name not in expected:
                 raise CheckpointError(f"{sf.path}: unexpected tensor {stored!r} for this config "
                                       f"({config.num_layers} layers, {_layer_kind(name, config)})")
-            if name in where:
-                raise CheckpointError(f"{sf.path}: tensor {stored!r} duplicates {where[name][1]!r} in "
-                                      f"{where[name][0]}")
-            if info.dtype not in WEIGHT_DTYPES:
-                raise CheckpointError(f"{sf.path}: tensor {stored!r}: dtype {info.dtype} (expected one of "
-                                      f"{', '.join(WEIGHT_DTYPES)})")
-            if info.shape != expected[name]:
-                raise CheckpointError(f"{sf.path}: tensor {stored!r}: shape {list(info.shape)}, config.json "
-                                      f"implies {list(expected[name])}")
-            where[name] = (fname, stored)
+            record_tensor(sf.path, fname, stored, name, info, expected, where)
     if weight_map is not None:
         for stored, fname in weight_map.items():
             if stored not in opened[fname].tensors:

@@ -442,7 +442,7 @@ def load_dflash_directory(directory):
     """A draft's HF directory -> a :class:`~lucegen.model.checkpoint.SafetensorsCheckpoint` whose ``config`` is a
     :class:`DFlashConfig`; every tensor checked for presence, dtype and shape. Names may carry a ``model.`` prefix
     (stripped)."""
-    from .checkpoint import INDEX_NAME, WEIGHT_DTYPES, SafetensorsCheckpoint, _shard_files
+    from .checkpoint import INDEX_NAME, SafetensorsCheckpoint, _shard_files, record_tensor
     from .safetensors_io import SafetensorsFile
 
     directory = Path(directory)
@@ -460,16 +460,7 @@ def load_dflash_directory(directory):
             if name not in expected:
                 raise CheckpointError(f"{sf.path}: unexpected tensor {stored!r} for a {config.num_layers}-layer "
                                       "DFlash draft")
-            if name in where:
-                raise CheckpointError(f"{sf.path}: tensor {stored!r} duplicates {where[name][1]!r} in "
-                                      f"{where[name][0]}")
-            if info.dtype not in WEIGHT_DTYPES:
-                raise CheckpointError(f"{sf.path}: tensor {stored!r}: dtype {info.dtype} (expected one of "
-                                      f"{', '.join(WEIGHT_DTYPES)})")
-            if info.shape != expected[name]:
-                raise CheckpointError(f"{sf.path}: tensor {stored!r}: shape {list(info.shape)}, config.json "
-                                      f"implies {list(expected[name])}")
-            where[name] = (fname, stored)
+            record_tensor(sf.path, fname, stored, name, info, expected, where)
     missing = [n for n in expected if n not in where]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

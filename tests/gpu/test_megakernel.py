@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +27,9 @@ from hypothesis import strategies as st
 from lucegen.errors import LucegenError
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.config import ModelConfig
-from lucegen.model.init_weights import write_hf_checkpoint
 from lucegen.model.reference import Reference
+
+from gpu_models import checkpoint_dir, gpu_device  # tests/gpu/gpu_models.py
 
 pytestmark = pytest.mark.gpu
 
@@ -39,27 +39,11 @@ STATE_TOL_REL = 2e-2
 
 
 @functools.cache
-def checkpoint_dir(preset: str, seed: int = 0) -> Path:
-    root = Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
-    out = root / f"{preset}-{seed}"
-    if not (out / "config.json").exists():
-        write_hf_checkpoint(ModelConfig.preset(preset), out, seed=seed, progress=False)
-    return out
-
-
-@functools.cache
-def _device():
-    from lucegen.runtime.device import Device
-
-    return Device.open()
-
-
-@functools.cache
 def decoder(preset: str, max_context: int = 256, tuning: tuple = ()):
     from lucegen.runtime.megakernel import MegakernelDecoder
 
     ckpt = load_checkpoint(checkpoint_dir(preset))
-    return (MegakernelDecoder(ckpt, device=_device(), max_context=max_context, tuning=dict(tuning)),
+    return (MegakernelDecoder(ckpt, device=gpu_device(), max_context=max_context, tuning=dict(tuning)),
             Reference(ckpt.config, ckpt))
 
 
@@ -181,7 +165,7 @@ def test_refuses_kernel_for_other_shapes():
     from lucegen.runtime import packing
     from lucegen.runtime.megakernel import MegakernelDecoder
 
-    dev = _device()
+    dev = gpu_device()
     other = packing.kernel_params(ModelConfig.preset("tiny-gqa"), dev.target)
     with pytest.raises(LucegenError, match="cannot run"):
         MegakernelDecoder(load_checkpoint(checkpoint_dir("tiny")), device=dev, params=other)
@@ -192,7 +176,7 @@ def test_teacher_forced_08b():
     from lucegen.runtime.megakernel import MegakernelDecoder
 
     ckpt = load_checkpoint(os.environ["LUCEGEN_08B_DIR"])
-    dec = MegakernelDecoder(ckpt, device=_device(), max_context=128)
+    dec = MegakernelDecoder(ckpt, device=gpu_device(), max_context=128)
     ref = Reference(ckpt.config, ckpt)
     tokens = np.random.default_rng(11).integers(0, ckpt.config.vocab_size, 32 + 64).astype(np.int32)
     result = dec.run(tokens, logits=True)
@@ -227,4 +211,4 @@ def test_refuses_blocks_that_cannot_be_co_resident(monkeypatch):
     assert dec.function.max_active_blocks_per_cu(dec.threads, dec.dynamic_smem) >= dec.target.megakernel.blocks_per_cu
     monkeypatch.setattr(Function, "max_active_blocks_per_cu", lambda self, threads, smem=0: 0)
     with pytest.raises(DeviceError, match="fit on one SM"):
-        MegakernelDecoder(load_checkpoint(checkpoint_dir("tiny")), device=_device(), max_context=16)
+        MegakernelDecoder(load_checkpoint(checkpoint_dir("tiny")), device=gpu_device(), max_context=16)

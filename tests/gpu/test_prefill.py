@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import functools
 import os
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,9 +32,9 @@ from hypothesis import strategies as st
 
 from lucegen.errors import LucegenError
 from lucegen.model.checkpoint import load_checkpoint
-from lucegen.model.config import ModelConfig
-from lucegen.model.init_weights import write_hf_checkpoint
 from lucegen.model.reference import Reference
+
+from gpu_models import checkpoint_dir, gpu_device  # tests/gpu/gpu_models.py
 
 pytestmark = pytest.mark.gpu
 
@@ -51,28 +49,12 @@ TOL_REL, COS_MIN = BOUNDS["tiny"]["rounded"][:2]
 
 
 @functools.cache
-def checkpoint_dir(preset: str, seed: int = 0) -> Path:
-    root = Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
-    out = root / f"{preset}-{seed}"
-    if not (out / "config.json").exists():
-        write_hf_checkpoint(ModelConfig.preset(preset), out, seed=seed, progress=False)
-    return out
-
-
-@functools.cache
-def _device():
-    from lucegen.runtime.device import Device
-
-    return Device.open()
-
-
-@functools.cache
 def engine(path: str, max_context: int, segment: int | None = None):
     from lucegen.runtime.megakernel import MegakernelDecoder
     from lucegen.runtime.prefill.runner import Prefiller
 
     ckpt = load_checkpoint(path)
-    dec = MegakernelDecoder(ckpt, device=_device(), max_context=max_context)
+    dec = MegakernelDecoder(ckpt, device=gpu_device(), max_context=max_context)
     refs = (Reference(ckpt.config, ckpt, gemm_inputs=dec.target.compute_dtype), Reference(ckpt.config, ckpt))
     return dec, Prefiller(dec, segment=segment), refs
 
