@@ -229,8 +229,36 @@ def test_kernel_params_fit_every_target(target):
 
 def test_27b_shapes_are_refused_clearly():
     # the x vector of the 27B's down projection (17408 floats) does not fit one block's shared memory
-    with pytest.raises(CheckpointError, match="shared memory does not fit"):
-        packing.kernel_params(ModelConfig.preset("qwen3.5-27b"), load_target("sm_90"))
+    with pytest.raises(CheckpointError, match="shared memory .*does not fit"):
+        packing.kernel_params(ModelConfig.preset("qwen3.5-27b"), load_target("sm_86"))
+    # nor do its in-projection's two rows (20 KB) fit a 16 KB slot of a weight ring
+    import dataclasses
+
+    t = load_target("sm_90")
+    t = dataclasses.replace(t, megakernel=dataclasses.replace(t.megakernel, weight_ring_slots=4))
+    with pytest.raises(CheckpointError, match=r"in-projection 2 row\(s\) of 5120 .* more than sm_90's "
+                                              "megakernel.weight_ring_slot_bytes 16384"):
+        packing.kernel_params(ModelConfig.preset("qwen3.5-27b"), t)
+
+
+def test_weight_ring_params():
+    import dataclasses
+
+    base = load_target("sm_90")
+    t = dataclasses.replace(base, megakernel=dataclasses.replace(base.megakernel, weight_ring_slots=12))
+    p = packing.kernel_params(ModelConfig.preset("qwen3.5-0.8b"), t)
+    assert (p["ring_slots"], p["ring_slot_bytes"], p["block_threads"]) == (12, 16384, 544)
+    # a 16 KB chunk holds 4 rows of the 2048-wide out-projection and 2 of the 3584-wide down projection: their
+    # segments give each of the 16 warps one (row, segment) unit per chunk
+    assert (p["segs_c_dn"], p["segs_c_at"], p["segs_e"]) == (4, 4, 8)
+    # without the ring: threads as given, segments from the rows per block
+    plain = dataclasses.replace(t, megakernel=dataclasses.replace(t.megakernel, weight_ring_slots=0))
+    q = packing.kernel_params(ModelConfig.preset("qwen3.5-0.8b"), plain)
+    assert (q["ring_slots"], q["block_threads"]) == (0, 512) and q["segs_e"] == 2
+    # a ring that leaves no room for the static shared memory is refused, naming the field
+    big = dataclasses.replace(t, megakernel=dataclasses.replace(t.megakernel, weight_ring_slots=14))
+    with pytest.raises(CheckpointError, match="fewer megakernel.weight_ring_slots"):
+        packing.kernel_params(ModelConfig.preset("qwen3.5-0.8b"), big)
 
 
 def test_unsupported_shape_is_a_clear_error():
@@ -251,7 +279,8 @@ def test_kernel_for_other_shapes_is_refused():
 
 
 def test_barrier_count():
-    assert packing.barriers_per_step(ModelConfig.preset("qwen3.5-0.8b")) == 121
+    cfg = ModelConfig.preset("qwen3.5-0.8b")
+    assert packing.barriers_per_step(cfg) == 1 and packing.phases_per_step(cfg) == 121
 
 
 def test_profile_summary_splits_work_and_barrier_wait():
@@ -270,3 +299,44 @@ def test_profile_summary_splits_work_and_barrier_wait():
     assert out["mlp_gate_up"] == pytest.approx(2.0)  # two layers, 1 µs each
     assert out["lm_head"] == pytest.approx(1.0)
     assert out["barrier_wait"] == pytest.approx(phases * 0.5)
+
+
+def test_critical_path_follows_the_last_block():
+    from lucegen.bench.decode import critical_path
+
+    kinds = [0, 1]
+    steps, phases, blocks = 3, 11, 4
+    stamps = np.zeros((steps, phases, blocks, 4), np.uint64)
+    t = 0
+    for s in range(steps):
+        for p in range(phases):
+            done = t + np.array([1000, 1000, 1000, 3000 if p == 4 else 1000])  # block 3 is 2 µs late in mlp_down
+            stamps[s, p, :, 0] = t
+            stamps[s, p, :, 3] = done
+            t = int(done.max()) + 500
+    out = critical_path(stamps, kinds)
+    assert out["mlp_down"] == pytest.approx(3.5 + 1.5)  # layer 0: 0.5 + 3 µs (late); layer 1: 0.5 + 1 µs
+    assert out["mlp_gate_up"] == pytest.approx(2 * 1.5)
+    assert out["total"] == pytest.approx(phases * 1.5 + 2.0)
+    assert out["skew"] == pytest.approx(2.0)
+    assert list(out["slowest_blocks"])[0] == 0  # ties go to the lowest block; block 3 only in one phase in 11
+
+
+def test_phase_breakdown_splits_wait_staging_and_rest():
+    from lucegen.bench.decode import phase_breakdown
+
+    kinds = [0, 1]
+    steps, phases, blocks = 2, 11, 2
+    stamps = np.zeros((steps, phases, blocks, 4), np.uint64)
+    t = 1000
+    for s in range(steps):
+        for p in range(phases):
+            stamps[s, p, :, 0] = t
+            stamps[s, p, :, 1] = [t + 300, t + 500] if p != 1 else 0  # delta_rule: no barrier stamp
+            stamps[s, p, :, 2] = t + 700 if p in (0, 2) else 0          # only two phases stage inputs
+            stamps[s, p, :, 3] = t + 2000
+            t += 3000
+    out = phase_breakdown(stamps, kinds)
+    assert out["dn_in_proj"] == [0.4, 0.3, 1.3]        # waits 0.3 / 0.5 µs, staged at 0.7, done at 2.0
+    assert out["delta_rule"] == [0.0, 0.0, 2.0]
+    assert out["mlp_gate_up"] == [0.8, 0.0, 3.2]       # two layers: 2 x (0.4, 0, 1.6)

@@ -1,6 +1,6 @@
 """Tuning sweep for the decode megakernel on the device: for each variant (template knobs and the descriptor's
 megakernel shape), tg128 after a 32-token prompt, median of 5 launches, plus block 0's per-phase profile.
-Usage: python3 tools/mk_sweep.py MODEL_DIR '[{"name": "base"}, {"name": "late", "tuning": {"early_loads": false}},
+Usage: python3 tools/mk_sweep.py MODEL_DIR '[{"name": "base"}, {"name": "rows4", "tuning": {"rows_a": 4}},
         {"name": "2x256", "megakernel": {"threads": 256, "blocks_per_cu": 2}}]'"""
 import dataclasses
 import json
@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from lucegen.bench.decode import profile_summary
+from lucegen.bench.decode import critical_path, phase_breakdown, profile_summary
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.runtime.device import Device
 from lucegen.runtime.megakernel import MegakernelDecoder
@@ -43,7 +43,11 @@ for v in variants:
                 times.append(s.elapsed_ms(e))
                 res = dec.collect()
             if profile:
-                out["profile"] = {k: round(x, 1) for k, x in profile_summary(res.profile, [l.kind for l in dec.layout.layers]).items()}
+                kinds = [l.kind for l in dec.layout.layers]
+                out["profile"] = {k: round(x, 1) for k, x in profile_summary(res.profile[:, :, 0][..., [0, 3]], kinds).items()}
+                out["breakdown"] = phase_breakdown(res.profile, kinds)
+                out["critical"] = {k: (round(x, 1) if isinstance(x, float) else x)
+                                   for k, x in critical_path(res.profile, kinds).items()}
             else:
                 out["tok_s"] = round(128 / (statistics.median(times[1:]) / 1e3), 1)
                 out["regs"] = dec.compiled.kernels[0].registers
@@ -59,3 +63,6 @@ print(f"{'variant':14s} {'tok/s':>7s} {'regs':>4s}  profile (µs/token)")
 for r in rows:
     prof = " ".join(f"{k}={v}" for k, v in r.get("profile", {}).items())
     print(f"{r['name']:14s} {r.get('tok_s', 0):7.1f} {r.get('regs', 0):4d}  {r.get('error', prof)}")
+    if "critical" in r:
+        print(" " * 28 + "critical path: " + " ".join(f"{k}={v}" for k, v in r["critical"].items()))
+        print(" " * 28 + "wait/stage/rest: " + " ".join(f"{k}={v}" for k, v in r["breakdown"].items()))

@@ -10,6 +10,7 @@ __device__ __forceinline__ float lg_to_float(bf16_t x) { return __bfloat162float
 template <typename T> __device__ __forceinline__ T lg_from_float(float x);
 template <> __device__ __forceinline__ fp16_t lg_from_float<fp16_t>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ bf16_t lg_from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ unsigned lg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ unsigned lg_lane_id() { return threadIdx.x & 31u; }
 __device__ __forceinline__ float lg_neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float lg_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
@@ -111,18 +112,15 @@ __device__ __forceinline__ void gemm_load_row_scale(float* row_scale, const floa
   }
 }
 
-__device__ __forceinline__ unsigned gemm_smem_addr(const void* p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
 // A: 16x16 (4 8x8 matrices), B: two n8 x k16 fragments; each lane gets the m16n8k16 fragment registers.
 __device__ __forceinline__ void gemm_ldmatrix_x4(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(gemm_smem_addr(p)));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(lg_smem_addr(p)));
 }
 // 16-byte global -> shared copy; src-size 0 (pred false) writes zeros without reading.
 __device__ __forceinline__ void gemm_cp_async16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(gemm_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void gemm_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int PENDING>

@@ -8,6 +8,7 @@ __device__ __forceinline__ float lg_to_float(bf16_t x) { return __bfloat162float
 template <typename T> __device__ __forceinline__ T lg_from_float(float x);
 template <> __device__ __forceinline__ fp16_t lg_from_float<fp16_t>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ bf16_t lg_from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ unsigned lg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ unsigned lg_lane_id() { return threadIdx.x & 31u; }
 __device__ __forceinline__ float lg_neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float lg_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }

@@ -10,6 +10,7 @@ __device__ __forceinline__ float lg_to_float(bf16_t x) { return __bfloat162float
 template <typename T> __device__ __forceinline__ T lg_from_float(float x);
 template <> __device__ __forceinline__ fp16_t lg_from_float<fp16_t>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ bf16_t lg_from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ unsigned lg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ unsigned lg_lane_id() { return threadIdx.x & 31u; }
 __device__ __forceinline__ float lg_neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float lg_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
@@ -73,12 +74,7 @@ __device__ __forceinline__ uint4 mk_load_weight16(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-// Activations written by other blocks in an earlier phase: read at L2 (never a stale L1 line).
-__device__ __forceinline__ float mk_load_shared_act(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-  return v;
-}
+// 16 bytes written by other blocks in an earlier step (the KV cache): read at L2 (never a stale L1 line).
 __device__ __forceinline__ uint4 mk_load_shared_act16(const void* p) {
   uint4 v;
   asm volatile("ld.global.cg.v4.u32 { %0, %1, %2, %3 }, [%4];"
@@ -92,6 +88,16 @@ __device__ __forceinline__ unsigned long long mk_load_shared_u64(const unsigned 
 }
 __device__ __forceinline__ void mk_atomic_max_u64(unsigned long long* p, unsigned long long v) {
   atomicMax(p, v);
+}
+// One 64-bit word handed between blocks (value + epoch, see decode.cu.j2's handover): single-copy atomic at gpu scope,
+// read and written at L2.
+__device__ __forceinline__ void mk_store_tagged(unsigned long long* p, unsigned long long w) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(w) : "memory");
+}
+__device__ __forceinline__ unsigned long long mk_load_tagged(const unsigned long long* p) {
+  unsigned long long w;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+  return w;
 }
 __device__ __forceinline__ unsigned long long mk_timer_ns() {
   unsigned long long t;
@@ -136,7 +142,8 @@ constexpr int AO = NH * HD;                             // attention output widt
 constexpr float EPS = 9.999999974752427e-07;
 constexpr int N_DN = 18, N_AT = 6;
 // ---- launch shape (descriptor) ----
-constexpr int THREADS = 512, WARP = LG_WARP_SIZE, NW = THREADS / WARP;
+constexpr int THREADS = 512, WARP = LG_WARP_SIZE, NW = THREADS / WARP;  // compute threads
+constexpr int BLOCK_THREADS = 512;  // as launched: + the weight ring's producer warp
 constexpr int BLOCKS = 128;
 constexpr int SMEM_FLOATS = 7328;
 // Shared-memory carve-up (floats) for the matvec phases: x vector, raw inputs, reductions, per-head values, partials.
@@ -147,14 +154,11 @@ constexpr float ATTN_SCALE = 0.0625f;  // head_dim ** -0.5
 // ---- work split ----
 constexpr int SEGS_C_DN = 2, SEGS_C_AT = 2, SEGS_E = 2;
 constexpr int ROWS_A = 2, PAIRS_D = 2, ROWS_LM = 2;
-// EARLY_LOADS: every phase issues its first weight loads, then waits at the grid barrier that ends the previous
-// phase (weights never depend on activations), so the DRAM round trip overlaps the barrier.
-constexpr bool EARLY_LOADS = true;
 constexpr int PHASES = 5 * L + 1;                       // per step: 5 per layer + lm_head
 // ---- packed weights: element offsets into wmat (bf16) and wvec (f32) ----
 constexpr size_t EMBED = 497614848ull, LM_HEAD = 497614848ull;
 constexpr int FINAL_NORM = 0, INV_FREQ = 1024;
-// ---- scratch activations (f32 offsets) ----
+// ---- scratch activations (word offsets: one tagged 64-bit word per value, see the handover below) ----
 constexpr int S_X = 0, S_DN_IN = 1024, S_DN_Z = 7168, S_DN_G = 9216;
 constexpr int S_DN_BETA = 9248, S_DN_O = 9280, S_AT_IN = 11328;
 constexpr int S_AT_O = 16448, S_ACT = 18496;
@@ -224,39 +228,99 @@ struct DecodeArgs {
   float* conv_state;                // [N_DN][CONV_DIM][CK-1], oldest first
   float* recurrent;                 // [N_DN][NV][DV][DK]: S transposed (a warp reads one value column)
   kv_t* kv_cache;                   // [N_AT][2][NKV][max_context][HD]
-  float* scratch;                   // activations shared between blocks
+  unsigned long long* scratch;      // activations handed between phases (tagged words)
   unsigned* barrier;                // grid barrier counter
   unsigned long long* argmax;       // [2] packed (value, index) keys, by step parity
   const int* tokens_in;             // forced tokens (prompt / teacher forcing)
   int* tokens_out;                  // [n_steps] greedy argmax of each step
   float* logits;                    // [n_steps][V] or null
-  unsigned long long* profile;      // [n_steps][PHASES][2] globaltimer stamps (block 0) or null
+  unsigned long long* profile;      // [n_steps][PHASES][BLOCKS][4] globaltimer stamps or null (profile_mark)
   int max_context, start_pos, n_steps, n_forced;
+  unsigned epoch_base;              // epochs of this launch: epoch_base + step * PHASES + phase + 1
 };
+
+// All compute threads of the block (with a weight ring, the producer warp never joins: named barrier 1).
+__device__ __forceinline__ void mk_block_sync() {
+  __syncthreads();
+}
+
+// ------------------------------------------------------------------------------------------ profile stamps
+// With a profile buffer, thread 0 of every block stamps each phase: 0 start, 1 past the grid barrier, 2 inputs
+// staged (the matvec prologue done), 3 done. mk_prof_slot points at the current phase's four stamps (null outside).
+__device__ __forceinline__ void profile_mark(int k) {
+}
 
 // ------------------------------------------------------------------------------------------ grid barrier
 // Arrive: block 0 adds 0x80000000 - (BLOCKS-1), every other block adds 1, so once all have arrived the counter has
 // grown by exactly 0x80000000: its top bit flips and every other bit is back where it was. Waiters spin until the
 // top bit differs from the one they saw at arrival. No reset, no generation word, one atomic per block.
-// Release on arrival publishes the block's writes (after __syncthreads); acquire on the spin sees everyone's.
+// Release on arrival publishes the block's writes (after mk_block_sync); acquire on the spin sees everyone's.
 __device__ __forceinline__ void grid_sync(unsigned* counter) {
-  __syncthreads();
+  mk_block_sync();
   if (threadIdx.x == 0) {
     const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
     const unsigned old = lg_atomic_add_release(counter, add);
     while (((lg_load_acquire(counter) ^ old) & 0x80000000u) == 0) {
     }
   }
-  __syncthreads();
+  mk_block_sync();
+}
+
+// ------------------------------------------------------------------------------------------ phase handover
+// Within a step no grid barrier separates the phases. Every value a phase hands on is one 64-bit word, (epoch << 32)
+// | float bits, written with one store, and the phase of epoch e reads its inputs by re-reading each word until it
+// carries the epoch of the phase that writes it (e - 1, or e - 2 for the gate z the DeltaNet in-projection hands to
+// its out-projection): the value arrives with its own proof of being current, one L2 round trip instead of the
+// barrier's arrive, wait and the load after it. Reuse is safe because every phase needs the output of every block's
+// previous phases (directly or through the heads it reads), so no block writes a buffer again while another can
+// still be reading it; the KV cache and argmax cross steps under the grid barrier at the end of each step.
+__device__ __forceinline__ void publish(unsigned long long* p, float v, unsigned epoch) {
+  mk_store_tagged(p, ((unsigned long long)epoch << 32) | mk_float_bits(v));
+}
+// The value of a word this block wrote itself (the residual rows it owns), whatever its epoch.
+__device__ __forceinline__ float own_value(const unsigned long long* p) {
+  return mk_bits_float((unsigned)mk_load_tagged(p));
+}
+// out[k] = the value of word at(k) (null: 0) once it carries `epoch`: all K loads issued at once, stale ones re-read.
+template <int K, class At>
+__device__ __forceinline__ void await_words(unsigned epoch, At at, float (&out)[K]) {
+  unsigned long long w[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) w[k] = at(k) ? mk_load_tagged(at(k)) : (unsigned long long)epoch << 32;
+  for (bool stale = true; stale;) {
+    stale = false;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if ((unsigned)(w[k] >> 32) != epoch) {
+        stale = true;
+        w[k] = mk_load_tagged(at(k));
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) out[k] = mk_bits_float((unsigned)w[k]);
+  profile_mark(1);
+}
+// The staging pattern: thread t awaits elements t, t + THREADS, ... (< N) of the vector at base.
+template <int N>
+struct Strided {
+  static constexpr int K = (N + mk::THREADS - 1) / mk::THREADS;
+};
+template <int N>
+__device__ __forceinline__ void await_strided(const unsigned long long* base, unsigned epoch,
+                                              float (&out)[Strided<N>::K]) {
+  await_words<Strided<N>::K>(epoch, [&](int k) {
+    const int i = threadIdx.x + k * mk::THREADS;
+    return i < N ? base + i : nullptr;
+  }, out);
 }
 
 // ------------------------------------------------------------------------------------------ block helpers
 __device__ __forceinline__ float block_sum(float v, float* red) {
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   v = lg_warp_sum(v);
-  __syncthreads();  // red may still be read by a previous reduction
+  mk_block_sync();  // red may still be read by a previous reduction
   if (lane == 0) red[warp] = v;
-  __syncthreads();
+  mk_block_sync();
   float t = 0.f;
 #pragma unroll
   for (int w = 0; w < mk::NW; ++w) t += red[w];
@@ -268,6 +332,34 @@ __device__ __forceinline__ void block_range(int n, int& begin, int& end) {
   begin = (int)((long long)blockIdx.x * n / mk::BLOCKS);
   end = (int)((long long)(blockIdx.x + 1) * n / mk::BLOCKS);
 }
+
+// The rows of each matrix this block multiplies: every matvec phase splits its rows evenly over the grid. One
+// definition for the phases and for the weight ring's producer, which issues exactly these rows in phase order.
+struct MatSlice {
+  const wt_t* w;  // the row-major matrix
+  int r0, r1;     // this block's rows [r0, r1)
+};
+__device__ __forceinline__ MatSlice rows_slice(const wt_t* w, int rows) {
+  MatSlice s{w, 0, 0};
+  block_range(rows, s.r0, s.r1);
+  return s;
+}
+__device__ __forceinline__ MatSlice in_proj_slice(const DecodeArgs& a, const LayerWeights& lw) {
+  return rows_slice(a.wmat + lw.in_mat, lw.kind == 0 ? mk::DN_IN_ROWS : mk::AT_IN_ROWS);
+}
+__device__ __forceinline__ MatSlice out_proj_slice(const DecodeArgs& a, const LayerWeights& lw) {
+  return rows_slice(a.wmat + lw.out_mat, mk::H);
+}
+__device__ __forceinline__ MatSlice gateup_slice(const DecodeArgs& a, const LayerWeights& lw) {
+  MatSlice s = rows_slice(a.wmat + lw.gateup, mk::I);  // whole (gate i, up i) row pairs: rows 2i, 2i + 1
+  s.r0 *= 2;
+  s.r1 *= 2;
+  return s;
+}
+__device__ __forceinline__ MatSlice down_slice(const DecodeArgs& a, const LayerWeights& lw) {
+  return rows_slice(a.wmat + lw.down, mk::H);
+}
+__device__ __forceinline__ MatSlice lm_head_slice(const DecodeArgs& a) { return rows_slice(a.wmat + mk::LM_HEAD, mk::V); }
 
 // The x vector of a matvec lives in shared memory split in halves so that lane-consecutive 16-byte reads are
 // conflict-free: chunk c (elements 8c..8c+7) is float4 c of the low half and float4 c of the high half.
@@ -283,13 +375,14 @@ __device__ __forceinline__ float dot8(const uint4& w, const mk_float4& lo, const
 }
 
 // The weight slice of R consecutive rows (row stride COLS, columns c0 .. c0+SEG) that one warp holds in registers:
-// lane l holds 16-byte chunks l, l+WARP, ... of each row. Rows >= nvalid load nothing (zeros).
+// lane l holds 16-byte chunks l, l+WARP, ... of each row. Rows >= nvalid load nothing (zeros). SHARED: the rows are
+// in shared memory (a weight-ring slot), else in global memory.
 template <int SEG>
 struct MkChunks {
   static constexpr int CHUNKS = SEG / 8, ITERS = (CHUNKS + mk::WARP - 1) / mk::WARP;
 };
 
-template <int COLS, int SEG, int R>
+template <int COLS, int SEG, int R, bool SHARED = false>
 __device__ __forceinline__ void warp_load_rows(const wt_t* __restrict__ w, int nvalid, int c0,
                                                uint4 (&v)[R][MkChunks<SEG>::ITERS]) {
   constexpr int CHUNKS = MkChunks<SEG>::CHUNKS, ITERS = MkChunks<SEG>::ITERS;
@@ -300,8 +393,10 @@ __device__ __forceinline__ void warp_load_rows(const wt_t* __restrict__ w, int n
     for (int i = 0; i < ITERS; ++i) {
       const int c = i * mk::WARP + lane;
       v[r][i] = uint4{0u, 0u, 0u, 0u};  // defined on every path: no value carried between calls
-      if (r < nvalid && (CHUNKS % mk::WARP == 0 || c < CHUNKS))
-        v[r][i] = mk_load_weight16(w + (size_t)r * COLS + c0 + c * 8);
+      if (r < nvalid && (CHUNKS % mk::WARP == 0 || c < CHUNKS)) {
+        const wt_t* p = w + (size_t)r * COLS + c0 + c * 8;
+        v[r][i] = SHARED ? *reinterpret_cast<const uint4*>(p) : mk_load_weight16(p);
+      }
     }
 }
 
@@ -327,22 +422,22 @@ __device__ __forceinline__ void warp_dot_loaded(const uint4 (&v)[R][MkChunks<SEG
 }
 
 // y = W x for the block's rows [u0, u1) of W (COLS columns), R rows per warp at a time. Weights do not depend on
-// activations, so each warp issues the loads of its first R rows first, then sync() (the grid barrier ending the
-// previous phase, with EARLY_LOADS) and prologue() (stages x in shared memory, ends with __syncthreads) run while
-// they travel; with PIPELINE later batches are double-buffered. pre(row) runs on lane r for row base + r once its
+// activations, so each warp issues the loads of its first R rows first, then prologue() (awaits the phase's inputs
+// and stages x in shared memory, ends with mk_block_sync) runs while they travel; with PIPELINE later batches are
+// double-buffered. pre(row) runs on lane r for row base + r once its
 // batch's loads are issued (to fetch epilogue inputs early); epi(row, r, acc) runs on lane r for row base + r
 // (acc[r] is its result; acc holds the batch's).
-template <int COLS, int R, bool PIPELINE, class Sync, class Prologue, class Pre, class Epi>
+template <int COLS, int R, bool PIPELINE, class Prologue, class Pre, class Epi>
 __device__ __forceinline__ void block_matvec_rows(const wt_t* __restrict__ W, int u0, int u1, const float* xs,
-                                                  Sync sync, Prologue prologue, Pre pre, Epi epi) {
+                                                  Prologue prologue, Pre pre, Epi epi) {
   constexpr int ITERS = MkChunks<COLS>::ITERS;
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   int base = u0 + warp * R;
   uint4 cur[R][ITERS];
   warp_load_rows<COLS, COLS, R>(W + (size_t)base * COLS, u1 - base, 0, cur);
-  sync();
   if (lane < R && base + lane < u1) pre(base + lane);
   prologue();
+  profile_mark(2);
   while (base < u1) {
     const int nbase = base + mk::NW * R;
     float acc[R];
@@ -368,27 +463,27 @@ __device__ __forceinline__ void block_matvec_rows(const wt_t* __restrict__ W, in
 }
 
 // y = W x for the block's rows [r0, r1) with each row split into SEGS column segments (so that few rows still
-// occupy every warp). Each warp issues the loads of its first unit before sync() and prologue(); partial sums meet
+// occupy every warp). Each warp issues the loads of its first unit before prologue(); partial sums meet
 // in shared memory; thread t finishes row r0 + t with epi(row, y), after pre(row) fetched its inputs.
-template <int COLS, int SEGS, class Sync, class Prologue, class Pre, class Epi>
+template <int COLS, int SEGS, class Prologue, class Pre, class Epi>
 __device__ __forceinline__ void block_matvec_split(const wt_t* __restrict__ W, int r0, int r1, const float* xs,
-                                                   float* part, Sync sync, Prologue prologue, Pre pre, Epi epi) {
+                                                   float* part, Prologue prologue, Pre pre, Epi epi) {
   constexpr int SEG = COLS / SEGS, ITERS = MkChunks<SEG>::ITERS;
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   const int units = (r1 - r0) * SEGS;
   uint4 v[1][ITERS];
   int u = warp;
   warp_load_rows<COLS, SEG, 1>(W + (size_t)(r0 + u / SEGS) * COLS, u < units ? 1 : 0, (u % SEGS) * SEG, v);
-  sync();
   if ((int)threadIdx.x < r1 - r0) pre(r0 + threadIdx.x);
   prologue();
+  profile_mark(2);
   for (; u < units; u += mk::NW) {
     if (u != warp) warp_load_rows<COLS, SEG, 1>(W + (size_t)(r0 + u / SEGS) * COLS, 1, (u % SEGS) * SEG, v);
     float acc[1];
     warp_dot_loaded<COLS, SEG, 1>(v, (u % SEGS) * SEG, xs, acc);
     if (lane == 0) part[u] = acc[0];
   }
-  __syncthreads();
+  mk_block_sync();
   for (int t = threadIdx.x; t < r1 - r0; t += mk::THREADS) {
     float y = 0.f;
 #pragma unroll
@@ -397,33 +492,66 @@ __device__ __forceinline__ void block_matvec_split(const wt_t* __restrict__ W, i
   }
 }
 
+// A block's weight stream: the ring's shared-memory slots and barriers, and how many chunks this thread has taken
+// (compute threads) or issued (the producer). Without a weight ring only the type exists (phases take it alike).
+struct WeightRing {
+  unsigned char* data;           // RING_SLOTS x RING_SLOT_BYTES (dynamic shared memory)
+  unsigned long long* full;      // [RING_SLOTS] mbarriers: the slot's bytes have landed
+  unsigned long long* empty;     // [RING_SLOTS] mbarriers: every compute warp is done with the slot
+  unsigned pos;
+};
+
+// The phases' two matvec shapes, from the weight ring where the descriptor has one, else from registers.
+// Rows: one warp per R consecutive rows; split: every row cut into SEGS column segments (few rows per block).
+template <int COLS, int R, bool PIPELINE, class Prologue, class Pre, class Epi>
+__device__ __forceinline__ void matvec_rows(WeightRing& ring, MatSlice sl, const float* xs, Prologue prologue,
+                                            Pre pre, Epi epi) {
+  block_matvec_rows<COLS, R, PIPELINE>(sl.w, sl.r0, sl.r1, xs, prologue, pre, epi);
+}
+template <int COLS, int SEGS, class Prologue, class Pre, class Epi>
+__device__ __forceinline__ void matvec_split(WeightRing& ring, MatSlice sl, const float* xs, float* part,
+                                             Prologue prologue, Pre pre, Epi epi) {
+  block_matvec_split<COLS, SEGS>(sl.w, sl.r0, sl.r1, xs, part, prologue, pre, epi);
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.f + mk_exp(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + mk_exp(-x)); }
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : mk_log1p(mk_exp(x)); }  // torch threshold 20
 
 __device__ __forceinline__ float load_wt(const wt_t* p) { return lg_to_float(*p); }
 
-// xs = rms_norm_1p(x, w) = x * rsqrt(mean(x^2) + eps) * (1 + w), x read from the residual stream, or for the first
-// layer from the embedding row of `token` (then the block also writes its owned residual rows).
-__device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, float* xs, float* raw, float* red) {
-  float* x = a.scratch + mk::S_X;
-  float ss = 0.f;
-  int own0, own1;
-  block_range(mk::H, own0, own1);
-  for (int i = threadIdx.x; i < mk::H; i += mk::THREADS) {
-    float v;
-    if (token >= 0) {
-      v = load_wt(a.wmat + mk::EMBED + (size_t)token * mk::H + i);
-      if (i >= own0 && i < own1) x[i] = v;
-    } else {
-      v = mk_load_shared_act(x + i);
+// xs = rms_norm_1p(x, w) = x * rsqrt(mean(x^2) + eps) * (1 + w), x from the residual stream once it carries
+// x_epoch, or for the first layer from the embedding row of `token` (then the block also hands on its owned residual
+// rows, epoch `epoch`).
+__device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, unsigned x_epoch, unsigned epoch,
+                              float* xs, float* raw, float* red) {
+  constexpr int K = Strided<mk::H>::K;
+  unsigned long long* x = a.scratch + mk::S_X;
+  float v[K];
+  if (token >= 0) {
+    int own0, own1;
+    block_range(mk::H, own0, own1);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * mk::THREADS;
+      v[k] = i < mk::H ? load_wt(a.wmat + mk::EMBED + (size_t)token * mk::H + i) : 0.f;
+      if (i >= own0 && i < own1) publish(x + i, v[k], epoch);
     }
-    raw[i] = v;
-    ss += v * v;
+  } else {
+    await_strided<mk::H>(x, x_epoch, v);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * mk::THREADS;
+    if (i < mk::H) {
+      raw[i] = v[k];
+      ss += v[k] * v[k];
+    }
   }
   const float r = rsqrtf(block_sum(ss, red) / mk::H + mk::EPS);
   for (int i = threadIdx.x; i < mk::H; i += mk::THREADS) xs[xs_index<mk::H>(i)] = raw[i] * r * (1.f + w[i]);
-  __syncthreads();
+  mk_block_sync();
 }
 
 // ------------------------------------------------------------------------------------------ Gated DeltaNet layer
@@ -433,25 +561,23 @@ __device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, fl
 //   B: q = l2norm(q) / sqrt(dk), k = l2norm(k) (key head h / (NV / NK) for value head h);
 //      S = S * exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S = S + k delta^T;  o = S^T q
 //   C: x = x + W_out (gated_rms_norm(o, z) = o * rsqrt(mean(o^2) + eps) * w * silu(z), per value head)
+// `epoch`: this phase's (A: epoch, B: A's + 1, C: A's + 2).
 __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, int token, float* smem,
-                                        bool sync) {
+                                        unsigned epoch, WeightRing& ring) {
   using namespace mk;
   float* xs = smem;
   float* raw = smem + SM_RAW;
   float* red = smem + SM_RED;
-  float* s = a.scratch;
+  unsigned long long* s = a.scratch;
   const int warp = threadIdx.x / WARP, lane = lg_lane_id();
   if (phase == 0) {
-    int u0, u1;
-    block_range(DN_IN_ROWS, u0, u1);
     float* conv = a.conv_state + (size_t)lw.slot * CONV_DIM * (CK - 1);
     const float* cw = a.wvec + lw.conv_w;
     const float* a_log = a.wvec + lw.a_log;
     const float* dt_bias = a.wvec + lw.dt_bias;
     float win[CK - 1], taps[CK];  // this lane's row: conv window and taps, fetched while the weights stream in
-    block_matvec_rows<H, ROWS_A, true>(a.wmat + lw.in_mat,
-        u0, u1, xs, [&] { if (sync) grid_sync(a.barrier); },
-        [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, xs, raw, red); },
+    matvec_rows<H, ROWS_A, true>(ring, in_proj_slice(a, lw), xs,
+        [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, epoch - 1, epoch, xs, raw, red); },
         [&](int r) {
           if (r < CONV_DIM) {
 #pragma unroll
@@ -473,13 +599,13 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
 #pragma unroll
             for (int j = 0; j + 1 < CK - 1; ++j) w[j] = win[j + 1];
             w[CK - 2] = y;
-            s[S_DN_IN + r] = silu(out);
+            publish(s + S_DN_IN + r, silu(out), epoch);
           } else if (r < CONV_DIM + VD) {
-            s[S_DN_Z + r - CONV_DIM] = y;
+            publish(s + S_DN_Z + r - CONV_DIM, y, epoch);
           } else if (r < CONV_DIM + VD + NV) {
-            s[S_DN_G + r - CONV_DIM - VD] = -mk_exp(taps[0]) * softplus(y + taps[1]);
+            publish(s + S_DN_G + r - CONV_DIM - VD, -mk_exp(taps[0]) * softplus(y + taps[1]), epoch);
           } else {
-            s[S_DN_BETA + r - CONV_DIM - VD - NV] = sigmoid(y);
+            publish(s + S_DN_BETA + r - CONV_DIM - VD - NV, sigmoid(y), epoch);
           }
         });
   } else if (phase == 1) {
@@ -487,27 +613,33 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
     constexpr int KPL = DK / WARP;
     int c0, c1;
     block_range(NV * DV, c0, c1);
-    // the state columns are this block's own (same split every step): the first one is read before the barrier
+    // the state columns are this block's own (same split every step): the first one is read before the inputs
     float st[KPL];
     float* S = a.recurrent + (((size_t)lw.slot * NV) * DV + c0 + warp) * DK;
 #pragma unroll
     for (int e = 0; e < KPL; ++e) st[e] = c0 + warp < c1 ? S[lane + e * WARP] : 0.f;
-    if (sync) grid_sync(a.barrier);
     for (int col = c0 + warp; col < c1; col += NW) {
       const int h = col / DV, v = col % DV, hk = h / (NV / NK);
+      // inputs from the in-projection (epoch - 1): this lane's q and k elements, then g, beta and the value
+      float in[2 * KPL + 3];
+      await_words<2 * KPL + 3>(epoch - 1, [&](int i) {
+        return s + (i < KPL       ? S_DN_IN + hk * DK + lane + i * WARP
+                    : i < 2 * KPL ? S_DN_IN + KD + hk * DK + lane + (i - KPL) * WARP
+                    : i == 2 * KPL ? S_DN_G + h
+                    : i == 2 * KPL + 1 ? S_DN_BETA + h
+                                       : S_DN_IN + 2 * KD + h * DV + v);
+      }, in);
       float q[KPL], k[KPL];
       float qq = 0.f, kk = 0.f;
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
-        q[e] = mk_load_shared_act(s + S_DN_IN + hk * DK + lane + e * WARP);
-        k[e] = mk_load_shared_act(s + S_DN_IN + KD + hk * DK + lane + e * WARP);
+        q[e] = in[e];
+        k[e] = in[KPL + e];
         qq += q[e] * q[e];
         kk += k[e] * k[e];
       }
       const float qscale = rsqrtf(lg_warp_sum(qq) + 1e-6f) * Q_SCALE, kscale = rsqrtf(lg_warp_sum(kk) + 1e-6f);
-      const float decay = mk_exp(mk_load_shared_act(s + S_DN_G + h));
-      const float beta = mk_load_shared_act(s + S_DN_BETA + h);
-      const float value = mk_load_shared_act(s + S_DN_IN + 2 * KD + h * DV + v);
+      const float decay = mk_exp(in[2 * KPL]), beta = in[2 * KPL + 1], value = in[2 * KPL + 2];
       S = a.recurrent + (((size_t)lw.slot * NV + h) * DV + v) * DK;
       if (col != c0 + warp)
 #pragma unroll
@@ -529,34 +661,39 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
         o += st[e] * q[e];
       }
       o = lg_warp_sum(o);
-      if (lane == 0) s[S_DN_O + col] = o;
+      if (lane == 0) publish(s + S_DN_O + col, o, epoch);
     }
   } else {
     float* heads = smem + SM_HEADS;
-    int r0, r1;
-    block_range(H, r0, r1);
-    float* x = s + S_X;
+    unsigned long long* x = s + S_X;
     float resid = 0.f;
     const float* gw = a.wvec + lw.gnorm;
-    block_matvec_split<VD, SEGS_C_DN>(a.wmat + lw.out_mat,
-        r0, r1, xs, smem + SM_PART, [&] { if (sync) grid_sync(a.barrier); },
-        [&] {  // xs = gated_rms_norm(o, z) per value head
-          for (int i = threadIdx.x; i < VD; i += THREADS) {
-            raw[i] = mk_load_shared_act(s + S_DN_O + i);
-            xs[xs_index<VD>(i)] = silu(mk_load_shared_act(s + S_DN_Z + i));
+    matvec_split<VD, SEGS_C_DN>(ring, out_proj_slice(a, lw), xs, smem + SM_PART,
+        [&] {  // xs = gated_rms_norm(o, z) per value head; o from the delta rule (epoch - 1), z from A (epoch - 2)
+          constexpr int K = Strided<VD>::K;
+          float o[K], z[K];
+          await_strided<VD>(s + S_DN_Z, epoch - 2, z);
+          await_strided<VD>(s + S_DN_O, epoch - 1, o);
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            const int i = threadIdx.x + k * THREADS;
+            if (i < VD) {
+              raw[i] = o[k];
+              xs[xs_index<VD>(i)] = silu(z[k]);
+            }
           }
-          __syncthreads();
+          mk_block_sync();
           for (int h = warp; h < NV; h += NW) {
             float ss = 0.f;
             for (int d = lane; d < DV; d += WARP) ss += raw[h * DV + d] * raw[h * DV + d];
             ss = lg_warp_sum(ss);
             if (lane == 0) heads[h] = rsqrtf(ss / DV + EPS);
           }
-          __syncthreads();
+          mk_block_sync();
           for (int i = threadIdx.x; i < VD; i += THREADS) xs[xs_index<VD>(i)] *= raw[i] * heads[i / DV] * gw[i % DV];
-          __syncthreads();
+          mk_block_sync();
         },
-        [&](int r) { resid = mk_load_shared_act(x + r); }, [&](int r, float y) { x[r] = resid + y; });
+        [&](int r) { resid = own_value(x + r); }, [&](int r, float y) { publish(x + r, resid + y, epoch); });
   }
 }
 // ------------------------------------------------------------------------------------------ gated full attention
@@ -588,22 +725,18 @@ __device__ __forceinline__ void load_kv(const kv_t* p, float (&out)[EPL]) {
 
 __device__ __forceinline__ float round_to_kv(float x) { return lg_to_float(lg_from_float<kv_t>(x)); }
 
+// `epoch`: this phase's (A: epoch, B: A's + 1, C: A's + 2).
 __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, int token, int pos,
-                                float* smem, bool sync) {
+                                float* smem, unsigned epoch, WeightRing& ring) {
   using namespace mk;
-  float* s = a.scratch;
+  unsigned long long* s = a.scratch;
   const int warp = threadIdx.x / WARP, lane = lg_lane_id();
   if (phase == 0) {
     float* xs = smem;
-    int u0, u1;
-    block_range(AT_IN_ROWS, u0, u1);
-    block_matvec_rows<H, ROWS_A, true>(a.wmat + lw.in_mat,
-        u0, u1, xs,
-        [&] { if (sync) grid_sync(a.barrier); },
-        [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, xs, smem + SM_RAW, smem + SM_RED); }, [](int) {},
-        [&](int r, int k, const float* acc) { s[S_AT_IN + r] = acc[k]; });
+    matvec_rows<H, ROWS_A, true>(ring, in_proj_slice(a, lw), xs,
+        [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
+        [](int) {}, [&](int r, int k, const float* acc) { publish(s + S_AT_IN + r, acc[k], epoch); });
   } else if (phase == 1) {
-    if (sync) grid_sync(a.barrier);
     constexpr int EPL = HD / WARP, GROUP = NH / NKV;
     float* q = smem;
     float* kn = q + HD;
@@ -617,18 +750,19 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
       const int g = h / GROUP, t = threadIdx.x;
       kv_t* kcache = a.kv_cache + (((size_t)lw.slot * 2 + 0) * NKV + g) * a.max_context * HD;
       kv_t* vcache = a.kv_cache + (((size_t)lw.slot * 2 + 1) * NKV + g) * a.max_context * HD;
-      float qv = 0.f, kv = 0.f, vv = 0.f;
+      float in[3] = {0.f, 0.f, 0.f};  // this thread's q, k, v element from the in-projection (epoch - 1)
       if (t < HD) {
-        qv = mk_load_shared_act(s + S_AT_IN + h * 2 * HD + t);
-        kv = mk_load_shared_act(s + S_AT_IN + QP + g * HD + t);
-        vv = mk_load_shared_act(s + S_AT_IN + QP + KVD + g * HD + t);
+        await_words<3>(epoch - 1, [&](int i) {
+          return s + S_AT_IN + (i == 0 ? h * 2 * HD + t : i == 1 ? QP + g * HD + t : QP + KVD + g * HD + t);
+        }, in);
       }
+      const float qv = in[0], kv = in[1], vv = in[2];
       float qq = lg_warp_sum(qv * qv), kk = lg_warp_sum(kv * kv);  // both sums of squares in one block reduction
       if (lane == 0) {
         red[warp] = qq;
         red[NW + warp] = kk;
       }
-      __syncthreads();
+      mk_block_sync();
       qq = kk = 0.f;
 #pragma unroll
       for (int w = 0; w < NW; ++w) {
@@ -640,7 +774,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
         q[t] = qv * qr * (1.f + qw[t]);
         kn[t] = kv * kr * (1.f + kw[t]);
       }
-      __syncthreads();
+      mk_block_sync();
       float qo = 0.f, ko = 0.f;
       if (t < HD) {
         qo = q[t];
@@ -655,7 +789,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
           ko = ko * cs + kp * sn;
         }
       }
-      __syncthreads();
+      mk_block_sync();
       if (t < HD) {
         q[t] = qo;
         kn[t] = round_to_kv(ko);
@@ -665,7 +799,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
           vcache[(size_t)pos * HD + t] = lg_from_float<kv_t>(vv);
         }
       }
-      __syncthreads();
+      mk_block_sync();
       // o = softmax(q K^T * HD^-0.5) V over keys j <= pos (j == pos from shared memory: this step's k, v).
       // Each warp takes keys warp, warp + NW, ... in batches of KB (K and V rows loaded together) and keeps an
       // online softmax (running max m, sum l, acc); the warps' partials are merged at the end.
@@ -726,7 +860,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
         red[warp] = m;
         red[NW + warp] = l;
       }
-      __syncthreads();
+      mk_block_sync();
       if (t < HD) {
         float mmax = red[0];
 #pragma unroll
@@ -738,61 +872,67 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
           o += c * part[w * HD + t];
           lsum += c * red[NW + w];
         }
-        s[S_AT_O + h * HD + t] = o / lsum;
+        publish(s + S_AT_O + h * HD + t, o / lsum, epoch);
       }
-      __syncthreads();
+      mk_block_sync();
     }
   } else {
     float* xs = smem;
-    int r0, r1;
-    block_range(H, r0, r1);
-    float* x = s + S_X;
+    unsigned long long* x = s + S_X;
     float resid = 0.f;
-    block_matvec_split<AO, SEGS_C_AT>(a.wmat + lw.out_mat,
-        r0, r1, xs, smem + SM_PART, [&] { if (sync) grid_sync(a.barrier); },
-        [&] {  // xs = o * sigmoid(gate)
-          for (int i = threadIdx.x; i < AO; i += THREADS) {
-            const int h = i / HD, d = i % HD;
-            xs[xs_index<AO>(i)] = mk_load_shared_act(s + S_AT_O + i) *
-                                  sigmoid(mk_load_shared_act(s + S_AT_IN + h * 2 * HD + HD + d));
+    matvec_split<AO, SEGS_C_AT>(ring, out_proj_slice(a, lw), xs, smem + SM_PART,
+        [&] {  // xs = o * sigmoid(gate): o from the attention (epoch - 1), the gate from the in-projection (epoch - 2)
+          constexpr int K = Strided<AO>::K;
+          float gate[K], o[K];
+          await_words<K>(epoch - 2, [&](int k) {
+            const int i = threadIdx.x + k * THREADS;
+            return i < AO ? s + S_AT_IN + (i / HD) * 2 * HD + HD + i % HD : nullptr;
+          }, gate);
+          await_strided<AO>(s + S_AT_O, epoch - 1, o);
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            const int i = threadIdx.x + k * THREADS;
+            if (i < AO) xs[xs_index<AO>(i)] = o[k] * sigmoid(gate[k]);
           }
-          __syncthreads();
+          mk_block_sync();
         },
-        [&](int r) { resid = mk_load_shared_act(x + r); }, [&](int r, float y) { x[r] = resid + y; });
+        [&](int r) { resid = own_value(x + r); }, [&](int r, float y) { publish(x + r, resid + y, epoch); });
   }
 }
 // ------------------------------------------------------------------------------------------ SwiGLU MLP
 // Reference: Reference.swiglu_mlp after rms_norm_1p(x, post_attention_layernorm):
 //   D: act = silu(W_gate h) * (W_up h)   (gate row i and up row i are packed next to each other)
 //   E: x = x + W_down act
+// `epoch`: this phase's (E: D's + 1).
 __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, float* smem,
-                                   bool sync) {
+                                   unsigned epoch, WeightRing& ring) {
   using namespace mk;
   float* xs = smem;
-  float* s = a.scratch;
+  unsigned long long* s = a.scratch;
   const int warp = threadIdx.x / WARP, lane = lg_lane_id();
   if (phase == 3) {
-    int u0, u1;
-    block_range(I, u0, u1);
-    block_matvec_rows<H, 2 * PAIRS_D, false>(a.wmat + lw.gateup,
-        2 * u0, 2 * u1, xs,
-        [&] { if (sync) grid_sync(a.barrier); },
-        [&] { stage_rmsnorm(a, a.wvec + lw.post_norm, -1, xs, smem + SM_RAW, smem + SM_RED); }, [](int) {},
-        [&](int r, int k, const float* acc) {
-          if ((r & 1) == 0) s[S_ACT + r / 2] = silu(acc[k]) * acc[k + 1];  // rows 2i, 2i+1 = gate i, up i
+    matvec_rows<H, 2 * PAIRS_D, false>(ring, gateup_slice(a, lw), xs,
+        [&] { stage_rmsnorm(a, a.wvec + lw.post_norm, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
+        [](int) {},
+        [&](int r, int k, const float* acc) {  // rows 2i, 2i+1 = gate i, up i
+          if ((r & 1) == 0) publish(s + S_ACT + r / 2, silu(acc[k]) * acc[k + 1], epoch);
         });
   } else {
-    int r0, r1;
-    block_range(H, r0, r1);
-    float* x = s + S_X;
+    unsigned long long* x = s + S_X;
     float resid = 0.f;
-    block_matvec_split<I, SEGS_E>(a.wmat + lw.down,
-        r0, r1, xs, smem + SM_PART, [&] { if (sync) grid_sync(a.barrier); },
-        [&] {
-          for (int i = threadIdx.x; i < I; i += THREADS) xs[xs_index<I>(i)] = mk_load_shared_act(s + S_ACT + i);
-          __syncthreads();
+    matvec_split<I, SEGS_E>(ring, down_slice(a, lw), xs, smem + SM_PART,
+        [&] {  // act from gate/up (epoch - 1)
+          constexpr int K = Strided<I>::K;
+          float act[K];
+          await_strided<I>(s + S_ACT, epoch - 1, act);
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            const int i = threadIdx.x + k * THREADS;
+            if (i < I) xs[xs_index<I>(i)] = act[k];
+          }
+          mk_block_sync();
         },
-        [&](int r) { resid = mk_load_shared_act(x + r); }, [&](int r, float y) { x[r] = resid + y; });
+        [&](int r) { resid = own_value(x + r); }, [&](int r, float y) { publish(x + r, resid + y, epoch); });
   }
 }
 
@@ -806,27 +946,24 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
   return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned)index);
 }
 
-__device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float* smem, bool sync) {
+__device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float* smem, unsigned epoch, WeightRing& ring) {
   using namespace mk;
   float* xs = smem;
-  int u0, u1;
-  block_range(V, u0, u1);
   unsigned long long best = 0ull;
   float* logits = a.logits ? a.logits + (size_t)step * V : nullptr;
   const int lane = lg_lane_id(), warp = threadIdx.x / WARP;
-  block_matvec_rows<H, ROWS_LM, true>(
-      a.wmat + LM_HEAD, u0, u1, xs,
-      [&] { if (sync) grid_sync(a.barrier); },
-      [&] { stage_rmsnorm(a, a.wvec + FINAL_NORM, -1, xs, smem + SM_RAW, smem + SM_RED); }, [](int) {},
+  matvec_rows<H, ROWS_LM, true>(ring, lm_head_slice(a), xs,
+      [&] { stage_rmsnorm(a, a.wvec + FINAL_NORM, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
+      [](int) {},
       [&](int r, int k, const float* acc) {
         const unsigned long long key = argmax_key(acc[k], r);
         best = key > best ? key : best;
         if (logits) logits[r] = acc[k];
       });
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem + SM_PART);
-  __syncthreads();
+  mk_block_sync();
   if (lane < ROWS_LM) keys[warp * ROWS_LM + lane] = best;
-  __syncthreads();
+  mk_block_sync();
   if (threadIdx.x == 0) {
     best = 0ull;
     for (int i = 0; i < NW * ROWS_LM; ++i) best = keys[i] > best ? keys[i] : best;
@@ -836,14 +973,18 @@ __device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float*
 
 // ------------------------------------------------------------------------------------------ the kernel
 // Per step: token → for each layer 5 phases (A in-projections, B token mixing, C out-projection + residual,
-// D gate/up + SiLU, E down + residual) → lm_head + argmax. 5·L + 1 grid barriers per step.
+// D gate/up + SiLU, E down + residual) → lm_head + argmax → one grid barrier. The phases hand over through epoch-
+// tagged words (see the handover above). The argmax keys are double-buffered by step parity and come zeroed from
+// the host: block 0 zeroes the next step's before the barrier, after every block has read it as its token.
 extern "C" __global__ void __launch_bounds__(512, 1)
 qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* recurrent, kv_t* kv_cache,
-    float* scratch, unsigned* barrier, unsigned long long* argmax, const int* tokens_in, int* tokens_out,
-    float* logits, unsigned long long* profile, int max_context, int start_pos, int n_steps, int n_forced) {
+    unsigned long long* scratch, unsigned* barrier, unsigned long long* argmax, const int* tokens_in, int* tokens_out,
+    float* logits, unsigned long long* profile, int max_context, int start_pos, int n_steps, int n_forced,
+    unsigned epoch_base) {
   const DecodeArgs a{wmat, wvec, conv_state, recurrent, kv_cache, scratch, barrier, argmax, tokens_in, tokens_out,
-                     logits, profile, max_context, start_pos, n_steps, n_forced};
+                     logits, profile, max_context, start_pos, n_steps, n_forced, epoch_base};
   __shared__ __attribute__((aligned(16))) float smem[mk::SMEM_FLOATS];
+  WeightRing ring{nullptr, nullptr, nullptr, 0u};
   for (int step = 0; step < a.n_steps; ++step) {
     const int pos = a.start_pos + step;
     int token;
@@ -853,26 +994,24 @@ qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* rec
       const unsigned long long key = mk_load_shared_u64(a.argmax + ((step - 1) & 1));
       token = (int)(0xFFFFFFFFu - (unsigned)(key & 0xFFFFFFFFull));
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-      a.argmax[step & 1] = 0ull;  // last read at the start of step - 1; next written by this step's lm_head
-      if (step > 0) {
-        const unsigned long long key = mk_load_shared_u64(a.argmax + ((step - 1) & 1));
-        a.tokens_out[step - 1] = (int)(0xFFFFFFFFu - (unsigned)(key & 0xFFFFFFFFull));
-      }
+    if (blockIdx.x == 0 && threadIdx.x == 0 && step > 0) {
+      const unsigned long long key = mk_load_shared_u64(a.argmax + ((step - 1) & 1));
+      a.tokens_out[step - 1] = (int)(0xFFFFFFFFu - (unsigned)(key & 0xFFFFFFFFull));
     }
+    const unsigned step_epoch = a.epoch_base + (unsigned)step * mk::PHASES;  // + phase + 1
     for (int layer = 0; layer < mk::L; ++layer) {
       const LayerWeights& lw = kLayers[layer];
       for (int phase = 0; phase < 5; ++phase) {
-        // with EARLY_LOADS the barrier after the previous phase is passed inside this one (not before the step's
-        // first phase: the step boundary below keeps its own barrier, the next token depends on it)
-        const bool sync = mk::EARLY_LOADS && (layer > 0 || phase > 0);
-        if (phase >= 3) mlp_phase(a, lw, phase, smem, sync);
-        else if (lw.kind == 0) deltanet_phase(a, lw, phase, layer == 0 ? token : -1, smem, sync);
-        else attention_phase(a, lw, phase, layer == 0 ? token : -1, pos, smem, sync);
-        if (!mk::EARLY_LOADS) grid_sync(a.barrier);
+        const unsigned epoch = step_epoch + layer * 5 + phase + 1;
+        if (phase >= 3) mlp_phase(a, lw, phase, smem, epoch, ring);
+        else if (lw.kind == 0) deltanet_phase(a, lw, phase, layer == 0 ? token : -1, smem, epoch, ring);
+        else attention_phase(a, lw, phase, layer == 0 ? token : -1, pos, smem, epoch, ring);
       }
     }
-    lm_head_phase(a, step, smem, mk::EARLY_LOADS);
+    lm_head_phase(a, step, smem, step_epoch + mk::PHASES, ring);
+    // the next step's keys (read by every block as its token at the start of this step: all have, since this
+    // block's lm_head needed every block's residual rows)
+    if (blockIdx.x == 0 && threadIdx.x == 0) a.argmax[(step + 1) & 1] = 0ull;
     grid_sync(a.barrier);
   }
   if (blockIdx.x == 0 && threadIdx.x == 0 && a.n_steps > 0) {

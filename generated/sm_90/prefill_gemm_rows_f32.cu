@@ -10,6 +10,7 @@ __device__ __forceinline__ float lg_to_float(bf16_t x) { return __bfloat162float
 template <typename T> __device__ __forceinline__ T lg_from_float(float x);
 template <> __device__ __forceinline__ fp16_t lg_from_float<fp16_t>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ bf16_t lg_from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ unsigned lg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ unsigned lg_lane_id() { return threadIdx.x & 31u; }
 __device__ __forceinline__ float lg_neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float lg_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
@@ -111,18 +112,15 @@ __device__ __forceinline__ void gemm_load_row_scale(float* row_scale, const floa
   }
 }
 
-__device__ __forceinline__ unsigned gemm_smem_addr(const void* p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
 // A: 16x16 (4 8x8 matrices), B: two n8 x k16 fragments; each lane gets the m16n8k16 fragment registers.
 __device__ __forceinline__ void gemm_ldmatrix_x4(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(gemm_smem_addr(p)));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(lg_smem_addr(p)));
 }
 // 16-byte global -> shared copy; src-size 0 (pred false) writes zeros without reading.
 __device__ __forceinline__ void gemm_cp_async16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(gemm_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void gemm_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int PENDING>
@@ -135,7 +133,7 @@ __device__ __forceinline__ void gemm_cp_async_wait() {
 // Matrix descriptor: start address >> 4, leading byte offset 16 (unused with 128-byte swizzle, K-major),
 // stride byte offset 1024 (8 rows x 128 B), swizzle mode 1 (128 B). A k16 step inside the row adds 32 bytes.
 __device__ __forceinline__ unsigned long long gemm_wgmma_desc(const void* p) {
-  const unsigned long long addr = gemm_smem_addr(p);
+  const unsigned long long addr = lg_smem_addr(p);
   return ((addr & 0x3FFFFull) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
 }
 __device__ __forceinline__ void gemm_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -163,31 +161,38 @@ __device__ __forceinline__ void gemm_wgmma_k16(float (&c)[32][4], unsigned long 
 // in exactly the gemm_smem_offset layout the wgmma descriptors expect. Rows and columns outside the matrix arrive
 // as zeros (and still count toward the transaction bytes).
 struct __align__(64) GemmTensorMap { unsigned long long opaque[16]; };
-__device__ __forceinline__ void gemm_mbar_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(gemm_smem_addr(bar)), "r"(count) : "memory");
+__device__ __forceinline__ void lg_mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(lg_smem_addr(bar)), "r"(count) : "memory");
 }
-__device__ __forceinline__ void gemm_mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(gemm_smem_addr(bar)), "r"(bytes)
+// Arrive once and add `bytes` to the transaction count the current phase waits for.
+__device__ __forceinline__ void lg_mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(lg_smem_addr(bar)), "r"(bytes)
                : "memory");
 }
-__device__ __forceinline__ void gemm_mbar_arrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(gemm_smem_addr(bar)) : "memory");
+__device__ __forceinline__ void lg_mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(lg_smem_addr(bar)) : "memory");
 }
 // Block until phase `parity` of the barrier has completed.
-__device__ __forceinline__ void gemm_mbar_wait(unsigned long long* bar, unsigned parity) {
+__device__ __forceinline__ void lg_mbar_wait(unsigned long long* bar, unsigned parity) {
   unsigned done = 0;
   while (!done) {
     asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(gemm_smem_addr(bar)), "r"(parity) : "memory");
+                 : "=r"(done) : "r"(lg_smem_addr(bar)), "r"(parity) : "memory");
   }
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared `dst` by the copy engine;
+// completes that many transaction bytes of `bar`.
+__device__ __forceinline__ void lg_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(bytes), "r"(lg_smem_addr(bar)) : "memory");
 }
 // box at (column k, row) of the map into shared `dst`; completes `bar`'s transaction bytes.
 __device__ __forceinline__ void gemm_tma_load(void* dst, const GemmTensorMap* map, int k, int row,
                                               unsigned long long* bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, { %2, %3 }], [%4];\n"
-      :: "r"(gemm_smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(k), "r"(row),
-         "r"(gemm_smem_addr(bar))
+      :: "r"(lg_smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(k), "r"(row),
+         "r"(lg_smem_addr(bar))
       : "memory");
 }
 // The same box delivered to the same shared offset of every CTA in `cta_mask` of the cluster, completing each one's
@@ -197,15 +202,15 @@ __device__ __forceinline__ void gemm_tma_load_multicast(void* dst, const GemmTen
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
       " [%0], [%1, { %2, %3 }], [%4], %5;\n"
-      :: "r"(gemm_smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(k), "r"(row),
-         "r"(gemm_smem_addr(bar)), "h"(cta_mask)
+      :: "r"(lg_smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(k), "r"(row),
+         "r"(lg_smem_addr(bar)), "h"(cta_mask)
       : "memory");
 }
 // Arrive on the barrier at the same shared offset in CTA `rank` of the cluster (this CTA's own included).
 __device__ __forceinline__ void gemm_mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
   asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
                "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
-               :: "r"(gemm_smem_addr(bar)), "r"(rank) : "memory");
+               :: "r"(lg_smem_addr(bar)), "r"(rank) : "memory");
 }
 // Every thread of every CTA in the cluster (memory before it visible cluster-wide after it).
 __device__ __forceinline__ void gemm_cluster_sync() {
@@ -247,8 +252,8 @@ struct GemmTile {
     const int k_tiles = (K + GEMM_BK - 1) / GEMM_BK;
     for (int kt = 0; kt < k_tiles; ++kt, ++it) {
       const int s = it % GEMM_STAGES;
-      if (it >= GEMM_STAGES) gemm_mbar_wait(&empty[s], (it / GEMM_STAGES - 1) & 1);
-      gemm_mbar_expect_tx(&full[s], STAGE_ELEMS * sizeof(bf16_t));
+      if (it >= GEMM_STAGES) lg_mbar_wait(&empty[s], (it / GEMM_STAGES - 1) & 1);
+      lg_mbar_expect_tx(&full[s], STAGE_ELEMS * sizeof(bf16_t));
       bf16_t* stage = smem + s * STAGE_ELEMS;
       gemm_tma_load(stage, map_a, k0 + kt * GEMM_BK, m0, &full[s]);
       gemm_tma_load(stage + BM * GEMM_BK, map_w, k0 + kt * GEMM_BK, n0, &full[s]);
@@ -271,7 +276,7 @@ struct GemmTile {
     const int k_tiles = (K + GEMM_BK - 1) / GEMM_BK;
     for (int kt = 0; kt < k_tiles; ++kt, ++it) {
       const int s = it % GEMM_STAGES;
-      gemm_mbar_wait(&full[s], (it / GEMM_STAGES) & 1);
+      lg_mbar_wait(&full[s], (it / GEMM_STAGES) & 1);
       const bf16_t* stage = smem + s * STAGE_ELEMS;
       gemm_wgmma_fence();
 #pragma unroll
@@ -289,7 +294,7 @@ struct GemmTile {
   // One arrive per consumer warp on the stage's empty barrier of every CTA of the cluster (each one's producer
   // multicasts into all of them, so a stage is free only when every CTA is done with it).
   __device__ __forceinline__ void release(unsigned long long* empty_s) const {
-    if (lane == 0) gemm_mbar_arrive(empty_s);
+    if (lane == 0) lg_mbar_arrive(empty_s);
   }
 
   // Source of 16-byte chunk i of k-tile kt (A rows first, then W rows); nullptr when outside M/N/K (zero fill).
@@ -631,12 +636,12 @@ __device__ __forceinline__ void gemm_block(const bf16_t* __restrict__ A, int lda
   GemmTile<BM> tile;
   __shared__ unsigned long long full[GEMM_STAGES], empty[GEMM_STAGES];
   const int k_tiles = (K + GEMM_BK - 1) / GEMM_BK;
-  smem += ((1024u - (gemm_smem_addr(smem) & 1023u)) & 1023u) / sizeof(bf16_t);  // 128-byte swizzle: 1 KB aligned
+  smem += ((1024u - (lg_smem_addr(smem) & 1023u)) & 1023u) / sizeof(bf16_t);  // 128-byte swizzle: 1 KB aligned
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < GEMM_STAGES; ++s) {
-      gemm_mbar_init(&full[s], 1);
-      gemm_mbar_init(&empty[s], GEMM_CLUSTER * GEMM_CREW_THREADS / LG_WARP_SIZE);  // (one crew reads a stage)
+      lg_mbar_init(&full[s], 1);
+      lg_mbar_init(&empty[s], GEMM_CLUSTER * GEMM_CREW_THREADS / LG_WARP_SIZE);  // (one crew reads a stage)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }

@@ -42,6 +42,50 @@ def _energy_mj(nvml) -> float | None:
         return None
 
 
+def critical_path(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
+    """Where the token time goes across the whole grid, from every block's stamps [steps, phases, blocks, 4]: a phase
+    is over when its last block is done, so per phase type the time from the previous phase's last block to this
+    one's (µs per token); ``skew`` = the last block's lag behind the median block, summed over a step's phases;
+    ``slowest_blocks`` = the blocks most often last (block: share of phases)."""
+    stamps = stamps.astype(np.int64)
+    steps, phases, blocks, _ = stamps.shape
+    names = [PHASE_NAMES[k][p] for k in layer_kinds for p in range(5)] + ["lm_head"]
+    done = stamps[:, :, :, 3].reshape(steps * phases, blocks)
+    last = done.max(axis=1)
+    span = np.diff(last).astype(np.float64)  # entry i: phase i + 1 (flattened over steps)
+    usable = max(1, steps - 1)  # the first step's first phase has no predecessor; average whole later steps
+    span = span[phases - 1: phases - 1 + usable * phases].reshape(usable, phases)
+    out: dict[str, float] = {}
+    for i, name in enumerate(names):
+        out[name] = out.get(name, 0.0) + float(span[:, i].mean()) / 1e3
+    out["total"] = float(span.sum(axis=1).mean()) / 1e3
+    lag = (last - np.median(done, axis=1)).reshape(steps, phases)
+    out["skew"] = float(lag[1:].sum(axis=1).mean() if steps > 1 else lag.sum()) / 1e3
+    counts = np.bincount(done.argmax(axis=1), minlength=blocks)
+    out["slowest_blocks"] = {int(b): round(float(counts[b]) / len(done), 3) for b in np.argsort(-counts)[:4]}
+    return out
+
+
+def phase_breakdown(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
+    """Per phase type, µs per token averaged over blocks: (wait at the grid barrier, staging the inputs, the rest),
+    from the four stamps [steps, phases, blocks, 4]; a phase without a barrier or staging stamp counts it as 0."""
+    stamps = stamps.astype(np.int64)
+    steps, phases, blocks, _ = stamps.shape
+    names = [PHASE_NAMES[k][p] for k in layer_kinds for p in range(5)] + ["lm_head"]
+    start, done = stamps[..., 0], stamps[..., 3]
+    released = np.where(stamps[..., 1] > 0, stamps[..., 1], start)
+    staged = np.where(stamps[..., 2] > 0, stamps[..., 2], released)
+    parts = np.stack([released - start, staged - released, done - staged], axis=-1).astype(np.float64)
+    parts = parts[1:] if steps > 1 else parts  # the first step includes first-touch effects
+    mean = parts.mean(axis=(0, 2)) / 1e3  # [phases, 3]
+    out: dict[str, list[float]] = {}
+    for i, name in enumerate(names):
+        acc = out.setdefault(name, [0.0, 0.0, 0.0])
+        for j in range(3):
+            acc[j] += float(mean[i, j])
+    return {k: [round(x, 1) for x in v] for k, v in out.items()}
+
+
 def profile_summary(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
     """Per-phase-type time per token (µs) from block 0's globaltimer stamps [steps, phases, 2] (start, arrive):
     work = arrive - start; barrier = next phase's start - arrive (the wait for the slowest block + the barrier)."""
@@ -128,7 +172,10 @@ def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, r
         pdec.prefill(prompt)
         pdec.launch([first], gen_tokens)
         stamps = pdec.collect().profile
-        result["profile_us_per_token"] = profile_summary(stamps, [l.kind for l in pdec.layout.layers])
+        kinds = [l.kind for l in pdec.layout.layers]
+        result["profile_us_per_token"] = profile_summary(stamps[:, :, 0][..., [0, 3]], kinds)
+        result["critical_path_us_per_token"] = critical_path(stamps, kinds)
+        result["phase_breakdown_us_per_token"] = phase_breakdown(stamps, kinds)
         pdec.close()
     return result
 
@@ -187,4 +234,11 @@ def format_table(r: dict) -> str:
         lines.append("per-phase time per token (block 0, µs):")
         for k, v in prof.items():
             lines.append(f"  {k.ljust(width - 2)}  {v:8.1f}")
+        crit = r["critical_path_us_per_token"]
+        lines.append("critical path per token (phase end to phase end, last block, µs):")
+        for k, v in crit.items():
+            lines.append(f"  {k.ljust(width - 2)}  {v}" if k == "slowest_blocks" else f"  {k.ljust(width - 2)}  {v:8.1f}")
+        lines.append("per phase, mean over blocks (barrier wait / input staging / rest, µs per token):")
+        for k, (w, st, rest) in r["phase_breakdown_us_per_token"].items():
+            lines.append(f"  {k.ljust(width - 2)}  {w:8.1f} {st:8.1f} {rest:8.1f}")
     return "\n".join(lines)

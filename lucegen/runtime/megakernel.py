@@ -59,7 +59,8 @@ def check_kernel_matches(params: dict, config: ModelConfig) -> None:
 class RunResult:
     tokens: np.ndarray  # [n_steps] int32: argmax of each step
     logits: np.ndarray | None  # [n_steps, vocab] float32 when asked
-    profile: np.ndarray | None  # [n_steps, phases, 2] uint64 globaltimer stamps (block 0), when profiling
+    profile: np.ndarray | None  # [n_steps, phases, blocks, 4] uint64 globaltimer stamps, when profiling:
+    #                             start, past the grid barrier, inputs staged, done (0: not stamped in that phase)
 
 
 class MegakernelDecoder:
@@ -91,11 +92,15 @@ class MegakernelDecoder:
         self.compiled = compile_source(t, "megakernel", source, template=TEMPLATE)
         self.module = self.device.load(self.compiled)
         self.function = self.module.function(packing.KERNEL_NAME)
-        self.blocks, self.threads = t.megakernel.blocks, t.megakernel.threads
+        # threads as launched: the compute threads + the weight ring's producer warp (kernel_params: block_threads)
+        self.blocks, self.threads = t.megakernel.blocks, self.params["block_threads"]
         if t.megakernel.blocks_per_cu * self.threads > t.max_threads_per_cu:
             raise DeviceError(f"{t.name}: {t.megakernel.blocks_per_cu} blocks of {self.threads} threads exceed "
                               f"{t.max_threads_per_cu} threads per SM")
-        self.dynamic_smem = 0  # the kernel's shared memory is all static
+        # dynamic shared memory: the weight ring's slots (the rest is static)
+        self.dynamic_smem = self.params["ring_slots"] * self.params["ring_slot_bytes"]
+        if self.dynamic_smem:
+            self.function.set_max_dynamic_smem(self.dynamic_smem)
         resident = self.function.max_active_blocks_per_cu(self.threads, self.dynamic_smem)
         if resident < t.megakernel.blocks_per_cu:
             info = self.compiled.kernels[0]
@@ -116,7 +121,7 @@ class MegakernelDecoder:
         self.conv = d.alloc(lay.conv_state_floats() * 4)
         self.recurrent = d.alloc(lay.recurrent_floats() * 4)
         self.kv = d.alloc(lay.kv_elems(self.max_context) * 2)
-        self.scratch = d.alloc(lay.scratch_floats * 4)
+        self.scratch = d.alloc(lay.scratch_floats * 8)  # tagged words: (epoch << 32) | float bits
         self.barrier = d.alloc(256)
         self.argmax = d.alloc(16)
         self.tokens_in = d.alloc(4 * self.max_context)
@@ -142,6 +147,7 @@ class MegakernelDecoder:
             self.device.memset(b)
         self.position = 0
         self.next_token: int | None = None
+        self.epoch_base = 0  # the scratch holds no epoch > 0 now
 
     def snapshot(self) -> dict:
         """A device-side copy of the sequence state (for benchmarks that replay from the same point)."""
@@ -195,12 +201,18 @@ class MegakernelDecoder:
             logits_ptr = self._ensure("_logits", n_steps * self.config.vocab_size * 4)
         profile_ptr = np.uint64(0)
         if self.profiling:
-            profile_ptr = self._ensure("_profile", n_steps * (5 * self.config.num_layers + 1) * 16)
+            profile_ptr = self._ensure("_profile", n_steps * packing.phases_per_step(self.config) * self.blocks * 32)
+        phases = n_steps * packing.phases_per_step(self.config)
+        if self.epoch_base + phases >= 1 << 32:  # epochs are 32-bit: start over from a zeroed scratch
+            self.device.memset_async(self.scratch.ptr, self.scratch.nbytes, stream)
+            self.epoch_base = 0
+        self.device.memset_async(self.argmax.ptr, self.argmax.nbytes, stream)  # step 0's keys start at zero
         args = (self.wmat, self.wvec, self.conv, self.recurrent, self.kv, self.scratch, self.barrier, self.argmax,
                 self.tokens_in, self.tokens_out, logits_ptr, profile_ptr, np.int32(self.max_context),
-                np.int32(self.position), np.int32(n_steps), np.int32(n_forced))
+                np.int32(self.position), np.int32(n_steps), np.int32(n_forced), np.uint32(self.epoch_base))
         self.function.launch(self.blocks, self.threads, args, smem=self.dynamic_smem, stream=stream)
         self.position += n_steps
+        self.epoch_base += phases
         self._last_steps = n_steps
 
     def collect(self, *, logits: bool = False) -> RunResult:
@@ -211,7 +223,8 @@ class MegakernelDecoder:
         out_logits = self.device.download(self._logits, np.float32, (n, self.config.vocab_size)) if logits else None
         prof = None
         if self.profiling:
-            prof = self.device.download(self._profile, np.uint64, (n, 5 * self.config.num_layers + 1, 2))
+            prof = self.device.download(self._profile, np.uint64,
+                                        (n, packing.phases_per_step(self.config), self.blocks, 4))
         self.next_token = int(tokens[-1])
         return RunResult(tokens, out_logits, prof)
 
