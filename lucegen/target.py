@@ -47,27 +47,11 @@ class Features:
 
 @dataclass(frozen=True)
 class Megakernel:
-    """The persistent decode kernel's launch shape. ``blocks`` is derived: compute_units × blocks_per_cu.
-
-    ``weight_ring_slots`` (optional; chips with features.tma): stream the weights through a ring of that many
-    shared-memory slots of ``weight_ring_slot_bytes``, filled by bulk copies from one extra producer warp that runs
-    ahead of the compute warps across phase boundaries (so DRAM stays busy while they wait at grid barriers).
-    Absent: each warp loads its weights into registers (every chip)."""
+    """The persistent decode kernel's launch shape. ``blocks`` is derived: compute_units × blocks_per_cu."""
 
     blocks_per_cu: int
     threads: int
-    weight_ring_slots: int = dataclasses.field(default=0, metadata={"optional": True})
-    weight_ring_slot_bytes: int = dataclasses.field(default=16384, metadata={"optional": True})
     blocks: int = dataclasses.field(default=0, metadata={"derived": True})
-
-    @property
-    def weight_ring(self) -> bool:
-        return self.weight_ring_slots > 0
-
-    @property
-    def block_threads(self) -> int:
-        """Threads per block as launched: the compute threads, plus the producer warp with a weight ring."""
-        return self.threads + (32 if self.weight_ring else 0)
 
 
 @dataclass(frozen=True)
@@ -446,19 +430,10 @@ def _check_consistency(t: Target, path) -> None:
     mk = t.megakernel
     if mk.threads % t.warp_size:
         fail("megakernel.threads", f"{mk.threads} is not a multiple of warp_size {t.warp_size}")
-    if mk.weight_ring:
-        if t.vendor != "nvidia" or not t.features.tma:
-            fail("megakernel.weight_ring_slots", "the weight ring is filled by bulk copies: it needs features.tma")
-        if mk.weight_ring_slot_bytes % 16:
-            fail("megakernel.weight_ring_slot_bytes", f"{mk.weight_ring_slot_bytes} is not a multiple of 16")
-        if mk.weight_ring_slots * mk.weight_ring_slot_bytes > t.smem_per_block_optin:
-            fail("megakernel.weight_ring_slots", f"{mk.weight_ring_slots} slots × {mk.weight_ring_slot_bytes} bytes "
-                 f"exceed smem_per_block_optin {t.smem_per_block_optin}")
-    if mk.block_threads > t.max_threads_per_block:
-        with_ring = f" (+ {mk.block_threads - mk.threads} for the weight ring's producer warp)" if mk.weight_ring else ""
-        fail("megakernel.threads", f"{mk.threads}{with_ring} exceeds max_threads_per_block {t.max_threads_per_block}")
-    if mk.block_threads * mk.blocks_per_cu > t.max_threads_per_cu:
-        fail("megakernel.blocks_per_cu", f"{mk.blocks_per_cu} blocks × {mk.block_threads} threads exceed "
+    if mk.threads > t.max_threads_per_block:
+        fail("megakernel.threads", f"{mk.threads} exceeds max_threads_per_block {t.max_threads_per_block}")
+    if mk.threads * mk.blocks_per_cu > t.max_threads_per_cu:
+        fail("megakernel.blocks_per_cu", f"{mk.blocks_per_cu} blocks × {mk.threads} threads exceed "
              f"max_threads_per_cu {t.max_threads_per_cu}")
 
     mm = t.matmul

@@ -43,8 +43,7 @@ def test_template_params_are_what_templates_need():
     p = load_target("sm_90").template_params()
     assert p["vendor"] == "nvidia" and p["is_nvidia"] and not p["is_amd"]
     assert p["ctypes"]["bf16"] == "bf16_t" and p["ctypes"]["fp16"] == "fp16_t"
-    assert p["megakernel"] == {"blocks_per_cu": 1, "threads": 512, "blocks": 132, "weight_ring_slots": 0,
-                               "weight_ring_slot_bytes": 16384}
+    assert p["megakernel"] == {"blocks_per_cu": 1, "threads": 512, "blocks": 132}
     assert p["vector_width"] == 8 and p["warp_size"] == 32 and p["log2_warp_size"] == 5
     assert p["features"]["wgmma"] and not p["features"]["nvfp4"]
     assert load_target("gfx1100").template_params()["is_amd"]
@@ -245,17 +244,15 @@ def test_other_impossible_values():
 def test_valid_variations_load_and_derive(name, cus, data):
     raw = copy.deepcopy(RAW[name])
     warp, limit = raw["warp_size"], min(raw["max_threads_per_block"], raw["max_threads_per_cu"])
-    producer = warp if raw["megakernel"].get("weight_ring_slots") else 0  # the weight ring's extra warp
-    threads = warp * data.draw(st.integers(1, (limit - producer) // warp))
-    blocks_per_cu = data.draw(st.integers(1, raw["max_threads_per_cu"] // (threads + producer)))
+    threads = warp * data.draw(st.integers(1, limit // warp))
+    blocks_per_cu = data.draw(st.integers(1, raw["max_threads_per_cu"] // threads))
     raw.update(compute_units=cus)
     raw["megakernel"].update(threads=threads, blocks_per_cu=blocks_per_cu)
     dropped = data.draw(st.sampled_from([f for f in dataclasses.fields(Features) if f.name != "bf16"])).name
     raw["features"][dropped] = False  # leaving a supported feature off is always allowed...
     if dropped in raw["dtypes"] and dropped != raw["compute_dtype"]:
         raw["dtypes"].remove(dropped)  # ...with its dtype dropped too
-    if dropped == "tma":  # ...with the pingpong GEMM instances and the weight ring that need it
-        raw["megakernel"].pop("weight_ring_slots", None)
+    if dropped == "tma":  # ...with the pingpong GEMM instances that need it
         for ep in [k for k, v in raw["matmul"].items() if isinstance(v, dict) and v.get("schedule") == "pingpong"]:
             del raw["matmul"][ep]
     t = target_from_dict(raw, f"{name}.toml")
@@ -333,25 +330,3 @@ def test_epilogue_tiling_is_optional_and_kept():
     assert target_from_dict(data, "sm_90.toml").matmul.tilings() == {}
     data["matmul"]["rows_f32"] = dict(_TILING, schedule="cooperative", tile_m=128)
     assert target_from_dict(data, "sm_90.toml").matmul.rows_f32.tile_m == 128
-
-
-def test_weight_ring_is_validated():
-    def fails(name, **mk):
-        raw = copy.deepcopy(RAW[name])
-        raw["megakernel"].update(mk)
-        with pytest.raises(DescriptorError) as e:
-            target_from_dict(raw, f"{name}.toml")
-        return e.value.field, e.value.reason
-
-    assert fails("sm_86", weight_ring_slots=4) == ("megakernel.weight_ring_slots",
-                                                   "the weight ring is filled by bulk copies: it needs features.tma")
-    field, reason = fails("sm_90", weight_ring_slots=4, weight_ring_slot_bytes=1000)
-    assert field == "megakernel.weight_ring_slot_bytes" and "multiple of 16" in reason
-    field, reason = fails("sm_90", weight_ring_slots=100)
-    assert field == "megakernel.weight_ring_slots" and "smem_per_block_optin" in reason
-    field, reason = fails("sm_90", weight_ring_slots=4, threads=1024)  # + the producer warp: 1056 threads
-    assert field == "megakernel.threads" and "+ 32 for the weight ring's producer warp" in reason
-    raw = copy.deepcopy(RAW["sm_90"])
-    raw["megakernel"].update(weight_ring_slots=4)
-    mk = target_from_dict(raw, "sm_90.toml").megakernel
-    assert mk.weight_ring and mk.block_threads == 544

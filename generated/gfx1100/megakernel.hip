@@ -188,8 +188,7 @@ constexpr int AO = NH * HD;                             // attention output widt
 constexpr float EPS = 9.999999974752427e-07;
 constexpr int N_DN = 18, N_AT = 6;
 // ---- launch shape (descriptor) ----
-constexpr int THREADS = 512, WARP = LG_WARP_SIZE, NW = THREADS / WARP;  // compute threads
-constexpr int BLOCK_THREADS = 512;  // as launched: + the weight ring's producer warp
+constexpr int THREADS = 512, WARP = LG_WARP_SIZE, NW = THREADS / WARP;
 constexpr int BLOCKS = 96;
 constexpr int SMEM_FLOATS = 7328;
 // Shared-memory carve-up (floats) for the matvec phases: x vector, raw inputs, reductions, per-head values, partials.
@@ -285,11 +284,6 @@ struct DecodeArgs {
   unsigned epoch_base;              // epochs of this launch: epoch_base + step * PHASES + phase + 1
 };
 
-// All compute threads of the block (with a weight ring, the producer warp never joins: named barrier 1).
-__device__ __forceinline__ void mk_block_sync() {
-  __syncthreads();
-}
-
 // ------------------------------------------------------------------------------------------ profile stamps
 // With a profile buffer, thread 0 of every block stamps each phase: 0 start, 1 past the grid barrier, 2 inputs
 // staged (the matvec prologue done), 3 done. mk_prof_slot points at the current phase's four stamps (null outside).
@@ -300,16 +294,16 @@ __device__ __forceinline__ void profile_mark(int k) {
 // Arrive: block 0 adds 0x80000000 - (BLOCKS-1), every other block adds 1, so once all have arrived the counter has
 // grown by exactly 0x80000000: its top bit flips and every other bit is back where it was. Waiters spin until the
 // top bit differs from the one they saw at arrival. No reset, no generation word, one atomic per block.
-// Release on arrival publishes the block's writes (after mk_block_sync); acquire on the spin sees everyone's.
+// Release on arrival publishes the block's writes (after __syncthreads); acquire on the spin sees everyone's.
 __device__ __forceinline__ void grid_sync(unsigned* counter) {
-  mk_block_sync();
+  __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
     const unsigned old = lg_atomic_add_release(counter, add);
     while (((lg_load_acquire(counter) ^ old) & 0x80000000u) == 0) {
     }
   }
-  mk_block_sync();
+  __syncthreads();
 }
 
 // ------------------------------------------------------------------------------------------ phase handover
@@ -364,9 +358,9 @@ __device__ __forceinline__ void await_strided(const unsigned long long* base, un
 __device__ __forceinline__ float block_sum(float v, float* red) {
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   v = lg_warp_sum(v);
-  mk_block_sync();  // red may still be read by a previous reduction
+  __syncthreads();  // red may still be read by a previous reduction
   if (lane == 0) red[warp] = v;
-  mk_block_sync();
+  __syncthreads();
   float t = 0.f;
 #pragma unroll
   for (int w = 0; w < mk::NW; ++w) t += red[w];
@@ -379,8 +373,7 @@ __device__ __forceinline__ void block_range(int n, int& begin, int& end) {
   end = (int)((long long)(blockIdx.x + 1) * n / mk::BLOCKS);
 }
 
-// The rows of each matrix this block multiplies: every matvec phase splits its rows evenly over the grid. One
-// definition for the phases and for the weight ring's producer, which issues exactly these rows in phase order.
+// The rows of each matrix this block multiplies: every matvec phase splits its rows evenly over the grid.
 struct MatSlice {
   const wt_t* w;  // the row-major matrix
   int r0, r1;     // this block's rows [r0, r1)
@@ -421,14 +414,13 @@ __device__ __forceinline__ float dot8(const uint4& w, const mk_float4& lo, const
 }
 
 // The weight slice of R consecutive rows (row stride COLS, columns c0 .. c0+SEG) that one warp holds in registers:
-// lane l holds 16-byte chunks l, l+WARP, ... of each row. Rows >= nvalid load nothing (zeros). SHARED: the rows are
-// in shared memory (a weight-ring slot), else in global memory.
+// lane l holds 16-byte chunks l, l+WARP, ... of each row. Rows >= nvalid load nothing (zeros).
 template <int SEG>
 struct MkChunks {
   static constexpr int CHUNKS = SEG / 8, ITERS = (CHUNKS + mk::WARP - 1) / mk::WARP;
 };
 
-template <int COLS, int SEG, int R, bool SHARED = false>
+template <int COLS, int SEG, int R>
 __device__ __forceinline__ void warp_load_rows(const wt_t* __restrict__ w, int nvalid, int c0,
                                                uint4 (&v)[R][MkChunks<SEG>::ITERS]) {
   constexpr int CHUNKS = MkChunks<SEG>::CHUNKS, ITERS = MkChunks<SEG>::ITERS;
@@ -439,10 +431,8 @@ __device__ __forceinline__ void warp_load_rows(const wt_t* __restrict__ w, int n
     for (int i = 0; i < ITERS; ++i) {
       const int c = i * mk::WARP + lane;
       v[r][i] = uint4{0u, 0u, 0u, 0u};  // defined on every path: no value carried between calls
-      if (r < nvalid && (CHUNKS % mk::WARP == 0 || c < CHUNKS)) {
-        const wt_t* p = w + (size_t)r * COLS + c0 + c * 8;
-        v[r][i] = SHARED ? *reinterpret_cast<const uint4*>(p) : mk_load_weight16(p);
-      }
+      if (r < nvalid && (CHUNKS % mk::WARP == 0 || c < CHUNKS))
+        v[r][i] = mk_load_weight16(w + (size_t)r * COLS + c0 + c * 8);
     }
 }
 
@@ -467,21 +457,23 @@ __device__ __forceinline__ void warp_dot_loaded(const uint4 (&v)[R][MkChunks<SEG
   for (int r = 0; r < R; ++r) acc[r] = lg_warp_sum(acc[r]);
 }
 
-// y = W x for the block's rows [u0, u1) of W (COLS columns), R rows per warp at a time. Weights do not depend on
+// y = W x for the block's rows of W (COLS columns), R rows per warp at a time. Weights do not depend on
 // activations, so each warp issues the loads of its first R rows first, then prologue() (awaits the phase's inputs
-// and stages x in shared memory, ends with mk_block_sync) runs while they travel; with PIPELINE later batches are
+// and stages x in shared memory, ends with __syncthreads) runs while they travel; with PIPELINE later batches are
 // double-buffered. pre(row) runs on lane r for row base + r once its
 // batch's loads are issued (to fetch epilogue inputs early); epi(row, r, acc) runs on lane r for row base + r
 // (acc[r] is its result; acc holds the batch's).
 template <int COLS, int R, bool PIPELINE, class Prologue, class Pre, class Epi>
-__device__ __forceinline__ void block_matvec_rows(const wt_t* __restrict__ W, int u0, int u1, const float* xs,
-                                                  Prologue prologue, Pre pre, Epi epi) {
+__device__ __forceinline__ void block_matvec_rows(MatSlice sl, const float* xs, Prologue prologue, Pre pre, Epi epi) {
   constexpr int ITERS = MkChunks<COLS>::ITERS;
+  const wt_t* __restrict__ W = sl.w;
+  const int u0 = sl.r0, u1 = sl.r1;
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   int base = u0 + warp * R;
   uint4 cur[R][ITERS];
   warp_load_rows<COLS, COLS, R>(W + (size_t)base * COLS, u1 - base, 0, cur);
   if (lane < R && base + lane < u1) pre(base + lane);
+  __syncthreads();  // every warp is done with the previous phase's shared memory (no grid barrier between phases)
   prologue();
   profile_mark(2);
   while (base < u1) {
@@ -508,19 +500,22 @@ __device__ __forceinline__ void block_matvec_rows(const wt_t* __restrict__ W, in
   }
 }
 
-// y = W x for the block's rows [r0, r1) with each row split into SEGS column segments (so that few rows still
+// y = W x for the block's rows with each row split into SEGS column segments (so that few rows still
 // occupy every warp). Each warp issues the loads of its first unit before prologue(); partial sums meet
 // in shared memory; thread t finishes row r0 + t with epi(row, y), after pre(row) fetched its inputs.
 template <int COLS, int SEGS, class Prologue, class Pre, class Epi>
-__device__ __forceinline__ void block_matvec_split(const wt_t* __restrict__ W, int r0, int r1, const float* xs,
-                                                   float* part, Prologue prologue, Pre pre, Epi epi) {
+__device__ __forceinline__ void block_matvec_split(MatSlice sl, const float* xs, float* part, Prologue prologue,
+                                                   Pre pre, Epi epi) {
   constexpr int SEG = COLS / SEGS, ITERS = MkChunks<SEG>::ITERS;
+  const wt_t* __restrict__ W = sl.w;
+  const int r0 = sl.r0, r1 = sl.r1;
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   const int units = (r1 - r0) * SEGS;
   uint4 v[1][ITERS];
   int u = warp;
   warp_load_rows<COLS, SEG, 1>(W + (size_t)(r0 + u / SEGS) * COLS, u < units ? 1 : 0, (u % SEGS) * SEG, v);
   if ((int)threadIdx.x < r1 - r0) pre(r0 + threadIdx.x);
+  __syncthreads();  // every warp is done with the previous phase's shared memory
   prologue();
   profile_mark(2);
   for (; u < units; u += mk::NW) {
@@ -529,35 +524,13 @@ __device__ __forceinline__ void block_matvec_split(const wt_t* __restrict__ W, i
     warp_dot_loaded<COLS, SEG, 1>(v, (u % SEGS) * SEG, xs, acc);
     if (lane == 0) part[u] = acc[0];
   }
-  mk_block_sync();
+  __syncthreads();
   for (int t = threadIdx.x; t < r1 - r0; t += mk::THREADS) {
     float y = 0.f;
 #pragma unroll
     for (int s = 0; s < SEGS; ++s) y += part[t * SEGS + s];
     epi(r0 + t, y);
   }
-}
-
-// A block's weight stream: the ring's shared-memory slots and barriers, and how many chunks this thread has taken
-// (compute threads) or issued (the producer). Without a weight ring only the type exists (phases take it alike).
-struct WeightRing {
-  unsigned char* data;           // RING_SLOTS x RING_SLOT_BYTES (dynamic shared memory)
-  unsigned long long* full;      // [RING_SLOTS] mbarriers: the slot's bytes have landed
-  unsigned long long* empty;     // [RING_SLOTS] mbarriers: every compute warp is done with the slot
-  unsigned pos;
-};
-
-// The phases' two matvec shapes, from the weight ring where the descriptor has one, else from registers.
-// Rows: one warp per R consecutive rows; split: every row cut into SEGS column segments (few rows per block).
-template <int COLS, int R, bool PIPELINE, class Prologue, class Pre, class Epi>
-__device__ __forceinline__ void matvec_rows(WeightRing& ring, MatSlice sl, const float* xs, Prologue prologue,
-                                            Pre pre, Epi epi) {
-  block_matvec_rows<COLS, R, PIPELINE>(sl.w, sl.r0, sl.r1, xs, prologue, pre, epi);
-}
-template <int COLS, int SEGS, class Prologue, class Pre, class Epi>
-__device__ __forceinline__ void matvec_split(WeightRing& ring, MatSlice sl, const float* xs, float* part,
-                                             Prologue prologue, Pre pre, Epi epi) {
-  block_matvec_split<COLS, SEGS>(sl.w, sl.r0, sl.r1, xs, part, prologue, pre, epi);
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + mk_exp(-x)); }
@@ -597,7 +570,7 @@ __device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, un
   }
   const float r = rsqrtf(block_sum(ss, red) / mk::H + mk::EPS);
   for (int i = threadIdx.x; i < mk::H; i += mk::THREADS) xs[xs_index<mk::H>(i)] = raw[i] * r * (1.f + w[i]);
-  mk_block_sync();
+  __syncthreads();
 }
 
 // ------------------------------------------------------------------------------------------ Gated DeltaNet layer
@@ -609,7 +582,7 @@ __device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, un
 //   C: x = x + W_out (gated_rms_norm(o, z) = o * rsqrt(mean(o^2) + eps) * w * silu(z), per value head)
 // `epoch`: this phase's (A: epoch, B: A's + 1, C: A's + 2).
 __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, int token, float* smem,
-                                        unsigned epoch, WeightRing& ring) {
+                                        unsigned epoch) {
   using namespace mk;
   float* xs = smem;
   float* raw = smem + SM_RAW;
@@ -622,7 +595,7 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
     const float* a_log = a.wvec + lw.a_log;
     const float* dt_bias = a.wvec + lw.dt_bias;
     float win[CK - 1], taps[CK];  // this lane's row: conv window and taps, fetched while the weights stream in
-    matvec_rows<H, ROWS_A, true>(ring, in_proj_slice(a, lw), xs,
+    block_matvec_rows<H, ROWS_A, true>(in_proj_slice(a, lw), xs,
         [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, epoch - 1, epoch, xs, raw, red); },
         [&](int r) {
           if (r < CONV_DIM) {
@@ -714,7 +687,7 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
     unsigned long long* x = s + S_X;
     float resid = 0.f;
     const float* gw = a.wvec + lw.gnorm;
-    matvec_split<VD, SEGS_C_DN>(ring, out_proj_slice(a, lw), xs, smem + SM_PART,
+    block_matvec_split<VD, SEGS_C_DN>(out_proj_slice(a, lw), xs, smem + SM_PART,
         [&] {  // xs = gated_rms_norm(o, z) per value head; o from the delta rule (epoch - 1), z from A (epoch - 2)
           constexpr int K = Strided<VD>::K;
           float o[K], z[K];
@@ -728,16 +701,16 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
               xs[xs_index<VD>(i)] = silu(z[k]);
             }
           }
-          mk_block_sync();
+          __syncthreads();
           for (int h = warp; h < NV; h += NW) {
             float ss = 0.f;
             for (int d = lane; d < DV; d += WARP) ss += raw[h * DV + d] * raw[h * DV + d];
             ss = lg_warp_sum(ss);
             if (lane == 0) heads[h] = rsqrtf(ss / DV + EPS);
           }
-          mk_block_sync();
+          __syncthreads();
           for (int i = threadIdx.x; i < VD; i += THREADS) xs[xs_index<VD>(i)] *= raw[i] * heads[i / DV] * gw[i % DV];
-          mk_block_sync();
+          __syncthreads();
         },
         [&](int r) { resid = own_value(x + r); }, [&](int r, float y) { publish(x + r, resid + y, epoch); });
   }
@@ -773,16 +746,17 @@ __device__ __forceinline__ float round_to_kv(float x) { return lg_to_float(lg_fr
 
 // `epoch`: this phase's (A: epoch, B: A's + 1, C: A's + 2).
 __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, int token, int pos,
-                                float* smem, unsigned epoch, WeightRing& ring) {
+                                float* smem, unsigned epoch) {
   using namespace mk;
   unsigned long long* s = a.scratch;
   const int warp = threadIdx.x / WARP, lane = lg_lane_id();
   if (phase == 0) {
     float* xs = smem;
-    matvec_rows<H, ROWS_A, true>(ring, in_proj_slice(a, lw), xs,
+    block_matvec_rows<H, ROWS_A, true>(in_proj_slice(a, lw), xs,
         [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
         [](int) {}, [&](int r, int k, const float* acc) { publish(s + S_AT_IN + r, acc[k], epoch); });
   } else if (phase == 1) {
+    __syncthreads();  // every warp is done with the in-projection's shared memory
     constexpr int EPL = HD / WARP, GROUP = NH / NKV;
     float* q = smem;
     float* kn = q + HD;
@@ -808,7 +782,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
         red[warp] = qq;
         red[NW + warp] = kk;
       }
-      mk_block_sync();
+      __syncthreads();
       qq = kk = 0.f;
 #pragma unroll
       for (int w = 0; w < NW; ++w) {
@@ -820,7 +794,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
         q[t] = qv * qr * (1.f + qw[t]);
         kn[t] = kv * kr * (1.f + kw[t]);
       }
-      mk_block_sync();
+      __syncthreads();
       float qo = 0.f, ko = 0.f;
       if (t < HD) {
         qo = q[t];
@@ -835,7 +809,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
           ko = ko * cs + kp * sn;
         }
       }
-      mk_block_sync();
+      __syncthreads();
       if (t < HD) {
         q[t] = qo;
         kn[t] = round_to_kv(ko);
@@ -845,7 +819,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
           vcache[(size_t)pos * HD + t] = lg_from_float<kv_t>(vv);
         }
       }
-      mk_block_sync();
+      __syncthreads();
       // o = softmax(q K^T * HD^-0.5) V over keys j <= pos (j == pos from shared memory: this step's k, v).
       // Each warp takes keys warp, warp + NW, ... in batches of KB (K and V rows loaded together) and keeps an
       // online softmax (running max m, sum l, acc); the warps' partials are merged at the end.
@@ -906,7 +880,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
         red[warp] = m;
         red[NW + warp] = l;
       }
-      mk_block_sync();
+      __syncthreads();
       if (t < HD) {
         float mmax = red[0];
 #pragma unroll
@@ -920,13 +894,13 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
         }
         publish(s + S_AT_O + h * HD + t, o / lsum, epoch);
       }
-      mk_block_sync();
+      __syncthreads();
     }
   } else {
     float* xs = smem;
     unsigned long long* x = s + S_X;
     float resid = 0.f;
-    matvec_split<AO, SEGS_C_AT>(ring, out_proj_slice(a, lw), xs, smem + SM_PART,
+    block_matvec_split<AO, SEGS_C_AT>(out_proj_slice(a, lw), xs, smem + SM_PART,
         [&] {  // xs = o * sigmoid(gate): o from the attention (epoch - 1), the gate from the in-projection (epoch - 2)
           constexpr int K = Strided<AO>::K;
           float gate[K], o[K];
@@ -940,7 +914,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
             const int i = threadIdx.x + k * THREADS;
             if (i < AO) xs[xs_index<AO>(i)] = o[k] * sigmoid(gate[k]);
           }
-          mk_block_sync();
+          __syncthreads();
         },
         [&](int r) { resid = own_value(x + r); }, [&](int r, float y) { publish(x + r, resid + y, epoch); });
   }
@@ -951,13 +925,13 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
 //   E: x = x + W_down act
 // `epoch`: this phase's (E: D's + 1).
 __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, float* smem,
-                                   unsigned epoch, WeightRing& ring) {
+                                   unsigned epoch) {
   using namespace mk;
   float* xs = smem;
   unsigned long long* s = a.scratch;
   const int warp = threadIdx.x / WARP, lane = lg_lane_id();
   if (phase == 3) {
-    matvec_rows<H, 2 * PAIRS_D, false>(ring, gateup_slice(a, lw), xs,
+    block_matvec_rows<H, 2 * PAIRS_D, false>(gateup_slice(a, lw), xs,
         [&] { stage_rmsnorm(a, a.wvec + lw.post_norm, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
         [](int) {},
         [&](int r, int k, const float* acc) {  // rows 2i, 2i+1 = gate i, up i
@@ -966,7 +940,7 @@ __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& 
   } else {
     unsigned long long* x = s + S_X;
     float resid = 0.f;
-    matvec_split<I, SEGS_E>(ring, down_slice(a, lw), xs, smem + SM_PART,
+    block_matvec_split<I, SEGS_E>(down_slice(a, lw), xs, smem + SM_PART,
         [&] {  // act from gate/up (epoch - 1)
           constexpr int K = Strided<I>::K;
           float act[K];
@@ -976,7 +950,7 @@ __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& 
             const int i = threadIdx.x + k * THREADS;
             if (i < I) xs[xs_index<I>(i)] = act[k];
           }
-          mk_block_sync();
+          __syncthreads();
         },
         [&](int r) { resid = own_value(x + r); }, [&](int r, float y) { publish(x + r, resid + y, epoch); });
   }
@@ -992,13 +966,13 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
   return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned)index);
 }
 
-__device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float* smem, unsigned epoch, WeightRing& ring) {
+__device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float* smem, unsigned epoch) {
   using namespace mk;
   float* xs = smem;
   unsigned long long best = 0ull;
   float* logits = a.logits ? a.logits + (size_t)step * V : nullptr;
   const int lane = lg_lane_id(), warp = threadIdx.x / WARP;
-  matvec_rows<H, ROWS_LM, true>(ring, lm_head_slice(a), xs,
+  block_matvec_rows<H, ROWS_LM, true>(lm_head_slice(a), xs,
       [&] { stage_rmsnorm(a, a.wvec + FINAL_NORM, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
       [](int) {},
       [&](int r, int k, const float* acc) {
@@ -1007,9 +981,9 @@ __device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float*
         if (logits) logits[r] = acc[k];
       });
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem + SM_PART);
-  mk_block_sync();
+  __syncthreads();
   if (lane < ROWS_LM) keys[warp * ROWS_LM + lane] = best;
-  mk_block_sync();
+  __syncthreads();
   if (threadIdx.x == 0) {
     best = 0ull;
     for (int i = 0; i < NW * ROWS_LM; ++i) best = keys[i] > best ? keys[i] : best;
@@ -1030,7 +1004,6 @@ qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* rec
   const DecodeArgs a{wmat, wvec, conv_state, recurrent, kv_cache, scratch, barrier, argmax, tokens_in, tokens_out,
                      logits, profile, max_context, start_pos, n_steps, n_forced, epoch_base};
   __shared__ __attribute__((aligned(16))) float smem[mk::SMEM_FLOATS];
-  WeightRing ring{nullptr, nullptr, nullptr, 0u};
   for (int step = 0; step < a.n_steps; ++step) {
     const int pos = a.start_pos + step;
     int token;
@@ -1049,12 +1022,12 @@ qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* rec
       const LayerWeights& lw = kLayers[layer];
       for (int phase = 0; phase < 5; ++phase) {
         const unsigned epoch = step_epoch + layer * 5 + phase + 1;
-        if (phase >= 3) mlp_phase(a, lw, phase, smem, epoch, ring);
-        else if (lw.kind == 0) deltanet_phase(a, lw, phase, layer == 0 ? token : -1, smem, epoch, ring);
-        else attention_phase(a, lw, phase, layer == 0 ? token : -1, pos, smem, epoch, ring);
+        if (phase >= 3) mlp_phase(a, lw, phase, smem, epoch);
+        else if (lw.kind == 0) deltanet_phase(a, lw, phase, layer == 0 ? token : -1, smem, epoch);
+        else attention_phase(a, lw, phase, layer == 0 ? token : -1, pos, smem, epoch);
       }
     }
-    lm_head_phase(a, step, smem, step_epoch + mk::PHASES, ring);
+    lm_head_phase(a, step, smem, step_epoch + mk::PHASES);
     // the next step's keys (read by every block as its token at the start of this step: all have, since this
     // block's lm_head needed every block's residual rows)
     if (blockIdx.x == 0 && threadIdx.x == 0) a.argmax[(step + 1) & 1] = 0ull;

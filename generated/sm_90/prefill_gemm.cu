@@ -180,12 +180,6 @@ __device__ __forceinline__ void lg_mbar_wait(unsigned long long* bar, unsigned p
                  : "=r"(done) : "r"(lg_smem_addr(bar)), "r"(parity) : "memory");
   }
 }
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared `dst` by the copy engine;
-// completes that many transaction bytes of `bar`.
-__device__ __forceinline__ void lg_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(bytes), "r"(lg_smem_addr(bar)) : "memory");
-}
 // box at (column k, row) of the map into shared `dst`; completes `bar`'s transaction bytes.
 __device__ __forceinline__ void gemm_tma_load(void* dst, const GemmTensorMap* map, int k, int row,
                                               unsigned long long* bar) {

@@ -92,15 +92,11 @@ class MegakernelDecoder:
         self.compiled = compile_source(t, "megakernel", source, template=TEMPLATE)
         self.module = self.device.load(self.compiled)
         self.function = self.module.function(packing.KERNEL_NAME)
-        # threads as launched: the compute threads + the weight ring's producer warp (kernel_params: block_threads)
-        self.blocks, self.threads = t.megakernel.blocks, self.params["block_threads"]
+        self.blocks, self.threads = t.megakernel.blocks, t.megakernel.threads
         if t.megakernel.blocks_per_cu * self.threads > t.max_threads_per_cu:
             raise DeviceError(f"{t.name}: {t.megakernel.blocks_per_cu} blocks of {self.threads} threads exceed "
                               f"{t.max_threads_per_cu} threads per SM")
-        # dynamic shared memory: the weight ring's slots (the rest is static)
-        self.dynamic_smem = self.params["ring_slots"] * self.params["ring_slot_bytes"]
-        if self.dynamic_smem:
-            self.function.set_max_dynamic_smem(self.dynamic_smem)
+        self.dynamic_smem = 0  # the kernel's shared memory is all static
         resident = self.function.max_active_blocks_per_cu(self.threads, self.dynamic_smem)
         if resident < t.megakernel.blocks_per_cu:
             info = self.compiled.kernels[0]

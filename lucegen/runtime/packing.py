@@ -194,23 +194,16 @@ def check_supported(config: ModelConfig, target: Target) -> None:
 def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False, pipeline_a: bool = True,
                   rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2) -> dict:
     """The ``mk`` dict the template renders with (plus the descriptor's own params). Tuning knobs: ``pipeline_a``
-    (double-buffer the in-projection when the weights stream through registers), rows per warp of the row-split
-    matvecs."""
+    (double-buffer the in-projection), rows per warp of the row-split matvecs."""
     check_supported(config, target)
     c = config
     lay = plan_layout(c)
     blocks, threads, warp = target.megakernel.blocks, target.megakernel.threads, target.warp_size
     warps = threads // warp
     h, ao, vd = c.hidden_size, c.num_attention_heads * c.head_dim, c.linear_value_dim
-    ring = _ring_params(config, target, rows_a=rows_a, pairs_d=pairs_d, rows_lm=rows_lm)
-    if ring["ring_slots"]:
-        # the warps share one ring chunk at a time: cut its few rows so that it gives every warp a segment
-        def segs(cols: int) -> int:
-            return _segments(ring["ring_slot_bytes"] // (2 * cols), 1, warps, cols)
-    else:
-        def segs(cols: int) -> int:
-            return _segments(h, blocks, warps, cols)
-    segs_c_dn, segs_c_at, segs_e = segs(vd), segs(ao), segs(c.intermediate_size)
+    segs_c_dn = _segments(h, blocks, warps, vd)
+    segs_c_at = _segments(h, blocks, warps, ao)
+    segs_e = _segments(h, blocks, warps, c.intermediate_size)
     rows_per_block = math.ceil(h / blocks)
     xs_max = _align(max(h, vd, ao, c.intermediate_size), 8)
     heads_max = _align(max(c.linear_num_value_heads, 2), 32)
@@ -221,11 +214,6 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     if 4 * smem_floats > target.smem_per_block:
         raise CheckpointError(f"model {c.name}: the decode megakernel's shared memory ({4 * smem_floats} bytes) "
                               f"does not fit {target.name}'s smem_per_block {target.smem_per_block}")
-    ring_bytes = ring["ring_slots"] * (ring["ring_slot_bytes"] + 16)
-    if 4 * smem_floats + ring_bytes > target.smem_per_block_optin:
-        raise CheckpointError(f"model {c.name}: the decode megakernel's shared memory ({4 * smem_floats} bytes) "
-                              f"and weight ring ({ring_bytes} bytes) do not fit {target.name}'s "
-                              f"smem_per_block_optin {target.smem_per_block_optin}: fewer megakernel.weight_ring_slots")
     return {
         "kernel_name": KERNEL_NAME,
         "model_name": c.name,
@@ -238,8 +226,6 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         "attn_scale": _f32_literal(c.head_dim ** -0.5),
         "n_dn": lay.n_dn, "n_at": lay.n_at,
         "blocks": blocks,
-        "block_threads": target.megakernel.block_threads,
-        **ring,
         "smem_floats": smem_floats,
         "xs_max": xs_max,
         "heads_max": heads_max,
@@ -253,24 +239,6 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         "layers": [dataclasses.asdict(l) for l in lay.layers],
         "s": dict(lay.scratch),
     }
-
-
-def _ring_params(config: ModelConfig, target: Target, *, rows_a: int, pairs_d: int, rows_lm: int) -> dict:
-    """The weight ring's size (descriptor: megakernel.weight_ring_slots, 0 = no ring); every matvec's row group
-    (R rows of its width) must fit one slot."""
-    mk = target.megakernel
-    if not mk.weight_ring:
-        return {"ring_slots": 0, "ring_slot_bytes": 0}
-    c, slot = config, mk.weight_ring_slot_bytes
-    groups = {"in-projection": (rows_a, c.hidden_size), "gate/up": (2 * pairs_d, c.hidden_size),
-              "lm_head": (rows_lm, c.hidden_size), "down projection": (1, c.intermediate_size),
-              "out-projection": (1, max(c.linear_value_dim, c.num_attention_heads * c.head_dim))}
-    for name, (rows, cols) in groups.items():
-        if 2 * rows * cols > slot:
-            raise CheckpointError(f"model {c.name}: the decode megakernel takes the {name} {rows} row(s) of {cols} "
-                                  f"at a time ({2 * rows * cols} bytes), more than {target.name}'s "
-                                  f"megakernel.weight_ring_slot_bytes {slot}")
-    return {"ring_slots": mk.weight_ring_slots, "ring_slot_bytes": slot}
 
 
 def barriers_per_step(config: ModelConfig) -> int:
