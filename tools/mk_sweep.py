@@ -1,5 +1,6 @@
 """Tuning sweep for the decode megakernel on the device: for each variant (template knobs and the descriptor's
-megakernel shape), tg128 after a 32-token prompt, median of 5 launches, plus block 0's per-phase profile.
+megakernel shape), tg128 after a 32-token prompt, median of 5 launches, plus the per-phase profile (block 0, the
+critical path of the grid, wait / staging / rest).
 Usage: python3 tools/mk_sweep.py MODEL_DIR '[{"name": "base"}, {"name": "rows4", "tuning": {"rows_a": 4}},
         {"name": "2x256", "megakernel": {"threads": 256, "blocks_per_cu": 2}}]'"""
 import dataclasses
@@ -9,7 +10,7 @@ import sys
 
 import numpy as np
 
-from lucegen.bench.decode import critical_path, phase_breakdown, profile_summary
+from lucegen.bench.decode import profile_report
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.runtime.device import Device
 from lucegen.runtime.megakernel import MegakernelDecoder
@@ -43,11 +44,11 @@ for v in variants:
                 times.append(s.elapsed_ms(e))
                 res = dec.collect()
             if profile:
-                kinds = [l.kind for l in dec.layout.layers]
-                out["profile"] = {k: round(x, 1) for k, x in profile_summary(res.profile[:, :, 0][..., [0, 3]], kinds).items()}
-                out["breakdown"] = phase_breakdown(res.profile, kinds)
+                rep = profile_report(res.profile, [l.kind for l in dec.layout.layers])
+                out["profile"] = {k: round(x, 1) for k, x in rep["profile_us_per_token"].items()}
+                out["breakdown"] = rep["phase_breakdown_us_per_token"]
                 out["critical"] = {k: (round(x, 1) if isinstance(x, float) else x)
-                                   for k, x in critical_path(res.profile, kinds).items()}
+                                   for k, x in rep["critical_path_us_per_token"].items()}
             else:
                 out["tok_s"] = round(128 / (statistics.median(times[1:]) / 1e3), 1)
                 out["regs"] = dec.compiled.kernels[0].registers

@@ -42,6 +42,26 @@ def _energy_mj(nvml) -> float | None:
         return None
 
 
+def phase_names(layer_kinds: list[int]) -> list[str]:
+    """The name of each phase of a step (one per layer phase, then the lm_head), in kernel order."""
+    return [PHASE_NAMES[k][p] for k in layer_kinds for p in range(5)] + ["lm_head"]
+
+
+def _sum_by_name(names: list[str], per_phase) -> dict:
+    """Per phase type, the sum of ``per_phase[i]`` (a number or a row of numbers) over the phases of that type."""
+    out: dict = {}
+    for name, v in zip(names, per_phase):
+        out[name] = out[name] + v if name in out else v
+    return out
+
+
+def profile_report(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
+    """Every view of a profiled launch's stamps [steps, phases, blocks, 4] (see ``RunResult.profile``)."""
+    return {"profile_us_per_token": profile_summary(stamps[:, :, 0][..., [0, 3]], layer_kinds),
+            "critical_path_us_per_token": critical_path(stamps, layer_kinds),
+            "phase_breakdown_us_per_token": phase_breakdown(stamps, layer_kinds)}
+
+
 def critical_path(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
     """Where the token time goes across the whole grid, from every block's stamps [steps, phases, blocks, 4]: a phase
     is over when its last block is done, so per phase type the time from the previous phase's last block to this
@@ -49,15 +69,12 @@ def critical_path(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
     ``slowest_blocks`` = the blocks most often last (block: share of phases)."""
     stamps = stamps.astype(np.int64)
     steps, phases, blocks, _ = stamps.shape
-    names = [PHASE_NAMES[k][p] for k in layer_kinds for p in range(5)] + ["lm_head"]
     done = stamps[:, :, :, 3].reshape(steps * phases, blocks)
     last = done.max(axis=1)
     span = np.diff(last).astype(np.float64)  # entry i: phase i + 1 (flattened over steps)
     usable = max(1, steps - 1)  # the first step's first phase has no predecessor; average whole later steps
     span = span[phases - 1: phases - 1 + usable * phases].reshape(usable, phases)
-    out: dict[str, float] = {}
-    for i, name in enumerate(names):
-        out[name] = out.get(name, 0.0) + float(span[:, i].mean()) / 1e3
+    out = _sum_by_name(phase_names(layer_kinds), (float(x) / 1e3 for x in span.mean(axis=0)))
     out["total"] = float(span.sum(axis=1).mean()) / 1e3
     lag = (last - np.median(done, axis=1)).reshape(steps, phases)
     out["skew"] = float(lag[1:].sum(axis=1).mean() if steps > 1 else lag.sum()) / 1e3
@@ -70,20 +87,14 @@ def phase_breakdown(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
     """Per phase type, µs per token averaged over blocks: (wait at the grid barrier, staging the inputs, the rest),
     from the four stamps [steps, phases, blocks, 4]; a phase without a barrier or staging stamp counts it as 0."""
     stamps = stamps.astype(np.int64)
-    steps, phases, blocks, _ = stamps.shape
-    names = [PHASE_NAMES[k][p] for k in layer_kinds for p in range(5)] + ["lm_head"]
+    steps = stamps.shape[0]
     start, done = stamps[..., 0], stamps[..., 3]
     released = np.where(stamps[..., 1] > 0, stamps[..., 1], start)
     staged = np.where(stamps[..., 2] > 0, stamps[..., 2], released)
     parts = np.stack([released - start, staged - released, done - staged], axis=-1).astype(np.float64)
     parts = parts[1:] if steps > 1 else parts  # the first step includes first-touch effects
     mean = parts.mean(axis=(0, 2)) / 1e3  # [phases, 3]
-    out: dict[str, list[float]] = {}
-    for i, name in enumerate(names):
-        acc = out.setdefault(name, [0.0, 0.0, 0.0])
-        for j in range(3):
-            acc[j] += float(mean[i, j])
-    return {k: [round(x, 1) for x in v] for k, v in out.items()}
+    return {k: [round(float(x), 1) for x in v] for k, v in _sum_by_name(phase_names(layer_kinds), mean).items()}
 
 
 def profile_summary(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
@@ -91,7 +102,6 @@ def profile_summary(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
     work = arrive - start; barrier = next phase's start - arrive (the wait for the slowest block + the barrier)."""
     stamps = stamps.astype(np.int64)
     steps, phases, _ = stamps.shape
-    names = [PHASE_NAMES[k][p] for k in layer_kinds for p in range(5)] + ["lm_head"]
     work = (stamps[:, :, 1] - stamps[:, :, 0]).astype(np.float64)
     starts = stamps[:, :, 0].reshape(-1)
     arrives = stamps[:, :, 1].reshape(-1)
@@ -99,9 +109,7 @@ def profile_summary(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
     wait[:-1] = starts[1:] - arrives[:-1]
     wait = wait.reshape(steps, phases)
     usable = slice(0, steps - 1) if steps > 1 else slice(0, 1)  # the last step has no following start
-    out: dict[str, float] = {}
-    for i, name in enumerate(names):
-        out[name] = out.get(name, 0.0) + float(work[usable, i].mean()) / 1e3
+    out = _sum_by_name(phase_names(layer_kinds), (float(x) / 1e3 for x in work[usable].mean(axis=0)))
     out["barrier_wait"] = float(wait[usable].sum(axis=1).mean()) / 1e3
     out["total"] = float((stamps[usable.stop - 1 if steps > 1 else 0, -1, 1] - stamps[0, 0, 0])) / 1e3 / max(
         1, (usable.stop if steps > 1 else 1))
@@ -172,10 +180,7 @@ def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, r
         pdec.prefill(prompt)
         pdec.launch([first], gen_tokens)
         stamps = pdec.collect().profile
-        kinds = [l.kind for l in pdec.layout.layers]
-        result["profile_us_per_token"] = profile_summary(stamps[:, :, 0][..., [0, 3]], kinds)
-        result["critical_path_us_per_token"] = critical_path(stamps, kinds)
-        result["phase_breakdown_us_per_token"] = phase_breakdown(stamps, kinds)
+        result.update(profile_report(stamps, [l.kind for l in pdec.layout.layers]))
         pdec.close()
     return result
 
