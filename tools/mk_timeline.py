@@ -8,6 +8,11 @@ import sys
 
 import numpy as np
 
+from lucegen.bench.decode import phase_names
+
+# phases whose blocks stamp no input arrival or staging (their awaits are per column / per head)
+UNSTAMPED = ("delta_rule", "attention")
+
 
 def record(model: str, out: str) -> tuple[np.ndarray, np.ndarray]:
     from lucegen.model.checkpoint import load_checkpoint
@@ -32,11 +37,11 @@ def record(model: str, out: str) -> tuple[np.ndarray, np.ndarray]:
 
 def report(stamps: np.ndarray, kinds: np.ndarray, skip: int = 8) -> None:
     s = stamps[skip:-skip].astype(np.int64)  # steady-state steps
-    names = [("dn" if k == 0 else "at") + "ABCDE"[p] for k in kinds for p in range(5)] + ["lm"]
+    names = phase_names(list(kinds))
     start, arrive, staged, end = (s[..., i] for i in range(4))
     last = end.max(axis=2)  # [steps, phases]: when the phase's last block finished
-    print(f"µs from the previous phase's last block (10th / 50th / 90th percentile over steps x blocks)")
-    print(f"{'phase':5s} {'n':>3s} {'crit':>6s} | {'start':^17s} | {'inputs (t0)':^17s} | {'staged':^17s} | "
+    print("µs from the previous phase's last block (10th / 50th / 90th percentile over steps x blocks)")
+    print(f"{'phase':13s} {'n':>3s} {'crit':>6s} | {'start':^17s} | {'inputs (t0)':^17s} | {'staged':^17s} | "
           f"{'end':^17s}")
     total = 0.0
     for name in dict.fromkeys(names[1:]):
@@ -46,9 +51,9 @@ def report(stamps: np.ndarray, kinds: np.ndarray, skip: int = 8) -> None:
         total += crit * len(ps)
         pct = lambda x: " ".join(f"{v:5.2f}" for v in np.percentile(x, [10, 50, 90]))  # noqa: E731
         cols = [pct(rel(start))]
-        cols += ["(not stamped)".center(17) if name in ("dnB", "atB") else pct(rel(x)) for x in (arrive, staged)]
+        cols += ["(not stamped)".center(17) if name in UNSTAMPED else pct(rel(x)) for x in (arrive, staged)]
         cols.append(pct(rel(end)))
-        print(f"{name:5s} {len(ps):3d} {crit:6.2f} | " + " | ".join(cols))
+        print(f"{name:13s} {len(ps):3d} {crit:6.2f} | " + " | ".join(cols))
     print(f"critical path per token (phases 1..): {total:.1f} µs")
 
 

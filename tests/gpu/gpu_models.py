@@ -1,4 +1,5 @@
-"""What the GPU tests share: random-weight test checkpoints written once per preset and seed, and the one device."""
+"""What the GPU tests share: random-weight test checkpoints written once per preset and seed, the one device, and
+the kernel families loaded on it."""
 
 from __future__ import annotations
 
@@ -27,3 +28,12 @@ def gpu_device():
     from lucegen.runtime.device import Device
 
     return Device.open()
+
+
+@functools.cache
+def family_module(name: str):
+    """(device, module): kernel family ``name`` built for the shared device's target and loaded on it."""
+    from lucegen import codegen
+
+    device = gpu_device()
+    return device, device.load(codegen.build(device.target, name))

@@ -26,16 +26,11 @@ from lucegen.model.config import ModelConfig
 from lucegen.model.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from lucegen.model.reference import apply_rope, rms_norm_1p, rope_inv_freq, sigmoid
 
+from gpu_models import gpu_device  # tests/gpu/gpu_models.py
+
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
-
-
-@functools.cache
-def _device():
-    from lucegen.runtime.device import Device
-
-    return Device.open()
 
 
 @functools.cache
@@ -45,7 +40,7 @@ def kernels(preset: str, instruction: str | None = None):
     from lucegen.runtime.prefill.attention import AttentionKernels
     from lucegen.runtime.prefill.params import prefill_params
 
-    dev = _device()
+    dev = gpu_device()
     config = ModelConfig.preset(preset)
     pf = prefill_params(config, dev.target)
     if instruction:
@@ -89,7 +84,7 @@ def reference(config, proj, pos0, q_norm, k_norm, cache_k, cache_v, dtype):
 
 def check_attention(preset: str, T: int, pos0: int, seed: int, instruction: str | None = None) -> None:
     att, pf, c = kernels(preset, instruction)
-    dev = _device()
+    dev = gpu_device()
     dtype = pf["dtype"]
     rng = np.random.default_rng(seed)
     hd, nh, nkv = c.head_dim, c.num_attention_heads, c.num_kv_heads

@@ -30,16 +30,11 @@ from lucegen.model.dtypes import bf16_bits_to_f32
 from lucegen.model.reference import (causal_conv1d_silu, gated_delta_rule, gated_rms_norm, l2norm, sigmoid,
                                      softplus)
 
+from gpu_models import gpu_device  # tests/gpu/gpu_models.py
+
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
-
-
-@functools.cache
-def _device():
-    from lucegen.runtime.device import Device
-
-    return Device.open()
 
 
 @functools.cache
@@ -47,7 +42,7 @@ def kernels(preset: str, chunk: int | None = None, scan_tile: int | None = None)
     from lucegen.runtime.prefill.deltanet import DeltaNetKernels
     from lucegen.runtime.prefill.params import prefill_params
 
-    dev = _device()
+    dev = gpu_device()
     config = ModelConfig.preset(preset)
     pf = prefill_params(config, dev.target)
     if chunk:
@@ -94,7 +89,7 @@ def reference(pf, layer):
 
 
 def run_kernels(dn, pf, layer):
-    dev = _device()
+    dev = gpu_device()
     proj = layer["proj"].copy()
     cd, vd, nv = pf["CD"], pf["VD"], pf["NV"]
     proj[:, cd + vd: cd + vd + nv] *= F32(0.5)  # a: realistic softplus(a + dt_bias) ~ 0.005 .. 0.3
@@ -167,7 +162,7 @@ def test_deltanet_other_chunks_and_tiles(chunk, scan_tile, T):
 def bench(lengths=(520, 4096, 32768), scan_tiles=(None,), reps=20, chunks=(None,)) -> None:
     """Per-layer GPU time of DeltaNetKernels.run for 0.8B: CUDA graphs (no host launch overhead) timed with CUDA
     events, mean of ``reps``; per kernel, a graph of that kernel alone."""
-    dev = _device()
+    dev = gpu_device()
     for chunk, scan_tile in ((c, t) for c in chunks for t in scan_tiles):
         dn, pf, _ = kernels("qwen3.5-0.8b", chunk, scan_tile)
         rng = np.random.default_rng(0)

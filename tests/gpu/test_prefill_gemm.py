@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 from lucegen.model.config import ModelConfig
 from lucegen.model.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 
+from gpu_models import gpu_device  # tests/gpu/gpu_models.py
+
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
@@ -33,11 +35,10 @@ F32 = np.float32
 
 @functools.cache
 def _setup():
-    from lucegen.runtime.device import Device
     from lucegen.runtime.prefill.gemm import GemmKernels
     from lucegen.runtime.prefill.params import prefill_params
 
-    dev = Device.open()
+    dev = gpu_device()
     pf = prefill_params(ModelConfig.preset("qwen3.5-0.8b"), dev.target)
     # LUCEGEN_GEMM_TILES='{"warps": 4, "tile_k": 32}': check a candidate [matmul] tiling before it goes in a descriptor
     tiles = json.loads(os.environ.get("LUCEGEN_GEMM_TILES", "{}"))

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lucegen import codegen
 from lucegen.families.quant_matvec import BLOCK_THREADS, QUANT_TYPES
 from lucegen.model import quant
+
+from gpu_models import family_module  # tests/gpu/gpu_models.py
 
 pytestmark = pytest.mark.gpu
 
@@ -26,12 +27,7 @@ F16_FIELDS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
 
 @pytest.fixture(scope="module")
 def gpu():
-    from lucegen.runtime.device import Device
-
-    device = Device.open()
-    module = device.load(codegen.build(device.target, "quant_matvec"))
-    yield device, module
-    device.close()
+    return family_module("quant_matvec")
 
 
 def blocks(rng, qtype: str, rows: int, k: int, source: str) -> np.ndarray:

@@ -14,7 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lucegen import codegen, kernels_ref
+from lucegen import kernels_ref
+
+from gpu_models import family_module  # tests/gpu/gpu_models.py
 
 pytestmark = pytest.mark.gpu
 
@@ -25,12 +27,7 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 
 @pytest.fixture(scope="module")
 def gpu():
-    from lucegen.runtime.device import Device
-
-    device = Device.open()
-    module = device.load(codegen.build(device.target, "small_kernels"))
-    yield device, module
-    device.close()
+    return family_module("small_kernels")
 
 
 def test_device_matches_its_descriptor(gpu):
