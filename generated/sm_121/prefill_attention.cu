@@ -80,18 +80,19 @@ __device__ __forceinline__ void attn_sincos(float x, float* s, float* c) {
 __device__ __forceinline__ float attn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // ------------------------------------------------------------------------------------------------ prepare
-// Reference.gated_attention minus the projections, for token t at position pos = pos0 + t (one block per token):
+// Reference.gated_attention minus the projections, for token t at position pos = pos0 + t (one block per token;
+// with `depth`, a DDTree verify batch: slot t sits at position pos0 + depth[t] but still writes cache row pos0 + t):
 //   q_h = rms_norm_1p(proj[t, h*2HD : h*2HD+HD], q_norm), k_g = rms_norm_1p(proj[t, NH*2HD + g*HD ...], k_norm),
 //   then apply_rope on the first RD dims (rotate_half; angle = pos * inv_freq[i % (RD/2)]).
-//   cache k[g][pos] = k_g, v[g][pos] = proj[t, NH*2HD + NKV*HD + g*HD ...] (kv dtype);
+//   cache k[g][row] = k_g, v[g][row] = proj[t, NH*2HD + NKV*HD + g*HD ...] (kv dtype), row = pos0 + t;
 //   q_ws[g][t][r] = q_{g*GROUP + r} (compute dtype): the query rows of one kv head are contiguous for the MMA tiles.
 extern "C" __global__ void __launch_bounds__(256)
 prefill_attention_prepare(const float* __restrict__ proj, const float* __restrict__ q_norm,
                           const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
                           bf16_t* __restrict__ kv, int max_context, bf16_t* __restrict__ q_ws, int n_tokens,
-                          int pos0) {
+                          int pos0, const int* __restrict__ depth) {
   __shared__ float normed[(ATTN_NH + ATTN_NKV) * ATTN_HD];
-  const int t = blockIdx.x, pos = pos0 + t;
+  const int t = blockIdx.x, row_pos = pos0 + t, pos = depth ? pos0 + depth[t] : row_pos;
   const float* row = proj + (size_t)t * ATTN_NIN;
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
   constexpr int NWARPS = 8;
@@ -118,13 +119,13 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
       const int g = hh / ATTN_GROUP, r = hh % ATTN_GROUP;
       q_ws[(((size_t)g * n_tokens + t) * ATTN_GROUP + r) * ATTN_HD + d] = lg_from_float<bf16_t>(v);
     } else {
-      kv[(((size_t)(hh - ATTN_NH)) * max_context + pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v);
+      kv[(((size_t)(hh - ATTN_NH)) * max_context + row_pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v);
     }
   }
   const float* v_src = row + ATTN_NH * 2 * ATTN_HD + ATTN_NKV * ATTN_HD;
   for (int i = threadIdx.x; i < ATTN_NKV * ATTN_HD; i += 256) {
     const int g = i / ATTN_HD, d = i % ATTN_HD;
-    kv[(((size_t)(ATTN_NKV + g)) * max_context + pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v_src[i]);
+    kv[(((size_t)(ATTN_NKV + g)) * max_context + row_pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v_src[i]);
   }
 }
 

@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from lucegen.model.config import ModelConfig
 from lucegen.model.init_weights import write_hf_checkpoint
 
@@ -37,3 +39,25 @@ def family_module(name: str):
 
     device = gpu_device()
     return device, device.load(codegen.build(device.target, name))
+
+
+def state_errors(got: dict, state) -> dict:
+    """Per state kind, the worst layer's max |device - reference| / max |reference| (and which layer)."""
+    worst = {}
+    for i, (g, r) in enumerate(zip(got["layers"], state.layers)):
+        pairs = (("conv", g["conv"], r.conv), ("recurrent", g["recurrent"], r.recurrent)) if "conv" in g else \
+            (("k", g["k"], r.k), ("v", g["v"], r.v))
+        for name, a, b in pairs:
+            assert a.shape == b.shape, (i, name, a.shape, b.shape)
+            rel = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+            if rel >= worst.get(name, (0.0, -1))[0]:
+                worst[name] = (rel, i)
+    return worst
+
+
+def compare(logits: np.ndarray, want: np.ndarray) -> dict:
+    err = np.abs(logits - want)
+    srt = np.sort(want)
+    return {"rel": float(err.max()) / float(np.abs(want).max()),
+            "cos": float(logits @ want / (np.linalg.norm(logits) * np.linalg.norm(want))),
+            "decided": bool(srt[-1] - srt[-2] > 2 * float(err.max()))}

@@ -34,7 +34,7 @@ from lucegen.errors import LucegenError
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.reference import Reference
 
-from gpu_models import checkpoint_dir, gpu_device  # tests/gpu/gpu_models.py
+from gpu_models import checkpoint_dir, compare, gpu_device, state_errors  # tests/gpu/gpu_models.py
 
 pytestmark = pytest.mark.gpu
 
@@ -57,28 +57,6 @@ def engine(path: str, max_context: int, segment: int | None = None):
     dec = MegakernelDecoder(ckpt, device=gpu_device(), max_context=max_context)
     refs = (Reference(ckpt.config, ckpt, gemm_inputs=dec.target.compute_dtype), Reference(ckpt.config, ckpt))
     return dec, Prefiller(dec, segment=segment), refs
-
-
-def state_errors(got: dict, state) -> dict:
-    """Per state kind, the worst layer's max |device - reference| / max |reference| (and which layer)."""
-    worst = {}
-    for i, (g, r) in enumerate(zip(got["layers"], state.layers)):
-        pairs = (("conv", g["conv"], r.conv), ("recurrent", g["recurrent"], r.recurrent)) if "conv" in g else \
-            (("k", g["k"], r.k), ("v", g["v"], r.v))
-        for name, a, b in pairs:
-            assert a.shape == b.shape, (i, name, a.shape, b.shape)
-            rel = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-            if rel >= worst.get(name, (0.0, -1))[0]:
-                worst[name] = (rel, i)
-    return worst
-
-
-def compare(logits: np.ndarray, want: np.ndarray) -> dict:
-    err = np.abs(logits - want)
-    srt = np.sort(want)
-    return {"rel": float(err.max()) / float(np.abs(want).max()),
-            "cos": float(logits @ want / (np.linalg.norm(logits) * np.linalg.norm(want))),
-            "decided": bool(srt[-1] - srt[-2] > 2 * float(err.max()))}
 
 
 def check_prefill(path: str, tokens: np.ndarray, *, max_context: int, segment: int | None = None,

@@ -57,15 +57,23 @@ class AttentionKernels:
         """The roped queries in the compute dtype: [NKV][T][NH/NKV][HD]."""
         return T * self.pf["NH"] * self.pf["HD"] * 2
 
-    def run(self, *, proj: int, T: int, pos0: int, q_norm: int, k_norm: int, inv_freq: int, kv: int,
-            max_context: int, out: int, workspace: int, stream=None) -> None:
+    def prepare(self, *, proj: int, T: int, pos0: int, q_norm: int, k_norm: int, inv_freq: int, kv: int,
+                max_context: int, workspace: int, depth: int = 0, stream=None) -> None:
+        """Queue ``prefill_attention_prepare``: q/k norms and RoPE, K/V into cache rows pos0 .. pos0+T-1, q into
+        the workspace. With ``depth`` (device int [T], a DDTree verify batch) token t is roped at pos0 + depth[t]."""
         if T < 1 or pos0 < 0 or pos0 + T > max_context:
             raise LucegenError(f"prefill attention: positions {pos0} .. {pos0 + T - 1} do not fit a cache of "
                                f"max_context {max_context}")
         self.prepare_fn.launch(T, PREPARE_THREADS,
                                (address(proj), address(q_norm), address(k_norm), address(inv_freq), address(kv),
-                                np.int32(max_context), address(workspace), np.int32(T), np.int32(pos0)),
+                                np.int32(max_context), address(workspace), np.int32(T), np.int32(pos0),
+                                address(depth)),
                                stream=stream)
+
+    def run(self, *, proj: int, T: int, pos0: int, q_norm: int, k_norm: int, inv_freq: int, kv: int,
+            max_context: int, out: int, workspace: int, stream=None) -> None:
+        self.prepare(proj=proj, T=T, pos0=pos0, q_norm=q_norm, k_norm=k_norm, inv_freq=inv_freq, kv=kv,
+                     max_context=max_context, workspace=workspace, stream=stream)
         grid, threads, smem = launch_geometry(self.pf, T, self.target.warp_size)
         self.attend_fn.launch(grid, threads,
                               (address(workspace), address(proj), address(kv), np.int32(max_context), address(out),

@@ -214,8 +214,17 @@ class GemmKernels:
             self.instances[ep] = built[name]
         #: Force one block height (tuning/benchmarks; every instance must have it); None = pick_block_rows.
         self.block_rows: int | None = None
+        #: Per epilogue, a block height used whatever M (see :meth:`make_batch_invariant`).
+        self.fixed_rows: dict[str, int] = {}
         #: rows_f32 uses the GEMV kernel for M <= gemv_max_m (0 disables it).
         self.gemv_max_m = GEMV_MAX_M
+
+    def make_batch_invariant(self) -> None:
+        """One tiling per epilogue whatever the row count: each instance's smallest block height, no GEMV, no split-K.
+        Row m's result then depends on row m alone, bit for bit (what a DDTree verify pass needs to agree with
+        one-row decoding through the same kernels)."""
+        self.fixed_rows = {ep: min(g.heights) for ep, g in self.instances.items()}
+        self.gemv_max_m = 0
 
     # ---- host checks ---------------------------------------------------------------------------------------------
     def _check(self, name: str, M: int, N: int, K: int, strides: dict[str, tuple[int, int]],
@@ -242,7 +251,7 @@ class GemmKernels:
     def _geometry(self, ep: str, M: int, N: int):
         """(kernel, grid, dynamic smem, block height, instance) of epilogue ``ep`` for an M x N GEMM."""
         g = self.instances[ep]
-        bm = self.block_rows or pick_block_rows(M, N, g.pf["tile_n"], self.target.compute_units * g.crews,
+        bm = self.block_rows or self.fixed_rows.get(ep) or pick_block_rows(M, N, g.pf["tile_n"], self.target.compute_units * g.crews,
                                                 g.blocks_per_unit)
         return g.functions[(ep, bm)], g.grid(bm, M, N), g.smem[bm], bm, g
 
@@ -300,7 +309,7 @@ class GemmKernels:
         g = self.instances["residual"]
         # the split-K reduce moves 4 columns per 16-byte access (templates/prefill/gemm.cu.j2 gemm_residual_reduce)
         vector_ok = N % 4 == 0 and not (int(x) % 16 or int(norm_w) % 16 or int(xn) % 8 or int(workspace) % 16)
-        if workspace and vector_ok and self.block_rows is None:
+        if workspace and vector_ok and self.block_rows is None and not self.fixed_rows:
             bm, split = plan_residual(M, N, K, g.pf, self.target, g.heights, g.crews)
             if split > 1 and split * M * N * 4 <= workspace_bytes:
                 g.functions[("partial", bm)].launch(g.grid(bm, M, N, split), g.threads,

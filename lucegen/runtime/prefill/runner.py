@@ -34,6 +34,73 @@ from .params import prefill_params
 EMBED_THREADS = 256  # templates/prefill/common.cu.j2
 
 
+def load_common(device, target, pf: dict):
+    """The prefill's small-kernel module (``prefill_embed``) for this model shape, loaded on ``device``."""
+    source = codegen.render(target, "prefill/common.cu.j2", pf=pf)
+    return device.load(compile_source(target, "prefill_common", source, template="prefill/common.cu.j2"))
+
+
+def kv_layer(dec, layer) -> int:
+    """Device address of attention ``layer``'s KV cache ([2][NKV][max_context][HD]) in the decoder's state."""
+    c = dec.config
+    return dec.kv.ptr + 2 * layer.slot * 2 * c.num_kv_heads * dec.max_context * c.head_dim
+
+
+class Activations:
+    """The per-row buffers of the layer loop for up to ``rows`` rows: residual stream ``x`` (f32), its normed copy
+    ``xn`` (compute dtype) with the RMSNorm partial sums ``ss``, the in-projection ``proj`` (f32), the token mix's
+    output ``mix`` and the MLP activation ``act`` (compute dtype)."""
+
+    NAMES = ("x", "xn", "ss", "proj", "mix", "act")
+
+    def __init__(self, device, config, pf: dict, rows: int):
+        c, esz = config, 2  # compute dtype bytes
+        self.rows = rows
+        self.x = device.alloc(rows * c.hidden_size * 4)
+        self.xn = device.alloc(rows * c.hidden_size * esz)
+        self.ss = device.alloc(pf["ss_parts"] * rows * 4)
+        self.proj = device.alloc(rows * max(pf["NIN_DN"], pf["NIN_AT"]) * 4)
+        self.mix = device.alloc(rows * max(pf["VD"], c.num_attention_heads * c.head_dim) * esz)
+        self.act = device.alloc(rows * c.intermediate_size * esz)
+
+    def free(self) -> None:
+        for name in self.NAMES:
+            b = getattr(self, name, None)
+            if isinstance(b, Buffer):
+                b.free()
+
+
+def enqueue_layers(gemm, embed_fn, dec, pf: dict, acts: Activations, tokens: int, T: int, mix, stream,
+                   resid_ws: dict | None = None) -> None:
+    """Queue the embedding and every layer for ``T`` rows (device int32 ``tokens``), the prefill contract:
+
+        proj = gemm_rows_f32(xn, in_mat) * r;   mix(layer, T) queues the token mixing proj -> acts.mix;
+        x += gemm(mix, out_mat);   act = gemm_swiglu(xn, gateup) * r;   x += gemm(act, down)
+
+    leaving the final-normed rows in ``acts.xn`` / ``acts.ss`` for the lm_head. ``resid_ws``: the residual GEMMs'
+    split-K workspace (``workspace``, ``workspace_bytes``), or None for the unsplit GEMMs."""
+    c, lay, seg = dec.config, dec.layout, acts.rows
+    H, I = c.hidden_size, c.intermediate_size
+    x, xn, ss, proj, out, act = (getattr(acts, n).ptr for n in Activations.NAMES)
+    wmat = lambda off: dec.wmat.ptr + 2 * off  # noqa: E731
+    wvec = lambda off: dec.wvec.ptr + 4 * off  # noqa: E731
+    ss_parts, layers = pf["ss_parts"], lay.layers
+    embed_fn.launch(T, EMBED_THREADS, (address(tokens), address(wmat(lay.embed)), address(wvec(layers[0].in_norm)),
+                                       address(x), address(xn), address(ss), np.int32(seg)), stream=stream)
+    at_out = c.num_attention_heads * c.head_dim
+    resid_ws = resid_ws or {}
+    for i, l in enumerate(layers):
+        next_norm = layers[i + 1].in_norm if i + 1 < len(layers) else lay.final_norm
+        n_in, k_out = (pf["NIN_DN"], pf["VD"]) if l.kind == 0 else (pf["NIN_AT"], at_out)
+        gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, ss, ss_parts, seg, proj, n_in, stream=stream)
+        mix(l, T)
+        gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
+                      stream=stream, **resid_ws)
+        gemm.swiglu(xn, H, wmat(l.gateup), H, T, 2 * I, H, ss, ss_parts, seg, act, I, stream=stream)
+        gemm.residual(act, I, wmat(l.down), I, T, H, I, x, H, wvec(next_norm), xn, H, ss, seg, stream=stream,
+                      **resid_ws)
+
+
 class Prefiller:
     """Whole-prompt prefill into a :class:`MegakernelDecoder`'s state. ``segment`` caps the tokens per pass (the
     workspace is sized for it); longer prompts run as several segments, each continuing from the state."""
@@ -46,9 +113,7 @@ class Prefiller:
         self.gemm = GemmKernels(dev, t, pf)
         self.deltanet = DeltaNetKernels(dev, t, pf)
         self.attention = AttentionKernels(dev, t, pf)
-        source = codegen.render(t, "prefill/common.cu.j2", pf=pf)
-        self.common = dev.load(compile_source(t, "prefill_common", source, template="prefill/common.cu.j2"))
-        self.embed_fn = self.common.function("prefill_embed")
+        self.embed_fn = load_common(dev, t, pf).function("prefill_embed")
         want = segment or t.prefill.max_tokens
         if not isinstance(want, int) or want < 1:
             raise LucegenError(f"prefill segment must be a positive integer, got {want!r}")
@@ -60,14 +125,8 @@ class Prefiller:
 
     # ------------------------------------------------------------------------------------------ memory
     def _allocate(self) -> None:
-        c, pf, s, d = self.config, self.pf, self.segment, self.device
-        esz = 2  # compute dtype bytes
-        self.x = d.alloc(s * c.hidden_size * 4)
-        self.xn = d.alloc(s * c.hidden_size * esz)
-        self.ss = d.alloc(pf["ss_parts"] * s * 4)
-        self.proj = d.alloc(s * max(pf["NIN_DN"], pf["NIN_AT"]) * 4)
-        self.mix = d.alloc(s * max(pf["VD"], c.num_attention_heads * c.head_dim) * esz)
-        self.act = d.alloc(s * c.intermediate_size * esz)
+        c, s, d = self.config, self.segment, self.device
+        self.acts = Activations(d, c, self.pf, s)
         self.ws_dn = d.alloc(max(1, self.deltanet.workspace_bytes(s)))
         self.ws_at = d.alloc(max(1, self.attention.workspace_bytes(s)))
         # split-K partial sums of the residual GEMMs (only short segments split: see gemm.plan_residual)
@@ -81,63 +140,45 @@ class Prefiller:
         for g in self._graphs.values():
             g.destroy()
         self._graphs.clear()
-        for name in ("x", "xn", "ss", "proj", "mix", "act", "ws_dn", "ws_at", "ws_resid", "tokens", "logits", "argmax"):
+        if hasattr(self, "acts"):
+            self.acts.free()
+        for name in ("ws_dn", "ws_at", "ws_resid", "tokens", "logits", "argmax"):
             b = getattr(self, name, None)
             if isinstance(b, Buffer):
                 b.free()
 
     # ------------------------------------------------------------------------------------------ one segment
-    def _wmat(self, elem_offset: int) -> int:
-        return self.dec.wmat.ptr + 2 * elem_offset
+    def _mix(self, pos0: int):
+        """The prefill's token mixing at positions pos0 ..: chunked DeltaNet / causal attention, state in place."""
+        c, dec, st, acts = self.config, self.dec, self.stream, self.acts
+        wvec = lambda off: dec.wvec.ptr + 4 * off  # noqa: E731
 
-    def _wvec(self, float_offset: int) -> int:
-        return self.dec.wvec.ptr + 4 * float_offset
-
-    def _enqueue_segment(self, tok_offset: int, T: int, pos0: int, last: bool) -> None:
-        """Queue one segment's kernels on ``self.stream``: tokens[tok_offset : tok_offset+T] at positions pos0.."""
-        c, pf, dec, st = self.config, self.pf, self.dec, self.stream
-        lay = dec.layout
-        H, I = c.hidden_size, c.intermediate_size
-        seg = self.segment
-        x, xn, ss, proj, mix, act = (b.ptr for b in (self.x, self.xn, self.ss, self.proj, self.mix, self.act))
-        ss_parts = pf["ss_parts"]
-        layers = lay.layers
-        self.embed_fn.launch(T, EMBED_THREADS,
-                             (address(self.tokens.ptr + 4 * tok_offset), address(self._wmat(lay.embed)),
-                              address(self._wvec(layers[0].in_norm)), address(x), address(xn), address(ss), np.int32(seg)),
-                             stream=st)
-        at_out = c.num_attention_heads * c.head_dim
-        resid_ws = {"workspace": self.ws_resid.ptr, "workspace_bytes": self.ws_resid_bytes}
-        for i, l in enumerate(layers):
-            next_norm = layers[i + 1].in_norm if i + 1 < len(layers) else lay.final_norm
-            if l.kind == 0:
-                n_in, k_out = pf["NIN_DN"], pf["VD"]
-            else:
-                n_in, k_out = pf["NIN_AT"], at_out
-            self.gemm.rows_f32(xn, H, self._wmat(l.in_mat), H, T, n_in, H, ss, ss_parts, seg, proj, n_in, stream=st)
+        def mix(l, T):
             if l.kind == 0:
                 conv = dec.conv.ptr + 4 * l.slot * c.conv_dim * (c.conv_kernel - 1)
                 rec = dec.recurrent.ptr + 4 * l.slot * (c.linear_num_value_heads * c.linear_value_head_dim
                                                         * c.linear_key_head_dim)
-                self.deltanet.run(proj=proj, T=T, conv_w=self._wvec(l.conv_w), a_log=self._wvec(l.a_log),
-                                  dt_bias=self._wvec(l.dt_bias), gnorm_w=self._wvec(l.gnorm), conv_state=conv,
-                                  recurrent=rec, out=mix, workspace=self.ws_dn.ptr, stream=st)
+                self.deltanet.run(proj=acts.proj.ptr, T=T, conv_w=wvec(l.conv_w), a_log=wvec(l.a_log),
+                                  dt_bias=wvec(l.dt_bias), gnorm_w=wvec(l.gnorm), conv_state=conv,
+                                  recurrent=rec, out=acts.mix.ptr, workspace=self.ws_dn.ptr, stream=st)
             else:
-                kv = dec.kv.ptr + 2 * l.slot * 2 * c.num_kv_heads * dec.max_context * c.head_dim
-                self.attention.run(proj=proj, T=T, pos0=pos0, q_norm=self._wvec(l.q_norm),
-                                   k_norm=self._wvec(l.k_norm), inv_freq=self._wvec(lay.inv_freq), kv=kv,
-                                   max_context=dec.max_context, out=mix, workspace=self.ws_at.ptr, stream=st)
-            self.gemm.residual(mix, k_out, self._wmat(l.out_mat), k_out, T, H, k_out, x, H,
-                               self._wvec(l.post_norm), xn, H, ss, seg, stream=st, **resid_ws)
-            self.gemm.swiglu(xn, H, self._wmat(l.gateup), H, T, 2 * I, H, ss, ss_parts, seg, act, I, stream=st)
-            self.gemm.residual(act, I, self._wmat(l.down), I, T, H, I, x, H, self._wvec(next_norm), xn, H, ss, seg,
-                               stream=st, **resid_ws)
+                self.attention.run(proj=acts.proj.ptr, T=T, pos0=pos0, q_norm=wvec(l.q_norm),
+                                   k_norm=wvec(l.k_norm), inv_freq=wvec(dec.layout.inv_freq), kv=kv_layer(dec, l),
+                                   max_context=dec.max_context, out=acts.mix.ptr, workspace=self.ws_at.ptr, stream=st)
+        return mix
+
+    def _enqueue_segment(self, tok_offset: int, T: int, pos0: int, last: bool) -> None:
+        """Queue one segment's kernels on ``self.stream``: tokens[tok_offset : tok_offset+T] at positions pos0.."""
+        c, st, acts = self.config, self.stream, self.acts
+        H = c.hidden_size
+        enqueue_layers(self.gemm, self.embed_fn, self.dec, self.pf, acts, self.tokens.ptr + 4 * tok_offset, T,
+                       self._mix(pos0), st, {"workspace": self.ws_resid.ptr, "workspace_bytes": self.ws_resid_bytes})
         if last:  # final norm (folded into xn, row scale from ss) + lm_head on the last row with its argmax
             row = T - 1
             self.device.memset_async(self.argmax.ptr, 8, st)
-            self.gemm.rows_f32(xn + 2 * row * H, H, self._wmat(lay.lm_head), H, 1, c.vocab_size, H,
-                               ss + 4 * row, ss_parts, seg, self.logits.ptr, c.vocab_size, stream=st,
-                               argmax_key=self.argmax.ptr)
+            self.gemm.rows_f32(acts.xn.ptr + 2 * row * H, H, self.dec.wmat.ptr + 2 * self.dec.layout.lm_head, H, 1,
+                               c.vocab_size, H, acts.ss.ptr + 4 * row, self.pf["ss_parts"], self.segment,
+                               self.logits.ptr, c.vocab_size, stream=st, argmax_key=self.argmax.ptr)
 
     def _run_segment(self, tok_offset: int, T: int, pos0: int, last: bool) -> None:
         if not self.use_graphs:

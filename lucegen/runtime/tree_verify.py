@@ -1,0 +1,227 @@
+"""DDTree verify on the device: the target over a whole token tree in one pass, then the commit of the accepted path.
+
+    dec = MegakernelDecoder(model_dir, max_context=4096)
+    root = Prefiller(dec).prefill(prompt_ids)        # the greedy next token: the first step's root
+    ver = TreeVerifier(dec, budget=22)
+    argmax = ver.verify(tree, root)                  # int [1 + n]: the target's greedy token after every slot
+    nodes, bonus = ddtree.accept(tree, argmax)
+    ver.commit(tree, nodes, bonus)                   # the state holds root + accepted nodes; dec.position advances
+
+The pass is the prefill's layer loop (:func:`lucegen.runtime.prefill.runner.enqueue_layers`: the same GEMMs) with
+the token mixing of ``templates/dflash/tree_verify.cu.j2``: the conv window and DeltaNet state of every slot derive
+from its parent's, attention sees the committed context plus the slot's ancestors. Every slot's state and conv
+window are kept, so the commit copies the accepted slot's (no recompute) and moves the accepted path's KV rows into
+sequence order. The decoder's state is only read until ``commit``: a rejected tree leaves no trace.
+
+Lossless by construction, bit for bit: every kernel computes a slot from its own path in a fixed order, and the
+GEMMs run one fixed tiling whatever the row count (no GEMV path for few rows, no split-K), so a slot's logits do
+not depend on the rest of the tree. Greedy decoding through one-slot trees (:meth:`TreeVerifier.greedy`) is
+therefore exactly what any speculative run through the same verifier must emit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import codegen
+from ..compile import compile_source
+from ..errors import LucegenError
+from . import ddtree
+from .device import Buffer, address
+from .prefill.attention import AttentionKernels
+from .prefill.gemm import GemmKernels
+from .prefill.params import prefill_params
+from .prefill.runner import Activations, enqueue_layers, kv_layer, load_common
+
+TEMPLATE = "dflash/tree_verify.cu.j2"
+MODULE = "tree_verify"
+THREADS = 256  # templates/dflash/tree_verify.cu.j2: TV_NT
+ATTENTION_WARPS = 4  # TV_AT_WARPS
+COMMIT_BLOCKS = 64
+
+
+def tree_layout(tree: ddtree.Tree) -> np.ndarray:
+    """The per-slot arrays the kernels read, as one int32 upload for S = 1 + n slots: parent [S] (-1 for the root),
+    depth [S] (root 0), then the path table anc [S][S] (anc[s][d] = the slot at depth d on the way to s)."""
+    parents = tree.verify_parents()
+    S = parents.shape[0]
+    depth = np.concatenate([[0], tree.depth]).astype(np.int32)
+    anc = np.zeros((S, S), np.int32)
+    for s in range(1, S):  # parents precede children: the parent's row is complete
+        anc[s, : depth[s]] = anc[parents[s], : depth[s]]
+        anc[s, depth[s]] = s
+    return np.concatenate([parents.astype(np.int32), depth, anc.reshape(-1)])
+
+
+class TreeVerifier:
+    """Verify passes of up to ``1 + budget`` slots into a :class:`MegakernelDecoder`'s weights and state (the
+    descriptor's ``[ddtree] budget`` by default)."""
+
+    def __init__(self, decoder, *, budget: int | None = None):
+        self.dec = decoder
+        self.device, self.target, self.config = decoder.device, decoder.target, decoder.config
+        budget = self.target.ddtree.budget if budget is None else budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise LucegenError(f"tree budget must be a non-negative integer, got {budget!r}")
+        self.budget, self.slots = budget, budget + 1
+        self.pf = prefill_params(self.config, self.target)
+        dev, t, pf, c = self.device, self.target, self.pf, self.config
+        if c.linear_key_head_dim % t.warp_size or c.head_dim % t.warp_size:
+            raise LucegenError(f"model {c.name}: tree verify needs the DeltaNet key head dim "
+                               f"({c.linear_key_head_dim}) and head_dim ({c.head_dim}) to be multiples of the warp "
+                               f"size {t.warp_size}")
+        # One tiling for every row count: a slot's numbers must not depend on how many slots the tree has.
+        self.gemm = GemmKernels(dev, t, pf)
+        self.gemm.make_batch_invariant()
+        self.attention = AttentionKernels(dev, t, pf)
+        self.embed_fn = load_common(dev, t, pf).function("prefill_embed")
+        source = codegen.render(t, TEMPLATE, pf=pf)
+        self.module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
+        fn = self.module.function
+        self.conv_fn, self.rule_fn, self.norm_fn = fn("tree_conv_prepare"), fn("tree_delta_rule"), fn("tree_gated_norm")
+        self.attend_fn, self.argmax_fn = fn("tree_attention"), fn("rows_argmax")
+        self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
+        self.stream = dev.stream()
+        self._allocate()
+
+    # ------------------------------------------------------------------------------------------ memory
+    @property
+    def state_floats(self) -> int:
+        c = self.config
+        return c.linear_num_value_heads * c.linear_value_head_dim * c.linear_key_head_dim
+
+    @property
+    def window_floats(self) -> int:
+        return self.config.conv_dim * (self.config.conv_kernel - 1)
+
+    def _allocate(self) -> None:
+        c, pf, S, d, lay = self.config, self.pf, self.slots, self.device, self.dec.layout
+        self.acts = Activations(d, c, pf, S)
+        ws = S * (2 * pf["KD"] + 2 * pf["VD"] + 2 * pf["NV"])
+        self.ws = d.alloc(4 * ws)
+        self.states = d.alloc(4 * max(1, lay.n_dn) * S * self.state_floats)
+        self.windows = d.alloc(4 * max(1, lay.n_dn) * S * self.window_floats)
+        self.q_ws = d.alloc(max(1, self.attention.workspace_bytes(S)))
+        self.tokens = d.alloc(4 * S)
+        self.layout_buf = d.alloc(4 * (2 + S) * S)
+        self.path = d.alloc(4 * S)
+        self.logits = d.alloc(4 * S * c.vocab_size)
+        self.argmax = d.alloc(4 * S)
+
+    def close(self) -> None:
+        if hasattr(self, "acts"):
+            self.acts.free()
+        for name in ("ws", "states", "windows", "q_ws", "tokens", "layout_buf", "path", "logits", "argmax"):
+            b = getattr(self, name, None)
+            if isinstance(b, Buffer):
+                b.free()
+
+    def state_bytes(self) -> int:
+        """Device memory the verifier adds to the decoder's (activations, per-slot states, logits)."""
+        return sum(getattr(self, n).nbytes for n in ("ws", "states", "windows", "q_ws", "logits")) + sum(
+            getattr(self.acts, n).nbytes for n in Activations.NAMES)
+
+    # ------------------------------------------------------------------------------------------ one pass
+    def _mix(self, S: int):
+        c, dec, st, pf, acts = self.config, self.dec, self.stream, self.pf, self.acts
+        wvec = lambda off: dec.wvec.ptr + 4 * off  # noqa: E731
+        parent = self.layout_buf.ptr
+        depth, anc = parent + 4 * S, parent + 8 * S
+        pos0 = dec.position
+        n = np.int32(S)
+
+        def mix(l, T):
+            if l.kind == 0:
+                conv = dec.conv.ptr + 4 * l.slot * self.window_floats
+                rec = dec.recurrent.ptr + 4 * l.slot * self.state_floats
+                states = self.states.ptr + 4 * l.slot * self.slots * self.state_floats
+                windows = self.windows.ptr + 4 * l.slot * self.slots * self.window_floats
+                self.conv_fn.launch(S, THREADS, (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv),
+                                                 address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
+                                                 address(self.ws.ptr), address(windows), n), stream=st)
+                cols_per_block = THREADS // self.target.warp_size
+                self.rule_fn.launch(-(-pf["NV"] * pf["DV"] // cols_per_block), THREADS,
+                                    (address(self.ws.ptr), address(parent), address(rec), address(states), n),
+                                    stream=st)
+                self.norm_fn.launch(S, THREADS, (address(acts.proj.ptr), address(wvec(l.gnorm)),
+                                                 address(self.ws.ptr), address(acts.mix.ptr), n), stream=st)
+            else:
+                kv = kv_layer(dec, l)
+                self.attention.prepare(proj=acts.proj.ptr, T=S, pos0=pos0, q_norm=wvec(l.q_norm),
+                                       k_norm=wvec(l.k_norm), inv_freq=wvec(dec.layout.inv_freq), kv=kv,
+                                       max_context=dec.max_context, workspace=self.q_ws.ptr, depth=depth, stream=st)
+                self.attend_fn.launch((S, c.num_attention_heads), ATTENTION_WARPS * self.target.warp_size,
+                                      (address(self.q_ws.ptr), address(acts.proj.ptr), address(kv),
+                                       np.int32(dec.max_context), address(anc), np.int32(S), address(depth),
+                                       address(acts.mix.ptr), n, np.int32(pos0)), stream=st)
+        return mix
+
+    def verify(self, tree: ddtree.Tree, root_token: int, *, logits: bool = False):
+        """The target's greedy token after every slot of ``[root] + tree`` (int64 [1 + n]; with ``logits`` also the
+        f32 logits [1 + n, vocab]). Reads the decoder's state, changes none of it."""
+        c, dec = self.config, self.dec
+        S = tree.n_nodes + 1
+        if S > self.slots:
+            raise LucegenError(f"tree of {tree.n_nodes} nodes exceeds the verifier's budget of {self.budget}")
+        if dec.position + S > dec.max_context:
+            raise LucegenError(f"{dec.position} tokens so far + a verify batch of {S} exceed the allocated context "
+                               f"of {dec.max_context} (--max-context)")
+        tokens = tree.verify_tokens(int(root_token))
+        if tokens.min() < 0 or tokens.max() >= c.vocab_size:
+            raise LucegenError(f"verify token id out of range [0, {c.vocab_size})")
+        self.stream.synchronize()  # the layout buffers may still feed a queued pass
+        self.device.upload(tokens.astype(np.int32), self.tokens)
+        self.device.upload(tree_layout(tree), self.layout_buf)
+        st, acts, H = self.stream, self.acts, c.hidden_size
+        enqueue_layers(self.gemm, self.embed_fn, dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st)
+        self.gemm.rows_f32(acts.xn.ptr, H, dec.wmat.ptr + 2 * dec.layout.lm_head, H, S, c.vocab_size, H,
+                           acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, c.vocab_size, stream=st)
+        self.argmax_fn.launch(S, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax.ptr)),
+                              stream=st)
+        st.synchronize()
+        argmax = self.device.download(self.argmax, np.int32, (S,)).astype(np.int64)
+        if logits:
+            return argmax, self.device.download(self.logits, np.float32, (S, c.vocab_size))
+        return argmax
+
+    def commit(self, tree: ddtree.Tree, accepted, bonus: int) -> None:
+        """Make the root and the ``accepted`` nodes (``ddtree.accept``'s, root's child first) part of the sequence:
+        the last accepted slot's DeltaNet states and conv windows become the live ones, the path's KV rows move to
+        their sequence positions; the decoder's position advances by 1 + len(accepted) and ``bonus`` becomes its
+        next token (the next step's root)."""
+        dec, lay, st = self.dec, self.dec.layout, self.stream
+        path = np.concatenate([[0], np.asarray(accepted, np.int64) + 1]).astype(np.int32)
+        if np.any(tree.verify_parents()[path[1:]] != path[:-1]):
+            raise LucegenError(f"commit: nodes {list(accepted)} are not a path from the root of the tree")
+        if lay.n_dn:
+            self.commit_dn_fn.launch((COMMIT_BLOCKS, lay.n_dn), THREADS,
+                                     (address(self.states.ptr), np.uint64(self.slots * self.state_floats),
+                                      address(self.windows.ptr), np.uint64(self.slots * self.window_floats),
+                                      address(dec.recurrent.ptr), address(dec.conv.ptr), np.int32(path[-1])),
+                                     stream=st)
+        if lay.n_at and path.size > 1:
+            c = self.config
+            self.device.upload(path, self.path)
+            self.commit_kv_fn.launch((-(-2 * c.num_kv_heads * c.head_dim // THREADS), lay.n_at), THREADS,
+                                     (address(dec.kv.ptr), np.int32(dec.max_context), address(self.path.ptr),
+                                      np.int32(path.size - 1), np.int32(dec.position)), stream=st)
+        st.synchronize()
+        dec.position += int(path.size)
+        dec.next_token = int(bonus)
+
+    # ------------------------------------------------------------------------------------------ plain greedy
+    def greedy(self, n: int, callback=None) -> list[int]:
+        """Plain greedy decoding through this verifier (one-slot trees) from the decoder's next token: ``n`` tokens,
+        the first being that next token. What a lossless speculative run through the same verifier must emit."""
+        if self.dec.next_token is None:
+            raise LucegenError("greedy: prefill the prompt first")
+        empty = ddtree.chain(np.zeros(0, np.int64))
+        out = [self.dec.next_token]
+        while len(out) < n:
+            root = out[-1]
+            bonus = int(self.verify(empty, root)[0])
+            self.commit(empty, [], bonus)
+            out.append(bonus)
+            if callback:
+                callback([bonus])
+        return out[:n]

@@ -1,0 +1,172 @@
+"""DDTree verify and greedy speculative decoding on the GPU (lucegen/runtime/tree_verify.py, runtime/dflash.py).
+
+Two kinds of check:
+
+- **Numbers.** Every slot of a verified tree against the numpy Reference run along that slot's path alone (a copy
+  of the prompt's state, then the path's tokens one sequence): the slot's logits, and after committing a path, the
+  decoder's DeltaNet states, conv windows and KV cache against the Reference's state after that path. The bounds
+  are the prefill's (tests/gpu/test_prefill.py: the verify is the prefill's layer loop, bf16 GEMM inputs, held to
+  ``Reference(gemm_inputs=bf16)``).
+- **Lossless.** Greedy decoding through one-slot trees (``TreeVerifier.greedy``) against speculative runs through
+  the same verifier, token for token, with the random drafter (nearly nothing accepted), the oracle drafter (the
+  greedy continuation itself: nearly everything accepted, long commits) and the oracle corrupted at hypothesis-
+  chosen positions (rejections mid-tree; a tree still finds the true token at rank 1, a chain cannot), chain and
+  tree verify. Equality is exact: a slot's numbers do not depend on the tree it sits in (module docstring of
+  tree_verify.py), so any difference is a bug in the tree kernels, the commit or the loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lucegen.errors import LucegenError
+from lucegen.model.checkpoint import load_checkpoint
+from lucegen.model.reference import Reference
+from lucegen.runtime import ddtree
+from lucegen.runtime.dflash import OracleDrafter, RandomDrafter, SpecDecoder
+
+from gpu_models import checkpoint_dir, compare, gpu_device, state_errors  # tests/gpu/gpu_models.py
+from test_prefill import BOUNDS
+
+pytestmark = pytest.mark.gpu
+
+PRESETS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa", "0.8b": "qwen3.5-0.8b"}
+BUDGET = 24
+
+
+@functools.cache
+def engine(preset: str, max_context: int = 640):
+    from lucegen.runtime.megakernel import MegakernelDecoder
+    from lucegen.runtime.prefill.runner import Prefiller
+    from lucegen.runtime.tree_verify import TreeVerifier
+
+    path = os.environ.get("LUCEGEN_08B_DIR") if preset == "0.8b" else None
+    ckpt = load_checkpoint(path or str(checkpoint_dir(PRESETS[preset])))
+    dec = MegakernelDecoder(ckpt, device=gpu_device(), max_context=max_context)
+    return dec, Prefiller(dec), TreeVerifier(dec, budget=BUDGET)
+
+
+@functools.cache
+def reference(preset: str) -> Reference:
+    dec = engine(preset)[0]
+    return Reference(dec.config, dec.checkpoint, gemm_inputs=dec.target.compute_dtype)
+
+
+def start(preset: str, prompt) -> int:
+    """Reset the decoder and prefill ``prompt``; returns the first root."""
+    dec, pre, _ = engine(preset)
+    dec.reset()
+    return pre.prefill(prompt)
+
+
+def random_tree(rng: np.random.Generator, vocab: int, budget: int) -> ddtree.Tree:
+    """A best-first tree over random top-K rows with random (sorted) log-probabilities: random shapes."""
+    depth, k = int(rng.integers(1, 8)), int(rng.integers(1, 5))
+    _, tok = RandomDrafter(vocab, depth, k, seed=int(rng.integers(2**31))).propose([])
+    lp = -np.cumsum(rng.exponential(1.0, (depth, k)), axis=1)
+    return ddtree.build_tree(lp, tok, budget)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(preset=st.sampled_from(["tiny", "tiny-gqa"]), length=st.integers(1, 300), seed=st.integers(0, 2**16),
+       budget=st.integers(0, BUDGET))
+def test_every_slot_matches_its_path(preset, length, seed, budget):
+    dec, pre, ver = engine(preset)
+    ref = reference(preset)
+    rng = np.random.default_rng(seed)
+    vocab = dec.config.vocab_size
+    prompt = rng.integers(0, vocab, length)
+    root = start(preset, prompt)
+    state = ref.new_state(dec.max_context)
+    ref.forward(prompt, state, logits="none")
+    tree = random_tree(rng, vocab, budget)
+    argmax, logits = ver.verify(tree, root, logits=True)
+    assert np.array_equal(argmax, logits.argmax(axis=1)), "the device argmax is the argmax of its logits"
+    tol, cos_min, state_tol = BOUNDS[preset]["rounded"]
+    tokens = tree.verify_tokens(root)
+    paths = [[]] + [tree.path(i) for i in range(tree.n_nodes)]
+    for slot, path in enumerate(paths):
+        s = state.copy()
+        want = ref.forward(tokens[[0] + [n + 1 for n in path]], s, logits="last")[0]
+        c = compare(logits[slot], want)
+        assert c["rel"] <= tol and c["cos"] >= cos_min, (slot, path, c)
+        if c["decided"]:
+            assert argmax[slot] == int(np.argmax(want)), (slot, c)
+    # commit a random slot's path: the decoder's state must be the Reference's after that path
+    slot = int(rng.integers(tree.n_nodes + 1))
+    nodes = paths[slot]
+    pos0 = dec.position
+    ver.commit(tree, nodes, int(argmax[slot]))
+    assert dec.position == pos0 + 1 + len(nodes) and dec.next_token == int(argmax[slot])
+    ref.forward(tokens[[0] + [n + 1 for n in nodes]], state, logits="none")
+    worst = state_errors(dec.download_state(), state)
+    bad = {k: v for k, v in worst.items() if v[0] > state_tol}
+    assert not bad, f"states off after the commit (relative error, layer): {bad}"
+
+
+def test_verify_rejects_bad_requests():
+    dec, pre, ver = engine("tiny")
+    root = start("tiny", [1, 2, 3])
+    too_big = ddtree.chain(np.arange(BUDGET + 1) % 7)
+    with pytest.raises(LucegenError, match="budget"):
+        ver.verify(too_big, root)
+    with pytest.raises(LucegenError, match="out of range"):
+        ver.verify(ddtree.chain([dec.config.vocab_size]), root)
+    tree = ddtree.chain([4, 5, 6])
+    with pytest.raises(LucegenError, match="not a path"):
+        ver.commit(tree, [1], 0)
+    assert dec.position == 3, "a refused request changes nothing"
+
+
+def run_spec(preset: str, prompt, n: int, drafter, *, tree: bool) -> tuple[list[int], float]:
+    ver = engine(preset)[2]
+    start(preset, prompt)
+    spec = SpecDecoder(ver, drafter, tree=tree)
+    out = spec.generate(n)
+    return out, spec.stats.acceptance_length
+
+
+@functools.cache
+def baseline(preset: str, seed: int, length: int, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(prompt, greedy tokens through one-slot trees)."""
+    dec, _, ver = engine(preset)
+    prompt = np.random.default_rng(seed).integers(0, dec.config.vocab_size, length)
+    start(preset, prompt)
+    return tuple(int(t) for t in prompt), tuple(ver.greedy(n))
+
+
+def check_lossless(preset: str, seed: int, length: int, n: int, corrupt: frozenset[int]) -> dict:
+    dec = engine(preset)[0]
+    prompt, want = baseline(preset, seed, length, n)
+    vocab, report = dec.config.vocab_size, {}
+    drafters = {
+        "random": lambda: RandomDrafter(vocab, depth=15, k=4, seed=seed),
+        "oracle": lambda: OracleDrafter(list(want), vocab, depth=15, k=4, seed=seed),
+        "corrupted": lambda: OracleDrafter(list(want), vocab, depth=15, k=4, corrupt=corrupt, seed=seed),
+    }
+    for name, make in drafters.items():
+        for tree in (False, True):
+            got, al = run_spec(preset, prompt, n, make(), tree=tree)
+            report[f"{name}/{'tree' if tree else 'chain'}"] = round(al, 2)
+            assert got == list(want), (name, tree, next(i for i, (a, b) in enumerate(zip(got, want)) if a != b))
+    # the oracle's drafts are the truth: whole blocks are accepted (commit of up to 15 nodes per step)
+    assert report["oracle/chain"] >= 8 and report["oracle/tree"] >= 8, report
+    return report
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@given(preset=st.sampled_from(["tiny", "tiny-gqa"]), seed=st.integers(0, 2**16), length=st.integers(1, 200),
+       corrupt=st.frozensets(st.integers(1, 95), max_size=12))
+def test_spec_decoding_is_lossless(preset, seed, length, corrupt):
+    print(preset, check_lossless(preset, seed, length, 96, corrupt))
+
+
+@pytest.mark.skipif(not os.environ.get("LUCEGEN_08B_DIR"), reason="set LUCEGEN_08B_DIR to a 0.8B checkpoint")
+def test_spec_decoding_is_lossless_08b():
+    print(check_lossless("0.8b", 7, 32, 64, frozenset({3, 17, 18, 40})))
