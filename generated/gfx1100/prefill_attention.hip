@@ -145,7 +145,8 @@ __device__ __forceinline__ float attn_sigmoid(float x) { return 1.0f / (1.0f + e
 
 // ------------------------------------------------------------------------------------------------ prepare
 // Reference.gated_attention minus the projections, for token t at position pos = pos0 + t (one block per token;
-// with `depth`, a DDTree verify batch: slot t sits at position pos0 + depth[t] but still writes cache row pos0 + t):
+// with `depth`, a DDTree verify batch: slot t sits at position pos0 + depth[t] but still writes cache row pos0 + t;
+// with `pos0_at`, pos0 is read from device memory there, so that a captured graph serves every step):
 //   q_h = rms_norm_1p(proj[t, h*2HD : h*2HD+HD], q_norm), k_g = rms_norm_1p(proj[t, NH*2HD + g*HD ...], k_norm),
 //   then apply_rope on the first RD dims (rotate_half; angle = pos * inv_freq[i % (RD/2)]).
 //   cache k[g][row] = k_g, v[g][row] = proj[t, NH*2HD + NKV*HD + g*HD ...] (kv dtype), row = pos0 + t;
@@ -154,8 +155,9 @@ extern "C" __global__ void __launch_bounds__(256)
 prefill_attention_prepare(const float* __restrict__ proj, const float* __restrict__ q_norm,
                           const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
                           bf16_t* __restrict__ kv, int max_context, bf16_t* __restrict__ q_ws, int n_tokens,
-                          int pos0, const int* __restrict__ depth) {
+                          int pos0, const int* __restrict__ depth, const int* __restrict__ pos0_at) {
   __shared__ float normed[(ATTN_NH + ATTN_NKV) * ATTN_HD];
+  if (pos0_at) pos0 = *pos0_at;
   const int t = blockIdx.x, row_pos = pos0 + t, pos = depth ? pos0 + depth[t] : row_pos;
   const float* row = proj + (size_t)t * ATTN_NIN;
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();

@@ -228,20 +228,21 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
 // Reference.gated_attention's softmax part for slot s, query head h (kv head g = h / GROUP), q already normed and
 // roped in q_ws ([NKV][S][GROUP][HD], prefill_attention_prepare with the slots' tree positions):
 //   keys j = 0 .. pos0 + depth[s]: committed cache rows j < pos0, then the path's slots anc[s][j - pos0], whose K/V
-//   the prepare kernel wrote at cache row pos0 + slot;  o = softmax_j(q . k_j * attn_scale) v_j;
+//   the prepare kernel wrote at cache row pos0 + slot (pos0 read from device memory: one graph serves every
+//   step);  o = softmax_j(q . k_j * attn_scale) v_j;
 //   out[s, h] = o * sigmoid(gate[s, h]).
 // Warp w takes keys w, w + AT_WARPS, ... with an online softmax; the warps merge in order. The split depends only on
 // the key count, so a slot's result is the same in any tree.
 extern "C" __global__ void __launch_bounds__(TV_AT_WARPS * LG_WARP_SIZE)
 tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
                int max_context, const int* __restrict__ anc, int anc_stride, const int* __restrict__ depth,
-               bf16_t* __restrict__ out, int n_slots, int pos0) {
+               bf16_t* __restrict__ out, int n_slots, const int* __restrict__ pos0_at) {
   constexpr int EPL = TV_HD / LG_WARP_SIZE;
   __shared__ float part[TV_AT_WARPS][TV_HD];
   __shared__ float stats[2][TV_AT_WARPS];
   const int s = blockIdx.x, h = blockIdx.y, g = h / TV_GROUP, r = h % TV_GROUP;
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
-  const int n_keys = pos0 + depth[s] + 1;
+  const int pos0 = *pos0_at, n_keys = pos0 + depth[s] + 1;
   const bf16_t* q_row = q_ws + (((size_t)g * n_slots + s) * TV_GROUP + r) * TV_HD;
   const bf16_t* k_base = kv + (size_t)g * max_context * TV_HD;
   const bf16_t* v_base = kv + (size_t)(TV_NKV + g) * max_context * TV_HD;

@@ -2,7 +2,9 @@
 achieved bandwidth against the descriptor, tok/J from NVML, barriers per token, optional per-phase profile; prefill is
 ppN through the generated prefill kernels (tok/s, TFLOP/s against the descriptor's peak, time to first token) with each
 GEMM shape against cuBLAS. Both measure the HF transformers baseline in the same run, print a table, and write the
-numbers with ``--json``."""
+numbers with ``--json``. dflash is speculative decoding, acceptance-controlled (lucegen/bench/dflash.py): verify cost
+against the tree budget and spec tok/s against the acceptance length, both against AR decode measured in the same
+run."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from ..errors import LucegenError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="benchmark decode or prefill (vs HF transformers)",
+    p = subparsers.add_parser("bench", help="benchmark decode, prefill or speculative decoding",
                               description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench_kind", required=True, metavar="KIND")
     d = sub.add_parser("decode", help="tg-N decode tok/s, GB/s, tok/J, HF baseline")
@@ -37,6 +39,17 @@ def register(subparsers) -> None:
     f.add_argument("--no-gemm", action="store_true", help="skip the per-shape GEMM vs cuBLAS table")
     f.add_argument("--json", type=Path, default=None, help="write the results here")
     f.set_defaults(func=run_prefill)
+
+    s = sub.add_parser("dflash", help="speculative decoding: verify cost vs budget, spec tok/s vs acceptance length")
+    s.add_argument("--model", required=True, type=Path, help="HF checkpoint directory (the target)")
+    s.add_argument("--prompt-tokens", type=int, default=32)
+    s.add_argument("--gen-tokens", type=int, default=128)
+    s.add_argument("--repeats", type=int, default=10, help="timed passes per measurement (median reported)")
+    s.add_argument("--budgets", type=int, nargs="+", default=None, help="tree budgets to time (default 0 1 8 16 22 "
+                   "32 64)")
+    s.add_argument("--target", default=None, help="descriptor (default: the one matching the GPU)")
+    s.add_argument("--json", type=Path, default=None, help="write the results here")
+    s.set_defaults(func=run_dflash)
 
 
 def run(args) -> int:
@@ -82,5 +95,22 @@ def run_prefill(args) -> int:
     print(format_table(result))
     if args.json:
         result["hf_tok_s"] = {str(k): v for k, v in result.get("hf_tok_s", {}).items()}
+        atomic_write(args.json, json.dumps(result, indent=2).encode())
+    return 0
+
+
+def run_dflash(args) -> int:
+    from ..bench.dflash import BUDGETS, bench_dflash, format_table
+
+    for name in ("prompt_tokens", "gen_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            raise LucegenError(f"--{name.replace('_', '-')} must be at least 1")
+    budgets = tuple(args.budgets or BUDGETS)
+    if any(b < 0 for b in budgets):
+        raise LucegenError(f"--budgets must be non-negative, got {list(budgets)}")
+    result = bench_dflash(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
+                          repeats=args.repeats, budgets=budgets, target=args.target)
+    print(format_table(result))
+    if args.json:
         atomic_write(args.json, json.dumps(result, indent=2).encode())
     return 0

@@ -57,7 +57,7 @@ class TreeVerifier:
     """Verify passes of up to ``1 + budget`` slots into a :class:`MegakernelDecoder`'s weights and state (the
     descriptor's ``[ddtree] budget`` by default)."""
 
-    def __init__(self, decoder, *, budget: int | None = None):
+    def __init__(self, decoder, *, budget: int | None = None, graphs: bool = True):
         self.dec = decoder
         self.device, self.target, self.config = decoder.device, decoder.target, decoder.config
         budget = self.target.ddtree.budget if budget is None else budget
@@ -82,6 +82,8 @@ class TreeVerifier:
         self.attend_fn, self.argmax_fn = fn("tree_attention"), fn("rows_argmax")
         self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
         self.stream = dev.stream()
+        self.use_graphs = graphs
+        self._graphs: dict[int, object] = {}  # slots -> the captured pass (pos0 and the tree come from memory)
         self._allocate()
 
     # ------------------------------------------------------------------------------------------ memory
@@ -103,15 +105,18 @@ class TreeVerifier:
         self.windows = d.alloc(4 * max(1, lay.n_dn) * S * self.window_floats)
         self.q_ws = d.alloc(max(1, self.attention.workspace_bytes(S)))
         self.tokens = d.alloc(4 * S)
+        self.pos0 = d.alloc(4)
         self.layout_buf = d.alloc(4 * (2 + S) * S)
         self.path = d.alloc(4 * S)
         self.logits = d.alloc(4 * S * c.vocab_size)
         self.argmax = d.alloc(4 * S)
 
     def close(self) -> None:
+        for g in getattr(self, "_graphs", {}).values():
+            g.destroy()
         if hasattr(self, "acts"):
             self.acts.free()
-        for name in ("ws", "states", "windows", "q_ws", "tokens", "layout_buf", "path", "logits", "argmax"):
+        for name in ("ws", "states", "windows", "q_ws", "tokens", "pos0", "layout_buf", "path", "logits", "argmax"):
             b = getattr(self, name, None)
             if isinstance(b, Buffer):
                 b.free()
@@ -127,7 +132,6 @@ class TreeVerifier:
         wvec = lambda off: dec.wvec.ptr + 4 * off  # noqa: E731
         parent = self.layout_buf.ptr
         depth, anc = parent + 4 * S, parent + 8 * S
-        pos0 = dec.position
         n = np.int32(S)
 
         def mix(l, T):
@@ -147,14 +151,40 @@ class TreeVerifier:
                                                  address(self.ws.ptr), address(acts.mix.ptr), n), stream=st)
             else:
                 kv = kv_layer(dec, l)
-                self.attention.prepare(proj=acts.proj.ptr, T=S, pos0=pos0, q_norm=wvec(l.q_norm),
+                self.attention.prepare(proj=acts.proj.ptr, T=S, pos0=0, q_norm=wvec(l.q_norm),
                                        k_norm=wvec(l.k_norm), inv_freq=wvec(dec.layout.inv_freq), kv=kv,
-                                       max_context=dec.max_context, workspace=self.q_ws.ptr, depth=depth, stream=st)
+                                       max_context=dec.max_context, workspace=self.q_ws.ptr, depth=depth,
+                                       pos0_at=self.pos0.ptr, stream=st)
                 self.attend_fn.launch((S, c.num_attention_heads), ATTENTION_WARPS * self.target.warp_size,
                                       (address(self.q_ws.ptr), address(acts.proj.ptr), address(kv),
                                        np.int32(dec.max_context), address(anc), np.int32(S), address(depth),
-                                       address(acts.mix.ptr), n, np.int32(pos0)), stream=st)
+                                       address(acts.mix.ptr), n, address(self.pos0.ptr)), stream=st)
         return mix
+
+    def _enqueue_pass(self, S: int) -> None:
+        """Queue a whole verify pass of S slots on ``self.stream``: every argument is fixed by S (the tree, the
+        tokens and pos0 live in device memory), so one captured graph per S serves every step."""
+        c, st, acts, dec = self.config, self.stream, self.acts, self.dec
+        H = c.hidden_size
+        enqueue_layers(self.gemm, self.embed_fn, dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st)
+        self.gemm.rows_f32(acts.xn.ptr, H, dec.wmat.ptr + 2 * dec.layout.lm_head, H, S, c.vocab_size, H,
+                           acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, c.vocab_size, stream=st)
+        self.argmax_fn.launch(S, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax.ptr)),
+                              stream=st)
+
+    def _run_pass(self, S: int) -> None:
+        if not self.use_graphs:
+            self._enqueue_pass(S)
+            return
+        graph = self._graphs.get(S)
+        if graph is None:
+            self.stream.begin_capture()
+            try:
+                self._enqueue_pass(S)
+            finally:
+                graph = self.stream.end_capture()
+            self._graphs[S] = graph
+        graph.launch(self.stream)
 
     def verify(self, tree: ddtree.Tree, root_token: int, *, logits: bool = False):
         """The target's greedy token after every slot of ``[root] + tree`` (int64 [1 + n]; with ``logits`` also the
@@ -172,13 +202,9 @@ class TreeVerifier:
         self.stream.synchronize()  # the layout buffers may still feed a queued pass
         self.device.upload(tokens.astype(np.int32), self.tokens)
         self.device.upload(tree_layout(tree), self.layout_buf)
-        st, acts, H = self.stream, self.acts, c.hidden_size
-        enqueue_layers(self.gemm, self.embed_fn, dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st)
-        self.gemm.rows_f32(acts.xn.ptr, H, dec.wmat.ptr + 2 * dec.layout.lm_head, H, S, c.vocab_size, H,
-                           acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, c.vocab_size, stream=st)
-        self.argmax_fn.launch(S, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax.ptr)),
-                              stream=st)
-        st.synchronize()
+        self.device.upload(np.array([dec.position], np.int32), self.pos0)
+        self._run_pass(S)
+        self.stream.synchronize()
         argmax = self.device.download(self.argmax, np.int32, (S,)).astype(np.int64)
         if logits:
             return argmax, self.device.download(self.logits, np.float32, (S, c.vocab_size))

@@ -58,16 +58,17 @@ class AttentionKernels:
         return T * self.pf["NH"] * self.pf["HD"] * 2
 
     def prepare(self, *, proj: int, T: int, pos0: int, q_norm: int, k_norm: int, inv_freq: int, kv: int,
-                max_context: int, workspace: int, depth: int = 0, stream=None) -> None:
+                max_context: int, workspace: int, depth: int = 0, pos0_at: int = 0, stream=None) -> None:
         """Queue ``prefill_attention_prepare``: q/k norms and RoPE, K/V into cache rows pos0 .. pos0+T-1, q into
-        the workspace. With ``depth`` (device int [T], a DDTree verify batch) token t is roped at pos0 + depth[t]."""
+        the workspace. With ``depth`` (device int [T], a DDTree verify batch) token t is roped at pos0 + depth[t];
+        with ``pos0_at`` (device int) the kernel reads pos0 there (the caller checks it fits the cache)."""
         if T < 1 or pos0 < 0 or pos0 + T > max_context:
             raise LucegenError(f"prefill attention: positions {pos0} .. {pos0 + T - 1} do not fit a cache of "
                                f"max_context {max_context}")
         self.prepare_fn.launch(T, PREPARE_THREADS,
                                (address(proj), address(q_norm), address(k_norm), address(inv_freq), address(kv),
                                 np.int32(max_context), address(workspace), np.int32(T), np.int32(pos0),
-                                address(depth)),
+                                address(depth), address(pos0_at)),
                                stream=stream)
 
     def run(self, *, proj: int, T: int, pos0: int, q_norm: int, k_norm: int, inv_freq: int, kv: int,
