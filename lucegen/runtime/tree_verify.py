@@ -11,7 +11,8 @@ The pass is the prefill's layer loop (:func:`lucegen.runtime.prefill.runner.enqu
 the token mixing of ``templates/dflash/tree_verify.cu.j2``: the conv window and DeltaNet state of every slot derive
 from its parent's, attention sees the committed context plus the slot's ancestors. Every slot's state and conv
 window are kept, so the commit copies the accepted slot's (no recompute) and moves the accepted path's KV rows into
-sequence order. The decoder's state is only read until ``commit``: a rejected tree leaves no trace.
+sequence order. Until ``commit`` the decoder's state is only read (the pass writes its slots' KV rows past the
+committed position, which no sequence position refers to): a rejected tree leaves no trace.
 
 Lossless by construction, bit for bit: every kernel computes a slot from its own path in a fixed order, and the
 GEMMs run one fixed tiling whatever the row count (no GEMV path for few rows, no split-K), so a slot's logits do
@@ -188,7 +189,7 @@ class TreeVerifier:
 
     def verify(self, tree: ddtree.Tree, root_token: int, *, logits: bool = False):
         """The target's greedy token after every slot of ``[root] + tree`` (int64 [1 + n]; with ``logits`` also the
-        f32 logits [1 + n, vocab]). Reads the decoder's state, changes none of it."""
+        f32 logits [1 + n, vocab]). Changes no committed state: the slots' K/V go to cache rows past the position."""
         c, dec = self.config, self.dec
         S = tree.n_nodes + 1
         if S > self.slots:
