@@ -78,13 +78,22 @@ class Layout:
     def n_at(self) -> int:
         return sum(1 for l in self.layers if l.kind == 1)
 
-    def conv_state_floats(self) -> int:
+    @property
+    def conv_window_floats(self) -> int:
+        """One DeltaNet layer's conv window: [conv_dim][conv_kernel - 1]."""
+        return self.config.conv_dim * (self.config.conv_kernel - 1)
+
+    @property
+    def recurrent_state_floats(self) -> int:
+        """One DeltaNet layer's recurrent state: [NV][DV][DK]."""
         c = self.config
-        return max(1, self.n_dn * c.conv_dim * (c.conv_kernel - 1))
+        return c.linear_num_value_heads * c.linear_value_head_dim * c.linear_key_head_dim
+
+    def conv_state_floats(self) -> int:
+        return max(1, self.n_dn * self.conv_window_floats)
 
     def recurrent_floats(self) -> int:
-        c = self.config
-        return max(1, self.n_dn * c.linear_num_value_heads * c.linear_value_head_dim * c.linear_key_head_dim)
+        return max(1, self.n_dn * self.recurrent_state_floats)
 
     def kv_elems(self, max_context: int) -> int:
         c = self.config

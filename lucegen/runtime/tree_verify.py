@@ -32,7 +32,8 @@ from .device import Buffer, address
 from .prefill.attention import AttentionKernels
 from .prefill.gemm import GemmKernels
 from .prefill.params import prefill_params
-from .prefill.runner import Activations, enqueue_layers, kv_layer, load_common
+from .prefill.runner import (Activations, conv_layer, enqueue_layers, kv_layer, load_common, recurrent_layer,
+                             wmat_at, wvec_at)
 
 TEMPLATE = "dflash/tree_verify.cu.j2"
 MODULE = "tree_verify"
@@ -88,22 +89,13 @@ class TreeVerifier:
         self._allocate()
 
     # ------------------------------------------------------------------------------------------ memory
-    @property
-    def state_floats(self) -> int:
-        c = self.config
-        return c.linear_num_value_heads * c.linear_value_head_dim * c.linear_key_head_dim
-
-    @property
-    def window_floats(self) -> int:
-        return self.config.conv_dim * (self.config.conv_kernel - 1)
-
     def _allocate(self) -> None:
         c, pf, S, d, lay = self.config, self.pf, self.slots, self.device, self.dec.layout
         self.acts = Activations(d, c, pf, S)
         ws = S * (2 * pf["KD"] + 2 * pf["VD"] + 2 * pf["NV"])
         self.ws = d.alloc(4 * ws)
-        self.states = d.alloc(4 * max(1, lay.n_dn) * S * self.state_floats)
-        self.windows = d.alloc(4 * max(1, lay.n_dn) * S * self.window_floats)
+        self.states = d.alloc(4 * max(1, lay.n_dn) * S * lay.recurrent_state_floats)
+        self.windows = d.alloc(4 * max(1, lay.n_dn) * S * lay.conv_window_floats)
         self.q_ws = d.alloc(max(1, self.attention.workspace_bytes(S)))
         self.tokens = d.alloc(4 * S)
         self.pos0 = d.alloc(4)
@@ -122,31 +114,26 @@ class TreeVerifier:
             if isinstance(b, Buffer):
                 b.free()
 
-    def state_bytes(self) -> int:
-        """Device memory the verifier adds to the decoder's (activations, per-slot states, logits)."""
-        return sum(getattr(self, n).nbytes for n in ("ws", "states", "windows", "q_ws", "logits")) + sum(
-            getattr(self.acts, n).nbytes for n in Activations.NAMES)
-
     # ------------------------------------------------------------------------------------------ one pass
     def _mix(self, S: int):
-        c, dec, st, pf, acts = self.config, self.dec, self.stream, self.pf, self.acts
-        wvec = lambda off: dec.wvec.ptr + 4 * off  # noqa: E731
+        c, dec, st, pf, acts, lay = self.config, self.dec, self.stream, self.pf, self.acts, self.dec.layout
+        wvec = lambda off: wvec_at(dec, off)  # noqa: E731
         parent = self.layout_buf.ptr
         depth, anc = parent + 4 * S, parent + 8 * S
         n = np.int32(S)
 
         def mix(l, T):
             if l.kind == 0:
-                conv = dec.conv.ptr + 4 * l.slot * self.window_floats
-                rec = dec.recurrent.ptr + 4 * l.slot * self.state_floats
-                states = self.states.ptr + 4 * l.slot * self.slots * self.state_floats
-                windows = self.windows.ptr + 4 * l.slot * self.slots * self.window_floats
-                self.conv_fn.launch(S, THREADS, (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv),
+                states = self.states.ptr + 4 * l.slot * self.slots * lay.recurrent_state_floats
+                windows = self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
+                self.conv_fn.launch(S, THREADS, (address(acts.proj.ptr), address(wvec(l.conv_w)),
+                                                 address(conv_layer(dec, l)),
                                                  address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
                                                  address(self.ws.ptr), address(windows), n), stream=st)
                 cols_per_block = THREADS // self.target.warp_size
                 self.rule_fn.launch(-(-pf["NV"] * pf["DV"] // cols_per_block), THREADS,
-                                    (address(self.ws.ptr), address(parent), address(rec), address(states), n),
+                                    (address(self.ws.ptr), address(parent), address(recurrent_layer(dec, l)),
+                                     address(states), n),
                                     stream=st)
                 self.norm_fn.launch(S, THREADS, (address(acts.proj.ptr), address(wvec(l.gnorm)),
                                                  address(self.ws.ptr), address(acts.mix.ptr), n), stream=st)
@@ -168,7 +155,7 @@ class TreeVerifier:
         c, st, acts, dec = self.config, self.stream, self.acts, self.dec
         H = c.hidden_size
         enqueue_layers(self.gemm, self.embed_fn, dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st)
-        self.gemm.rows_f32(acts.xn.ptr, H, dec.wmat.ptr + 2 * dec.layout.lm_head, H, S, c.vocab_size, H,
+        self.gemm.rows_f32(acts.xn.ptr, H, wmat_at(dec, dec.layout.lm_head), H, S, c.vocab_size, H,
                            acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, c.vocab_size, stream=st)
         self.argmax_fn.launch(S, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax.ptr)),
                               stream=st)
@@ -222,8 +209,8 @@ class TreeVerifier:
             raise LucegenError(f"commit: nodes {list(accepted)} are not a path from the root of the tree")
         if lay.n_dn:
             self.commit_dn_fn.launch((COMMIT_BLOCKS, lay.n_dn), THREADS,
-                                     (address(self.states.ptr), np.uint64(self.slots * self.state_floats),
-                                      address(self.windows.ptr), np.uint64(self.slots * self.window_floats),
+                                     (address(self.states.ptr), np.uint64(self.slots * lay.recurrent_state_floats),
+                                      address(self.windows.ptr), np.uint64(self.slots * lay.conv_window_floats),
                                       address(dec.recurrent.ptr), address(dec.conv.ptr), np.int32(path[-1])),
                                      stream=st)
         if lay.n_at and path.size > 1:

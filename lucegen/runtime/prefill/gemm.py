@@ -251,8 +251,8 @@ class GemmKernels:
     def _geometry(self, ep: str, M: int, N: int):
         """(kernel, grid, dynamic smem, block height, instance) of epilogue ``ep`` for an M x N GEMM."""
         g = self.instances[ep]
-        bm = self.block_rows or self.fixed_rows.get(ep) or pick_block_rows(M, N, g.pf["tile_n"], self.target.compute_units * g.crews,
-                                                g.blocks_per_unit)
+        bm = self.block_rows or self.fixed_rows.get(ep) or pick_block_rows(
+            M, N, g.pf["tile_n"], self.target.compute_units * g.crews, g.blocks_per_unit)
         return g.functions[(ep, bm)], g.grid(bm, M, N), g.smem[bm], bm, g
 
     # ---- the three epilogues -------------------------------------------------------------------------------------

@@ -40,10 +40,30 @@ def load_common(device, target, pf: dict):
     return device.load(compile_source(target, "prefill_common", source, template="prefill/common.cu.j2"))
 
 
+def wmat_at(dec, elem_offset: int) -> int:
+    """Device address of a packed matrix (element offset into the decoder's wmat, compute dtype)."""
+    return dec.wmat.ptr + 2 * elem_offset
+
+
+def wvec_at(dec, float_offset: int) -> int:
+    """Device address of a packed vector (float offset into the decoder's wvec)."""
+    return dec.wvec.ptr + 4 * float_offset
+
+
 def kv_layer(dec, layer) -> int:
     """Device address of attention ``layer``'s KV cache ([2][NKV][max_context][HD]) in the decoder's state."""
     c = dec.config
     return dec.kv.ptr + 2 * layer.slot * 2 * c.num_kv_heads * dec.max_context * c.head_dim
+
+
+def conv_layer(dec, layer) -> int:
+    """Device address of DeltaNet ``layer``'s conv window in the decoder's state."""
+    return dec.conv.ptr + 4 * layer.slot * dec.layout.conv_window_floats
+
+
+def recurrent_layer(dec, layer) -> int:
+    """Device address of DeltaNet ``layer``'s recurrent state in the decoder's state."""
+    return dec.recurrent.ptr + 4 * layer.slot * dec.layout.recurrent_state_floats
 
 
 class Activations:
@@ -82,9 +102,8 @@ def enqueue_layers(gemm, embed_fn, dec, pf: dict, acts: Activations, tokens: int
     c, lay, seg = dec.config, dec.layout, acts.rows
     H, I = c.hidden_size, c.intermediate_size
     x, xn, ss, proj, out, act = (getattr(acts, n).ptr for n in Activations.NAMES)
-    wmat = lambda off: dec.wmat.ptr + 2 * off  # noqa: E731
-    wvec = lambda off: dec.wvec.ptr + 4 * off  # noqa: E731
     ss_parts, layers = pf["ss_parts"], lay.layers
+    wmat, wvec = (lambda off: wmat_at(dec, off)), (lambda off: wvec_at(dec, off))
     embed_fn.launch(T, EMBED_THREADS, (address(tokens), address(wmat(lay.embed)), address(wvec(layers[0].in_norm)),
                                        address(x), address(xn), address(ss), np.int32(seg)), stream=stream)
     at_out = c.num_attention_heads * c.head_dim
@@ -150,17 +169,15 @@ class Prefiller:
     # ------------------------------------------------------------------------------------------ one segment
     def _mix(self, pos0: int):
         """The prefill's token mixing at positions pos0 ..: chunked DeltaNet / causal attention, state in place."""
-        c, dec, st, acts = self.config, self.dec, self.stream, self.acts
-        wvec = lambda off: dec.wvec.ptr + 4 * off  # noqa: E731
+        dec, st, acts = self.dec, self.stream, self.acts
+        wvec = lambda off: wvec_at(dec, off)  # noqa: E731
 
         def mix(l, T):
             if l.kind == 0:
-                conv = dec.conv.ptr + 4 * l.slot * c.conv_dim * (c.conv_kernel - 1)
-                rec = dec.recurrent.ptr + 4 * l.slot * (c.linear_num_value_heads * c.linear_value_head_dim
-                                                        * c.linear_key_head_dim)
                 self.deltanet.run(proj=acts.proj.ptr, T=T, conv_w=wvec(l.conv_w), a_log=wvec(l.a_log),
-                                  dt_bias=wvec(l.dt_bias), gnorm_w=wvec(l.gnorm), conv_state=conv,
-                                  recurrent=rec, out=acts.mix.ptr, workspace=self.ws_dn.ptr, stream=st)
+                                  dt_bias=wvec(l.dt_bias), gnorm_w=wvec(l.gnorm), conv_state=conv_layer(dec, l),
+                                  recurrent=recurrent_layer(dec, l), out=acts.mix.ptr, workspace=self.ws_dn.ptr,
+                                  stream=st)
             else:
                 self.attention.run(proj=acts.proj.ptr, T=T, pos0=pos0, q_norm=wvec(l.q_norm),
                                    k_norm=wvec(l.k_norm), inv_freq=wvec(dec.layout.inv_freq), kv=kv_layer(dec, l),
@@ -176,7 +193,7 @@ class Prefiller:
         if last:  # final norm (folded into xn, row scale from ss) + lm_head on the last row with its argmax
             row = T - 1
             self.device.memset_async(self.argmax.ptr, 8, st)
-            self.gemm.rows_f32(acts.xn.ptr + 2 * row * H, H, self.dec.wmat.ptr + 2 * self.dec.layout.lm_head, H, 1,
+            self.gemm.rows_f32(acts.xn.ptr + 2 * row * H, H, wmat_at(self.dec, self.dec.layout.lm_head), H, 1,
                                c.vocab_size, H, acts.ss.ptr + 4 * row, self.pf["ss_parts"], self.segment,
                                self.logits.ptr, c.vocab_size, stream=st, argmax_key=self.argmax.ptr)
 
