@@ -54,6 +54,7 @@ __device__ __forceinline__ float sqrtf(float x) { return __builtin_sqrtf(x); }
 __device__ __forceinline__ float expf(float x) { return __builtin_expf(x); }
 __device__ __forceinline__ float exp2f(float x) { return __builtin_exp2f(x); }
 __device__ __forceinline__ float logf(float x) { return __builtin_logf(x); }
+__device__ __forceinline__ float tanhf(float x) { return 1.0f - 2.0f / (__builtin_expf(2.0f * x) + 1.0f); }  // +-1 at +-inf
 __device__ __forceinline__ float log1pf(float x) { return __builtin_logf(1.0f + x); }  // LLVM intrinsic, no libm
 __device__ __forceinline__ float sinf(float x) { return __builtin_sinf(x); }
 __device__ __forceinline__ float cosf(float x) { return __builtin_cosf(x); }

@@ -1,10 +1,12 @@
 """Speculative-decoding benchmark, acceptance-controlled: ``lucegen bench dflash --model DIR``.
 
-Random weights accept nothing a real draft proposes, so the drafter is the oracle (lucegen/runtime/dflash.py): the
-target's own greedy continuation, corrupted every ``AL``-th position, under chain verify. A step then accepts the
-tokens up to the next corruption and emits exactly ``AL`` tokens (the last one the bonus), so the acceptance length
-is set, not hoped for. The DFlash draft network is not built yet: its cost is **not** in these figures (the
-``draft`` column is the oracle's host time), and the table says so.
+Random weights accept nothing a real draft proposes, so the proposals are the oracle's (lucegen/runtime/dflash.py):
+the target's own greedy continuation, corrupted every ``AL``-th position, under chain verify. A step then accepts
+the tokens up to the next corruption and emits exactly ``AL`` tokens (the last one the bonus), so the acceptance
+length is set, not hoped for. With ``draft`` (a DFlash draft directory) the network runs every step as it would
+in earnest (``ControlledDrafter``: its block forward, top-k and context ingest are in the ``draft`` column, the
+verify captures its hidden states) and only its proposals are replaced; without one the ``draft`` column is the
+oracle's host time and the table says so.
 
 Measured in one run on one model:
 
@@ -13,7 +15,11 @@ Measured in one run on one model:
 - verify cost against the number of slots (1 + budget): wall time of ``TreeVerifier.verify`` (upload, every
   launch, the argmax read back), median of repeats, and its ratio to a megakernel AR step;
 - per AL: spec tok/s (emitted tokens over the loop's wall time), the speed-up against both ARs, and the step's
-  breakdown (draft, tree, verify, commit).
+  breakdown (draft, tree, verify, commit);
+- the draft network's block forward alone (median wall time of ``propose``), when there is one;
+- a projection, labelled as such, at the reference's mean HumanEval acceptance length (REFERENCE_AL): that AL over
+  a step made of the measured draft, tree and commit times of the closest AL row and the measured verify at the
+  reference's budget (REFERENCE_BUDGET).
 """
 
 from __future__ import annotations
@@ -27,12 +33,17 @@ from ..errors import LucegenError
 
 BUDGETS = (0, 1, 8, 16, 22, 32, 64)
 ACCEPTANCE_LENGTHS = (1, 2, 4, 8, 16)
+#: The reference's mean acceptance length and tree budget on HumanEval (Qwen3.5-27B Q4_K_M + z-lab DFlash draft, RTX
+#: 3090): Luce-Org/lucebox-hub dflash/RESULTS.md, "Headline" table (AL 8.31, DDTree budget 22).
+REFERENCE_AL, REFERENCE_BUDGET = 8.31, 22
 
 
 def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repeats: int = 10, budgets=BUDGETS,
-                 acceptance_lengths=ACCEPTANCE_LENGTHS, target=None, seed: int = 0) -> dict:
+                 acceptance_lengths=ACCEPTANCE_LENGTHS, target=None, seed: int = 0, draft=None,
+                 top_k: int = 8) -> dict:
     from ..runtime import ddtree
-    from ..runtime.dflash import OracleDrafter, SpecDecoder
+    from ..runtime.dflash import ControlledDrafter, OracleDrafter, SpecDecoder
+    from ..runtime.draft import DFlashDrafter
     from ..runtime.megakernel import MegakernelDecoder
     from ..runtime.prefill.runner import Prefiller
     from ..runtime.tree_verify import TreeVerifier
@@ -40,12 +51,15 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
     depth = max(acceptance_lengths)
     max_budget = max(max(budgets), depth)
     dec = MegakernelDecoder(model, target=target, max_context=prompt_tokens + 2 * gen_tokens + max_budget + 2)
-    pre, ver = Prefiller(dec), TreeVerifier(dec, budget=max_budget)
+    network = DFlashDrafter(dec, draft, k=top_k, rows=max(64, max_budget + 1)) if draft else None
+    pre, ver = Prefiller(dec, draft=network), TreeVerifier(dec, budget=max_budget, draft=network)
     cfg, dev = dec.config, dec.device
     prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).astype(np.int32)
 
     def start():
         dec.reset()
+        if network:
+            network.reset()
         return pre.prefill(prompt)
 
     # AR 1: the megakernel (CUDA events around one launch of gen_tokens steps)
@@ -78,13 +92,25 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
             walls.append((time.perf_counter() - w0) * 1e3)
         ms = statistics.median(walls)
         verify_rows.append({"budget": budget, "slots": budget + 1, "ms": ms, "vs_ar_step": ms / mk_step})
+    # the draft network's block forward (top-k included) after the prompt
+    draft_ms = None
+    if network:
+        root = start()
+        network.propose([root])  # warm-up: captures the block graph
+        walls = []
+        for _ in range(repeats):
+            w0 = time.perf_counter()
+            network.propose([root])
+            walls.append((time.perf_counter() - w0) * 1e3)
+        draft_ms = statistics.median(walls)
     # acceptance-controlled speculative decoding
     spec_rows = []
     for al in acceptance_lengths:
         start()
         corrupt = frozenset(range(al, len(truth), al))  # the step from root r accepts r+1 .. next corruption - 1
-        spec = SpecDecoder(ver, OracleDrafter(truth, cfg.vocab_size, depth=al, k=1, corrupt=corrupt, seed=seed),
-                           budget=depth, tree=False)
+        drafter = OracleDrafter(truth, cfg.vocab_size, depth=al, k=1, corrupt=corrupt, seed=seed)
+        spec = SpecDecoder(ver, ControlledDrafter(network, drafter) if network else drafter, budget=depth,
+                           tree=False)
         w0 = time.perf_counter()
         got = spec.generate(gen_tokens)
         wall = time.perf_counter() - w0
@@ -99,16 +125,35 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
               "gen_tokens": gen_tokens, "repeats": repeats, "megakernel_ms_per_token": mk_step,
               "megakernel_tok_s": 1e3 / mk_step, "verify_ar_ms_per_token": verify_ar_step,
               "verify_ar_tok_s": 1e3 / verify_ar_step, "verify": verify_rows, "spec": spec_rows,
-              "draft": "oracle (no draft network: its cost is not included)"}
-    ver.close()
-    pre.close()
-    dec.close()
+              "draft": (f"DFlash {network.config.name} (runs every step, top-{top_k}; proposals from the oracle)"
+                        if network else "oracle (no draft network: its cost is not included)"),
+              "draft_forward_ms": draft_ms, "projection": projection(verify_rows, spec_rows, mk_step)}
+    for part in (ver, pre, network, dec):
+        if part:
+            part.close()
     return result
+
+
+def projection(verify_rows, spec_rows, mk_step: float) -> dict | None:
+    """Projected spec tok/s at REFERENCE_AL (a projection, not a measurement): a step = the measured draft, tree and
+    commit ms of the AL row closest to it + the measured verify at REFERENCE_BUDGET."""
+    verify = {v["budget"]: v["ms"] for v in verify_rows}
+    if REFERENCE_BUDGET not in verify or not spec_rows:
+        return None
+    row = min(spec_rows, key=lambda s: abs(s["al"] - REFERENCE_AL))
+    ms = row["ms_per_step"]
+    step = ms["draft"] + ms["tree"] + ms["commit"] + verify[REFERENCE_BUDGET]
+    tok_s = REFERENCE_AL / step * 1e3
+    return {"al": REFERENCE_AL, "budget": REFERENCE_BUDGET, "step_ms": step, "tok_s": tok_s,
+            "vs_megakernel": tok_s * mk_step / 1e3, "from_al_row": row["al"],
+            "source": "Luce-Org/lucebox-hub dflash/RESULTS.md (HumanEval mean AL, budget 22)"}
 
 
 def format_table(r: dict) -> str:
     lines = [f"device / target  {r['device']} / {r['target']}   model {r['model']}   tg{r['gen_tokens']} after "
              f"{r['prompt_tokens']} prompt tokens   drafter: {r['draft']}",
+             *([f"draft forward    {r['draft_forward_ms']:.3f} ms (one block + top-k, wall)"]
+               if r.get("draft_forward_ms") is not None else []),
              f"AR megakernel    {r['megakernel_tok_s']:.0f} tok/s ({r['megakernel_ms_per_token']:.3f} ms/token)",
              f"AR verify path   {r['verify_ar_tok_s']:.0f} tok/s ({r['verify_ar_ms_per_token']:.3f} ms/token: "
              f"one-slot verify passes, the lossless reference)",
@@ -122,4 +167,9 @@ def format_table(r: dict) -> str:
         lines.append(f"{s['al']:>5.2f} {s['steps']:>6} {s['tok_s']:>11.0f} {s['vs_megakernel']:>13.2f} "
                      f"{s['vs_verify_ar']:>12.2f} {ms['draft']:>7.3f} {ms['tree']:>7.3f} {ms['verify']:>7.3f} "
                      f"{ms['commit']:>7.3f}")
+    p = r.get("projection")
+    if p:
+        lines.append(f"PROJECTION at the reference's HumanEval AL {p['al']} (budget {p['budget']} verify + the AL "
+                     f"{p['from_al_row']:.0f} row's draft/tree/commit; {p['source']}): {p['tok_s']:.0f} tok/s, "
+                     f"{p['vs_megakernel']:.2f}x megakernel, {p['step_ms']:.3f} ms per step")
     return "\n".join(lines)

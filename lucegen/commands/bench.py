@@ -47,6 +47,9 @@ def register(subparsers) -> None:
     s.add_argument("--repeats", type=int, default=10, help="timed passes per measurement (median reported)")
     s.add_argument("--budgets", type=int, nargs="+", default=None, help="tree budgets to time (default 0 1 8 16 22 "
                    "32 64)")
+    s.add_argument("--draft", type=Path, default=None, help="DFlash draft directory: the network runs every step "
+                   "(its cost counts) while the oracle's proposals set the acceptance")
+    s.add_argument("--top-k", type=int, default=8, help="draft candidates per position (default 8)")
     s.add_argument("--target", default=None, help="descriptor (default: the one matching the GPU)")
     s.add_argument("--json", type=Path, default=None, help="write the results here")
     s.set_defaults(func=run_dflash)
@@ -109,7 +112,8 @@ def run_dflash(args) -> int:
     if any(b < 0 for b in budgets):
         raise LucegenError(f"--budgets must be non-negative, got {list(budgets)}")
     result = bench_dflash(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
-                          repeats=args.repeats, budgets=budgets, target=args.target)
+                          repeats=args.repeats, budgets=budgets, target=args.target, draft=args.draft,
+                          top_k=args.top_k)
     print(format_table(result))
     if args.json:
         atomic_write(args.json, json.dumps(result, indent=2).encode())

@@ -369,6 +369,13 @@ PRESETS: dict[str, DFlashConfig] = {
         name="dflash-qwen3.5-27b", hidden_size=5120, num_layers=5, intermediate_size=17408, vocab_size=248320,
         num_attention_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e7, block_size=16,
         mask_token_id=248070, target_layer_ids=(1, 16, 31, 46, 61), num_target_layers=64),
+    # Not a published draft: the 27B draft's structure (5 layers, block 16, taps spread by build_target_layer_ids,
+    # the target's vocabulary and mask token) at the qwen3.5-0.8b preset's width, so that the 0.8B target on the
+    # device can run a draft network of proportionate cost (benchmarks, tests).
+    "dflash-qwen3.5-0.8b": DFlashConfig(
+        name="dflash-qwen3.5-0.8b", hidden_size=1024, num_layers=5, intermediate_size=3584, vocab_size=248320,
+        num_attention_heads=8, num_kv_heads=2, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e7, block_size=16,
+        mask_token_id=248070, target_layer_ids=build_target_layer_ids(24, 5), num_target_layers=24),
     # A draft for the "tiny" target preset (hidden 128, 4 layers, vocab 512): same structure, small dims.
     "dflash-tiny": DFlashConfig(
         name="dflash-tiny", hidden_size=128, num_layers=2, intermediate_size=256, vocab_size=512,

@@ -7,14 +7,17 @@
 
 A *drafter* proposes, for the ``depth`` positions after the root, its top-K tokens with log-probabilities (each
 row sorted, best first), given every token emitted so far (the root last): ``propose(history) -> (logprobs [D, K],
-tokens [D, K])``. The DFlash draft network is such a drafter (lucegen/model/dflash.py holds its config and
-weights; its device forward is not built yet). Two drafters serve the tests and the acceptance-controlled
-benchmark, where random weights would accept nothing:
+tokens [D, K])``; after every commit it hears which verify slots were kept: ``committed(path, pos0, slots)``.
+The DFlash draft network is such a drafter (:class:`lucegen.runtime.draft.DFlashDrafter`). Two drafters serve the
+tests and the acceptance-controlled benchmark, where random weights would accept nothing:
 
 - :class:`OracleDrafter` proposes a known continuation (the target's own greedy one), the true token at rank 0 of
   every row; at the continuation indices in ``corrupt`` rank 0 is a wrong token and the true one drops to rank 1
   (a tree can still find it, a chain cannot).
 - :class:`RandomDrafter` proposes random tokens.
+
+:class:`ControlledDrafter` runs a network drafter (its cost counts) but proposes an oracle's rows: the benchmark's
+acceptance-controlled mode.
 
 Whatever the drafter, the emitted tokens are the verifier's greedy tokens (lossless): ``ddtree.accept`` keeps a
 drafted token only where the target's argmax after its parent equals it, and every step emits the target's own
@@ -70,6 +73,9 @@ class RandomDrafter:
             _fill_distinct(self.rng, row, set(), self.vocab)
         return _rows(self.depth, self.k), tokens
 
+    def committed(self, path, pos0: int, slots: int) -> None:
+        """Nothing to keep."""
+
 
 @dataclass
 class OracleDrafter:
@@ -110,6 +116,25 @@ class OracleDrafter:
                 taken.add(truth)
             _fill_distinct(self.rng, row, taken, self.vocab)
         return _rows(self.depth, self.k), tokens
+
+    def committed(self, path, pos0: int, slots: int) -> None:
+        """Nothing to keep."""
+
+
+@dataclass
+class ControlledDrafter:
+    """``network`` drafts every step (its context kept up to date, its time spent) but ``oracle``'s rows are
+    proposed: a speculative run with the real draft's cost at an acceptance the oracle sets."""
+
+    network: object
+    oracle: OracleDrafter
+
+    def propose(self, history) -> tuple[np.ndarray, np.ndarray]:
+        self.network.propose(history)
+        return self.oracle.propose(history)
+
+    def committed(self, path, pos0: int, slots: int) -> None:
+        self.network.committed(path, pos0, slots)
 
 
 @dataclass
@@ -159,9 +184,12 @@ class SpecDecoder:
         argmax = ver.verify(tree, history[-1])
         nodes, bonus = ddtree.accept(tree, argmax)
         t3 = time.perf_counter()
+        pos0 = dec.position
         ver.commit(tree, nodes, bonus)
         t4 = time.perf_counter()
-        for stage, dt in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+        self.drafter.committed([0] + [int(n) + 1 for n in nodes], pos0, tree.n_nodes + 1)
+        t5 = time.perf_counter()
+        for stage, dt in zip(STAGES, (t1 - t0 + t5 - t4, t2 - t1, t3 - t2, t4 - t3)):
             self.stats.seconds[stage] += dt
         emitted = ddtree.emitted_tokens(tree, nodes, bonus)
         self.stats.steps += 1

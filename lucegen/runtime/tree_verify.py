@@ -57,15 +57,18 @@ def tree_layout(tree: ddtree.Tree) -> np.ndarray:
 
 class TreeVerifier:
     """Verify passes of up to ``1 + budget`` slots into a :class:`MegakernelDecoder`'s weights and state (the
-    descriptor's ``[ddtree] budget`` by default)."""
+    descriptor's ``[ddtree] budget`` by default). With a ``draft`` (a DFlashDrafter) every pass also captures each
+    slot's hidden states after the draft's tapped layers, for :meth:`DFlashDrafter.committed`."""
 
-    def __init__(self, decoder, *, budget: int | None = None, graphs: bool = True):
-        self.dec = decoder
+    def __init__(self, decoder, *, budget: int | None = None, graphs: bool = True, draft=None):
+        self.dec, self.draft = decoder, draft
         self.device, self.target, self.config = decoder.device, decoder.target, decoder.config
         budget = self.target.ddtree.budget if budget is None else budget
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
             raise LucegenError(f"tree budget must be a non-negative integer, got {budget!r}")
         self.budget, self.slots = budget, budget + 1
+        if draft is not None and draft.rows < self.slots:
+            raise LucegenError(f"the draft captures {draft.rows} rows per pass, fewer than {self.slots} verify slots")
         self.pf = prefill_params(self.config, self.target)
         dev, t, pf, c = self.device, self.target, self.pf, self.config
         if c.linear_key_head_dim % t.warp_size or c.head_dim % t.warp_size:
@@ -154,7 +157,8 @@ class TreeVerifier:
         tokens and pos0 live in device memory), so one captured graph per S serves every step."""
         c, st, acts, dec = self.config, self.stream, self.acts, self.dec
         H = c.hidden_size
-        enqueue_layers(self.gemm, self.embed_fn, dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st)
+        enqueue_layers(self.gemm, self.embed_fn, dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st,
+                       after_layer=self.draft.capture_hook(st) if self.draft else None)
         self.gemm.rows_f32(acts.xn.ptr, H, wmat_at(dec, dec.layout.lm_head), H, S, c.vocab_size, H,
                            acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, c.vocab_size, stream=st)
         self.argmax_fn.launch(S, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax.ptr)),

@@ -25,6 +25,18 @@ def checkpoint_dir(preset: str, seed: int = 0) -> Path:
 
 
 @functools.cache
+def draft_dir(preset: str, seed: int = 0) -> Path:
+    """A random-weight DFlash draft of ``preset`` (lucegen/model/dflash.py PRESETS), next to the checkpoints."""
+    from lucegen.model.dflash import DFlashConfig, write_dflash_checkpoint
+
+    root = Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
+    out = root / f"{preset}-{seed}"
+    if not (out / "config.json").exists():
+        write_dflash_checkpoint(DFlashConfig.preset(preset), out, seed=seed, progress=False)
+    return out
+
+
+@functools.cache
 def gpu_device():
     """The opened device, shared by every GPU test of the session."""
     from lucegen.runtime.device import Device

@@ -91,14 +91,15 @@ class Activations:
 
 
 def enqueue_layers(gemm, embed_fn, dec, pf: dict, acts: Activations, tokens: int, T: int, mix, stream,
-                   resid_ws: dict | None = None) -> None:
+                   resid_ws: dict | None = None, after_layer=None) -> None:
     """Queue the embedding and every layer for ``T`` rows (device int32 ``tokens``), the prefill contract:
 
         proj = gemm_rows_f32(xn, in_mat) * r;   mix(layer, T) queues the token mixing proj -> acts.mix;
         x += gemm(mix, out_mat);   act = gemm_swiglu(xn, gateup) * r;   x += gemm(act, down)
 
     leaving the final-normed rows in ``acts.xn`` / ``acts.ss`` for the lm_head. ``resid_ws``: the residual GEMMs'
-    split-K workspace (``workspace``, ``workspace_bytes``), or None for the unsplit GEMMs."""
+    split-K workspace (``workspace``, ``workspace_bytes``), or None for the unsplit GEMMs. ``after_layer(i, T, x)``
+    queues work that reads layer i's output rows (the residual stream ``x``, f32 [T, H]): a draft's capture."""
     c, lay, seg = dec.config, dec.layout, acts.rows
     H, I = c.hidden_size, c.intermediate_size
     x, xn, ss, proj, out, act = (getattr(acts, n).ptr for n in Activations.NAMES)
@@ -118,14 +119,18 @@ def enqueue_layers(gemm, embed_fn, dec, pf: dict, acts: Activations, tokens: int
         gemm.swiglu(xn, H, wmat(l.gateup), H, T, 2 * I, H, ss, ss_parts, seg, act, I, stream=stream)
         gemm.residual(act, I, wmat(l.down), I, T, H, I, x, H, wvec(next_norm), xn, H, ss, seg, stream=stream,
                       **resid_ws)
+        if after_layer:
+            after_layer(i, T, x)
 
 
 class Prefiller:
     """Whole-prompt prefill into a :class:`MegakernelDecoder`'s state. ``segment`` caps the tokens per pass (the
-    workspace is sized for it); longer prompts run as several segments, each continuing from the state."""
+    workspace is sized for it); longer prompts run as several segments, each continuing from the state. With a
+    ``draft`` (:class:`lucegen.runtime.draft.DFlashDrafter`) every segment's tapped hidden states also become the
+    draft's context."""
 
-    def __init__(self, decoder, *, segment: int | None = None, graphs: bool = True):
-        self.dec = decoder
+    def __init__(self, decoder, *, segment: int | None = None, graphs: bool = True, draft=None):
+        self.dec, self.draft = decoder, draft
         self.device, self.target, self.config = decoder.device, decoder.target, decoder.config
         self.pf = prefill_params(self.config, self.target)
         dev, t, pf = self.device, self.target, self.pf
@@ -136,7 +141,7 @@ class Prefiller:
         want = segment or t.prefill.max_tokens
         if not isinstance(want, int) or want < 1:
             raise LucegenError(f"prefill segment must be a positive integer, got {want!r}")
-        self.segment = min(want, decoder.max_context)
+        self.segment = min(want, decoder.max_context, draft.rows if draft else want)
         self.use_graphs = graphs
         self.stream = dev.stream()
         self._graphs: dict[tuple[int, int, bool], object] = {}
@@ -189,7 +194,10 @@ class Prefiller:
         c, st, acts = self.config, self.stream, self.acts
         H = c.hidden_size
         enqueue_layers(self.gemm, self.embed_fn, self.dec, self.pf, acts, self.tokens.ptr + 4 * tok_offset, T,
-                       self._mix(pos0), st, {"workspace": self.ws_resid.ptr, "workspace_bytes": self.ws_resid_bytes})
+                       self._mix(pos0), st, {"workspace": self.ws_resid.ptr, "workspace_bytes": self.ws_resid_bytes},
+                       after_layer=self.draft.capture_hook(st) if self.draft else None)
+        if self.draft:
+            self.draft.enqueue_ingest(T, st, pos0=pos0)
         if last:  # final norm (folded into xn, row scale from ss) + lm_head on the last row with its argmax
             row = T - 1
             self.device.memset_async(self.argmax.ptr, 8, st)
@@ -241,8 +249,13 @@ class Prefiller:
         """Prefill ``tokens`` from the decoder's current position; returns the greedy next token (and the last
         position's logits when asked). The decoder's position and ``next_token`` advance."""
         n = self.stage(tokens)
+        if self.draft and self.draft.position != self.dec.position:
+            raise LucegenError(f"prefill: the draft's context holds {self.draft.position} positions, the target "
+                               f"{self.dec.position} (reset both together)")
         self.launch(n)
         self.stream.synchronize()
+        if self.draft:
+            self.draft.prefilled(n)
         nxt = argmax_from_key(self.device.download(self.argmax, np.uint64, (1,))[0])
         self.dec.position += n
         self.dec.next_token = nxt

@@ -1,0 +1,373 @@
+"""The DFlash draft network on the device: context ingest, one block forward, top-K, as a drafter for SpecDecoder.
+
+    dec = MegakernelDecoder(target_dir, max_context=4096)
+    draft = DFlashDrafter(dec, draft_dir, k=4)            # loads the draft next to the target's weights
+    pre = Prefiller(dec, draft=draft)                     # the prompt's tapped hidden states become draft context
+    ver = TreeVerifier(dec, budget=22, draft=draft)       # every verify slot's tapped hidden states are captured
+    spec = SpecDecoder(ver, draft)                        # after each commit the accepted slots join the context
+
+The math is :class:`lucegen.model.dflash_reference.DraftReference` (z-lab/dflash's ``DFlashDraftModel``). On the
+device, per block of ``block_size`` rows at positions start .. (start = the root's position):
+
+    x = embed[root, mask, ...]                                      prefill_embed (the target's embedding)
+    per draft layer:  proj = gemm_rows_f32(xn, [q|k|v]) * r;  draft_block_prepare;  draft_attention
+                      x += gemm(attn, o);  act = gemm_swiglu(xn, gateup) * r;  x += gemm(act, down)
+    logits = gemm_rows_f32(xn[1:], target lm_head) * r;  draft_topk   -> [block_size - 1, k]
+
+and per committed batch of rows (the prompt, or a verify pass's accepted path):
+
+    draft_capture after each tapped target layer (inside the prefill / verify pass)
+    ctx = gemm_residual(capture, fc) with x = 0: xn = fc(features) * (1 + hidden_norm'), its ss
+    per draft layer: ctx_kv = gemm_rows_f32(xn, [k|v] rows of that layer's qkv) * r;  draft_context_store
+
+The projections are the prefill GEMMs of the target's shape (the draft's hidden size is the target's; so are its
+RMSNorm eps, checked at load). Draft norm weights are packed zero-centred (w - 1, exact in f32) so that every norm
+is the target's x * r * (1 + w). The context lives in a ring of ``ring`` rows per layer (default: the decoder's
+context, which never wraps); a smaller ring bounds what the draft attends to, to the last ``ring`` positions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import codegen
+from ..compile import compile_source
+from ..errors import CheckpointError, LucegenError
+from ..model.dflash import DFlashConfig, load_dflash_directory
+from ..model.dflash_reference import draft_inv_freq
+from ..target import DTYPES, Target
+from .device import Buffer, address
+from .packing import _checked, _f32_literal, _matrix_bits
+from .prefill.gemm import GemmKernels
+from .prefill.params import prefill_params
+from .prefill.runner import load_common, wmat_at
+
+TEMPLATE = "dflash/draft.cu.j2"
+MODULE = "dflash_draft"
+THREADS = 256  # templates/dflash/draft.cu.j2: DR_NT, DR_TK_NT
+ATTENTION_WARPS = 4  # DR_AT_WARPS
+TOPK_MAX = 8  # DR_TOPK_MAX: the most candidates per drafted position
+EMBED_THREADS = 256  # templates/prefill/common.cu.j2
+ALIGN = 128  # elements: every packed matrix starts 256-byte aligned (TMA needs 16)
+
+
+def draft_params(config: DFlashConfig, target: Target) -> dict:
+    """The ``dp`` dict ``templates/dflash/draft.cu.j2`` renders with; one clear error for shapes it cannot run."""
+    c = config
+    if c.head_dim % target.warp_size:
+        raise CheckpointError(f"draft {c.name}: head_dim {c.head_dim} must be a multiple of {target.name}'s warp "
+                              f"size {target.warp_size}")
+    for key, value in (("hidden_size", c.hidden_size), ("intermediate_size", c.intermediate_size),
+                       ("q heads x head_dim", c.q_dim), ("kv heads x head_dim", c.kv_dim)):
+        if value % 8:
+            raise CheckpointError(f"draft {c.name}: {key} = {value} must be a multiple of 8 (16-byte GEMM rows)")
+    if target.compute_dtype not in ("bf16", "fp16"):
+        raise CheckpointError(f"{target.name}: the draft needs compute_dtype bf16 or fp16")
+    return {
+        "draft_name": c.name, "H": c.hidden_size, "TAPS": len(c.target_layer_ids), "NH": c.num_attention_heads,
+        "NKV": c.num_kv_heads, "HD": c.head_dim, "B": c.block_size, "L": c.num_layers,
+        "EPS": _f32_literal(c.rms_norm_eps), "attn_scale": _f32_literal(c.head_dim ** -0.5),
+        "ctype": DTYPES[target.compute_dtype][0], "TOPK_MAX": TOPK_MAX,
+    }
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class DraftLayout:
+    """Where each draft tensor sits in the packed buffers: ``mat[key]`` element offsets into wmat (compute dtype),
+    ``vec[key]`` float offsets into wvec. Per layer l: mat ("qkv", l) = [q | k | v] rows, ("o", l), ("gateup", l)
+    (gate / up rows interleaved, as the SwiGLU epilogue reads them), ("down", l); vec ("in_norm", l),
+    ("post_norm", l); and "q_norm" / "k_norm" as [L][head_dim] blocks."""
+
+    def __init__(self, config: DFlashConfig):
+        c = config
+        H, I = c.hidden_size, c.intermediate_size
+        self.mat: dict = {}
+        self.vec: dict = {}
+        self.wmat_elems = self.wvec_floats = 0
+
+        def take_mat(key, n):
+            self.mat[key] = self.wmat_elems
+            self.wmat_elems += _align(n)
+
+        def take_vec(key, n):
+            self.vec[key] = self.wvec_floats
+            self.wvec_floats += -(-n // 4) * 4  # 16-byte aligned
+
+        take_mat("fc", H * c.fc_in_features)
+        for l in range(c.num_layers):
+            take_mat(("qkv", l), (c.q_dim + 2 * c.kv_dim) * H)
+            take_mat(("o", l), H * c.q_dim)
+            take_mat(("gateup", l), 2 * I * H)
+            take_mat(("down", l), H * I)
+        take_vec("hidden_norm", H)
+        for l in range(c.num_layers):
+            take_vec(("in_norm", l), H)
+            take_vec(("post_norm", l), H)
+        take_vec("final_norm", H)
+        take_vec("q_norm", c.num_layers * c.head_dim)
+        take_vec("k_norm", c.num_layers * c.head_dim)
+        take_vec("inv_freq", c.head_dim // 2)
+
+
+def draft_pieces(layout: DraftLayout, checkpoint, dtype: str):
+    """Yield (buffer, offset, array) filling every draft tensor: "wmat" uint16 bits, "wvec" float32."""
+    c = checkpoint.config
+    shapes = c.tensor_shapes()
+
+    def mat(name):
+        return _checked(checkpoint, name, shapes[name], _matrix_bits(checkpoint, name, dtype))
+
+    def norm(name):  # zero-centred: the kernels apply (1 + w)
+        w = _checked(checkpoint, name, shapes[name], np.ascontiguousarray(checkpoint.f32(name), np.float32))
+        return (w - np.float32(1)).astype(np.float32)
+
+    yield "wmat", layout.mat["fc"], mat("fc.weight")
+    for l in range(c.num_layers):
+        p = f"layers.{l}."
+        sa = p + "self_attn."
+        yield "wmat", layout.mat[("qkv", l)], np.concatenate(
+            [mat(sa + "q_proj.weight"), mat(sa + "k_proj.weight"), mat(sa + "v_proj.weight")])
+        yield "wmat", layout.mat[("o", l)], mat(sa + "o_proj.weight")
+        gate, up = mat(p + "mlp.gate_proj.weight"), mat(p + "mlp.up_proj.weight")
+        yield "wmat", layout.mat[("gateup", l)], np.stack([gate, up], axis=1).reshape(-1)
+        yield "wmat", layout.mat[("down", l)], mat(p + "mlp.down_proj.weight")
+        yield "wvec", layout.vec[("in_norm", l)], norm(p + "input_layernorm.weight")
+        yield "wvec", layout.vec[("post_norm", l)], norm(p + "post_attention_layernorm.weight")
+    yield "wvec", layout.vec["hidden_norm"], norm("hidden_norm.weight")
+    yield "wvec", layout.vec["final_norm"], norm("norm.weight")
+    yield "wvec", layout.vec["q_norm"], np.concatenate(
+        [norm(f"layers.{l}.self_attn.q_norm.weight") for l in range(c.num_layers)])
+    yield "wvec", layout.vec["k_norm"], np.concatenate(
+        [norm(f"layers.{l}.self_attn.k_norm.weight") for l in range(c.num_layers)])
+    yield "wvec", layout.vec["inv_freq"], draft_inv_freq(c)
+
+
+def check_pair(config: DFlashConfig, target_config, source) -> None:
+    """What the shared kernels need of a (draft, target) pair beyond :meth:`DFlashConfig.check_target`."""
+    config.check_target(target_config, source=source)
+    if config.rms_norm_eps != target_config.rms_norm_eps:
+        raise CheckpointError(f"{source}: rms_norm_eps {config.rms_norm_eps} differs from the target's "
+                              f"{target_config.rms_norm_eps} (the draft's GEMM epilogues are the target's)")
+    if config.input_embedding_scale != 1.0:
+        raise CheckpointError(f"{source}: dflash_config.input_embedding_scale {config.input_embedding_scale} is "
+                              "not supported (only 1.0)")
+
+
+class DFlashDrafter:
+    """A DFlash draft next to a :class:`MegakernelDecoder`'s target. ``k`` candidates per drafted position
+    (at most TOPK_MAX); ``ring`` context rows per layer (default and most: the decoder's max_context); ``rows``
+    target rows one capture holds (a prefill segment or a verify pass; default 512)."""
+
+    def __init__(self, decoder, draft, *, k: int = 8, ring: int | None = None, rows: int = 512,
+                 graphs: bool = True):
+        from ..model.checkpoint import Checkpoint
+
+        self.dec = decoder
+        self.device, self.target = decoder.device, decoder.target
+        self.checkpoint = draft if isinstance(draft, Checkpoint) else load_dflash_directory(draft)
+        self.config = cfg = self.checkpoint.config
+        if not isinstance(cfg, DFlashConfig):
+            raise CheckpointError(f"{self.checkpoint.path}: not a DFlash draft")
+        check_pair(cfg, decoder.config, self.checkpoint.path)
+        for name, value, lo, hi in (("k", k, 1, TOPK_MAX), ("rows", rows, 1, 1 << 20),
+                                    ("ring", decoder.max_context if ring is None else ring, 1, decoder.max_context)):
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise LucegenError(f"draft {name} must be an integer in [{lo}, {hi}], got {value!r}")
+        self.k, self.rows = k, rows
+        self.ring = decoder.max_context if ring is None else ring
+        self.depth = cfg.block_size - 1  # drafted positions per block
+        self.taps = {layer: i for i, layer in enumerate(cfg.target_layer_ids)}
+        dev, t = self.device, self.target
+        self.pf = prefill_params(decoder.config, t)
+        self.dp = draft_params(cfg, t)
+        self.gemm = GemmKernels(dev, t, self.pf)
+        self.embed_fn = load_common(dev, t, self.pf).function("prefill_embed")
+        source = codegen.render(t, TEMPLATE, dp=self.dp)
+        module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
+        self.capture_fn, self.store_fn = module.function("draft_capture"), module.function("draft_context_store")
+        self.prepare_fn, self.attend_fn = module.function("draft_block_prepare"), module.function("draft_attention")
+        self.topk_fn = module.function("draft_topk")
+        self.layout = DraftLayout(cfg)
+        self.stream = dev.stream()
+        self.use_graphs = graphs
+        self._graphs: dict = {}
+        self._allocate()
+        self._upload_weights()
+        self.position = 0  # committed positions in the context
+
+    # ------------------------------------------------------------------------------------------ memory
+    def _allocate(self) -> None:
+        c, d, R, B, pf = self.config, self.device, self.rows, self.config.block_size, self.pf
+        H, L, ss_parts = c.hidden_size, c.num_layers, pf["ss_parts"]
+        self.wmat = d.alloc(2 * self.layout.wmat_elems)
+        self.wvec = d.alloc(4 * self.layout.wvec_floats)
+        self.capture = d.alloc(2 * R * c.fc_in_features)
+        self.ctx_x, self.ctx_xn, self.ctx_ss = d.alloc(4 * R * H), d.alloc(2 * R * H), d.alloc(4 * ss_parts * R)
+        self.ctx_kv = d.alloc(4 * R * L * 2 * c.kv_dim)
+        self.cache = d.alloc(2 * L * 2 * c.kv_dim * self.ring)
+        self.x, self.xn, self.ss = d.alloc(4 * B * H), d.alloc(2 * B * H), d.alloc(4 * ss_parts * B)
+        self.proj = d.alloc(4 * B * (c.q_dim + 2 * c.kv_dim))
+        self.q_ws, self.block_kv = d.alloc(2 * B * c.q_dim), d.alloc(2 * 2 * B * c.kv_dim)
+        self.attn, self.act = d.alloc(2 * B * c.q_dim), d.alloc(2 * B * c.intermediate_size)
+        self.logits = d.alloc(4 * (B - 1) * c.vocab_size)
+        self.lp, self.tok = d.alloc(4 * (B - 1) * self.k), d.alloc(4 * (B - 1) * self.k)
+        self.block_in = d.alloc(4 * (B + 1))  # tokens [B], start
+        self.commit_in = d.alloc(4 * (2 + R))  # pos0, n, rows [n]
+        for b in (self.wmat, self.wvec):
+            d.memset(b)
+
+    def _upload_weights(self) -> None:
+        dtype = self.target.compute_dtype
+        self.weight_bytes = 0
+        for buffer, offset, array in draft_pieces(self.layout, self.checkpoint, dtype):
+            base = self.wmat.ptr + 2 * offset if buffer == "wmat" else self.wvec.ptr + 4 * offset
+            self.device.upload(np.ascontiguousarray(array), Buffer(base, array.nbytes, None))
+            self.weight_bytes += array.nbytes
+
+    BUFFERS = ("wmat", "wvec", "capture", "ctx_x", "ctx_xn", "ctx_ss", "ctx_kv", "cache", "x", "xn", "ss", "proj",
+               "q_ws", "block_kv", "attn", "act", "logits", "lp", "tok", "block_in", "commit_in")
+
+    def close(self) -> None:
+        for g in self._graphs.values():
+            g.destroy()
+        self._graphs.clear()
+        for name in self.BUFFERS:
+            b = getattr(self, name, None)
+            if isinstance(b, Buffer):
+                b.free()
+
+    def reset(self) -> None:
+        """Forget the context (the decoder was reset)."""
+        self.position = 0
+
+    def _mat(self, key) -> int:
+        return self.wmat.ptr + 2 * self.layout.mat[key]
+
+    def _vec(self, key) -> int:
+        return self.wvec.ptr + 4 * self.layout.vec[key]
+
+    # ------------------------------------------------------------------------------------------ context
+    def capture_hook(self, stream):
+        """``after_layer(i, T, x)`` for the target's layer loop: after a tapped layer, its T residual rows go into
+        that tap's columns of the capture."""
+        def after_layer(i: int, T: int, x: int) -> None:
+            tap = self.taps.get(i)
+            if tap is not None:
+                if T > self.rows:
+                    raise LucegenError(f"draft capture: {T} rows exceed the drafter's {self.rows}")
+                self.capture_fn.launch(T, THREADS, (address(x), address(self.capture.ptr), np.int32(tap)),
+                                       stream=stream)
+        return after_layer
+
+    def enqueue_ingest(self, T: int, stream, *, pos0: int = 0, from_commit: bool = False) -> None:
+        """Queue the context update from the T captured rows: fc + hidden_norm, every layer's K/V, stored at
+        positions pos0 + i. ``from_commit``: rows, count and pos0 come from ``commit_in`` (a verify's accepted path,
+        row i = slot path[i]); else row i is capture row i."""
+        c, pf, R = self.config, self.pf, self.rows
+        H, L, kvd = c.hidden_size, c.num_layers, c.kv_dim
+        self.device.memset_async(self.ctx_x.ptr, 4 * T * H, stream)
+        self.gemm.residual(self.capture.ptr, c.fc_in_features, self._mat("fc"), c.fc_in_features, T, H,
+                           c.fc_in_features, self.ctx_x.ptr, H, self._vec("hidden_norm"), self.ctx_xn.ptr, H,
+                           self.ctx_ss.ptr, R, stream=stream)
+        for l in range(L):
+            self.gemm.rows_f32(self.ctx_xn.ptr, H, self._mat(("qkv", l)) + 2 * c.q_dim * H, H, T, 2 * kvd, H,
+                               self.ctx_ss.ptr, pf["ss_parts"], R, self.ctx_kv.ptr + 4 * l * 2 * kvd, L * 2 * kvd,
+                               stream=stream)
+        ci = self.commit_in.ptr
+        args = ((address(ci + 8), np.int32(T), address(ci + 4), np.int32(0), address(ci)) if from_commit
+                else (address(0), np.int32(T), address(0), np.int32(pos0), address(0)))
+        self.store_fn.launch((T, L), THREADS, (address(self.ctx_kv.ptr),) + args
+                             + (address(self._vec("k_norm")), address(self._vec("inv_freq")),
+                                address(self.cache.ptr), np.int32(self.ring)), stream=stream)
+
+    def committed(self, path, pos0: int, slots: int) -> None:
+        """After a verify pass of ``slots`` slots committed ``path`` (slot indices, root first) at positions pos0 ..:
+        those slots' captured rows join the context."""
+        path = np.asarray(path, np.int32).reshape(-1)
+        if pos0 != self.position:
+            raise LucegenError(f"draft context holds {self.position} positions, the commit starts at {pos0}")
+        if not 1 <= path.size <= slots <= self.rows or path.min() < 0 or path.max() >= slots:
+            raise LucegenError(f"draft commit: path {path.tolist()} of a {slots}-slot pass does not fit")
+        self.device.upload(np.concatenate([[pos0, path.size], path]).astype(np.int32), self.commit_in)
+        self._run(("commit", slots), lambda: self.enqueue_ingest(slots, self.stream, from_commit=True))
+        self.stream.synchronize()
+        self.position += int(path.size)
+
+    def prefilled(self, n: int) -> None:
+        """The prefill queued the context update of ``n`` prompt positions (see ``Prefiller(draft=...)``)."""
+        self.position += int(n)
+
+    # ------------------------------------------------------------------------------------------ one block
+    def _enqueue_block(self) -> None:
+        c, pf, st, dec = self.config, self.pf, self.stream, self.dec
+        H, I, B, L = c.hidden_size, c.intermediate_size, c.block_size, c.num_layers
+        nqkv, ss_parts = c.q_dim + 2 * c.kv_dim, pf["ss_parts"]
+        tokens, start = self.block_in.ptr, self.block_in.ptr + 4 * B
+        self.embed_fn.launch(B, EMBED_THREADS, (address(tokens), address(wmat_at(dec, dec.layout.embed)),
+                                                address(self._vec(("in_norm", 0))), address(self.x.ptr),
+                                                address(self.xn.ptr), address(self.ss.ptr), np.int32(B)), stream=st)
+        for l in range(L):
+            next_norm = self._vec(("in_norm", l + 1)) if l + 1 < L else self._vec("final_norm")
+            self.gemm.rows_f32(self.xn.ptr, H, self._mat(("qkv", l)), H, B, nqkv, H, self.ss.ptr, ss_parts, B,
+                               self.proj.ptr, nqkv, stream=st)
+            self.prepare_fn.launch(B, THREADS, (address(self.proj.ptr), address(self._vec("q_norm") + 4 * l * c.head_dim),
+                                                address(self._vec("k_norm") + 4 * l * c.head_dim),
+                                                address(self._vec("inv_freq")), address(start),
+                                                address(self.q_ws.ptr), address(self.block_kv.ptr)), stream=st)
+            layer_cache = self.cache.ptr + 2 * l * 2 * c.kv_dim * self.ring
+            self.attend_fn.launch((B, c.num_attention_heads), ATTENTION_WARPS * self.target.warp_size,
+                                  (address(self.q_ws.ptr), address(layer_cache), np.int32(self.ring),
+                                   address(self.block_kv.ptr), address(start), np.int32(c.layer_is_causal(l)),
+                                   np.int32(c.layer_window(l) or 0), address(self.attn.ptr)), stream=st)
+            self.gemm.residual(self.attn.ptr, c.q_dim, self._mat(("o", l)), c.q_dim, B, H, c.q_dim, self.x.ptr, H,
+                               self._vec(("post_norm", l)), self.xn.ptr, H, self.ss.ptr, B, stream=st)
+            self.gemm.swiglu(self.xn.ptr, H, self._mat(("gateup", l)), H, B, 2 * I, H, self.ss.ptr, ss_parts, B,
+                             self.act.ptr, I, stream=st)
+            self.gemm.residual(self.act.ptr, I, self._mat(("down", l)), I, B, H, I, self.x.ptr, H, next_norm,
+                               self.xn.ptr, H, self.ss.ptr, B, stream=st)
+        rows = B - 1  # the drafted positions: block rows 1 ..
+        self.gemm.rows_f32(self.xn.ptr + 2 * H, H, wmat_at(dec, dec.layout.lm_head), H, rows, c.vocab_size, H,
+                           self.ss.ptr + 4, ss_parts, B, self.logits.ptr, c.vocab_size, stream=st)
+        self.topk_fn.launch(rows, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size),
+                                            np.float32(c.output_multiplier),
+                                            np.float32(c.final_logit_softcapping or 0.0), np.int32(self.k),
+                                            address(self.lp.ptr), address(self.tok.ptr)), stream=st)
+
+    def _run(self, key, enqueue) -> None:
+        if not self.use_graphs:
+            enqueue()
+            return
+        graph = self._graphs.get(key)
+        if graph is None:
+            self.stream.begin_capture()
+            try:
+                enqueue()
+            finally:
+                graph = self.stream.end_capture()
+            self._graphs[key] = graph
+        graph.launch(self.stream)
+
+    def propose(self, history) -> tuple[np.ndarray, np.ndarray]:
+        """The drafter protocol (lucegen/runtime/dflash.py): top-k rows (log-probabilities [block_size - 1, k]
+        descending, token ids) for the positions after the root ``history[-1]``, which sits at the decoder's
+        position (the context must hold every position before it)."""
+        c, dec = self.config, self.dec
+        if self.position != dec.position:
+            raise LucegenError(f"draft context holds {self.position} positions but the target has committed "
+                               f"{dec.position}: prefill and commit through this drafter")
+        root = int(history[-1])
+        if not 0 <= root < c.vocab_size:
+            raise LucegenError(f"draft root token {root} out of range [0, {c.vocab_size})")
+        block = np.full(c.block_size + 1, c.mask_token_id, np.int32)
+        block[0], block[-1] = root, dec.position
+        self.stream.synchronize()  # block_in may still feed a queued block
+        self.device.upload(block, self.block_in)
+        self._run("block", self._enqueue_block)
+        self.stream.synchronize()
+        rows = c.block_size - 1
+        lp = self.device.download(self.lp, np.float32, (rows, self.k)).astype(np.float64)
+        tok = self.device.download(self.tok, np.int32, (rows, self.k)).astype(np.int64)
+        return lp, tok
