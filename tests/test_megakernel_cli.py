@@ -54,3 +54,9 @@ def test_run_without_a_gpu_fails_cleanly(tiny_dir, capsys):
         pytest.skip("a GPU is visible")
     code, err = run_cli(["run", "--model", str(tiny_dir), "--prompt", "hello", "--max-tokens", "2"], capsys)
     assert code == 2 and err.startswith("lucegen: error:") and "Traceback" not in err
+
+
+def test_draft_needs_the_prefill_kernels(tiny_dir, tmp_path, capsys):
+    code, err = run_cli(["run", "--model", str(tiny_dir), "--prompt", "hello", "--draft", str(tmp_path),
+                         "--prefill", "megakernel"], capsys)
+    assert code == 2 and "--draft needs --prefill kernels" in err

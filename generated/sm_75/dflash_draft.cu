@@ -248,104 +248,120 @@ draft_attention(const fp16_t* __restrict__ q_ws, const fp16_t* __restrict__ cach
 }
 
 // ------------------------------------------------------------------------------------------------ top-k
-// dflash_reference.log_softmax_topk for row blockIdx.x of logits [rows][V]:
+// dflash_reference.log_softmax_topk for rows of logits [rows][V]:
 //   z = logits * multiplier (softcap > 0: softcap * tanh(z / softcap)),  lp = z - logsumexp(z),
 //   the k <= TOPK_MAX best (lp descending, ties to the lower id) into lp_out / tok_out [rows][k].
-// Each thread keeps its TOPK_MAX best of a strided slice (sorted) and its running max / sum of exp; then k rounds
-// of a block-wide argmax over the threads' heads, the winner popping its head.
+// Two passes so that the whole chip reads the logits: draft_topk_partial, block (row, chunk), leaves the chunk's
+// TOPK_MAX best z and its (max, sum of exp) in a workspace; draft_topk_merge, a block per row, combines the chunks.
 struct dr_cand {
   float v;
   int i;
 };
-__device__ __forceinline__ bool dr_better(float av, int ai, float bv, int bi) {
-  return av > bv || (av == bv && ai < bi);
-}
+#define DR_NO_INDEX 0x7fffffff
+__device__ __forceinline__ bool dr_better(dr_cand a, dr_cand b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
+
+// The block's best candidate (every thread offers one; all threads get the winner).
 __device__ __forceinline__ dr_cand dr_block_best(dr_cand c, dr_cand* scratch) {
   for (int off = LG_WARP_SIZE / 2; off > 0; off /= 2) {
-    const float ov = lg_shfl_xor(c.v, off);
-    const int oi = lg_shfl_xor(c.i, off);
-    if (dr_better(ov, oi, c.v, c.i)) c = {ov, oi};
+    const dr_cand o = {lg_shfl_xor(c.v, off), lg_shfl_xor(c.i, off)};
+    if (dr_better(o, c)) c = o;
   }
-  const int warp = threadIdx.x / LG_WARP_SIZE;
   __syncthreads();  // the previous round's readers are done with scratch
-  if (lg_lane_id() == 0) scratch[warp] = c;
+  if (lg_lane_id() == 0) scratch[threadIdx.x / LG_WARP_SIZE] = c;
   __syncthreads();
   c = scratch[0];
   for (int w = 1; w < DR_TK_NT / LG_WARP_SIZE; ++w)
-    if (dr_better(scratch[w].v, scratch[w].i, c.v, c.i)) c = scratch[w];
+    if (dr_better(scratch[w], c)) c = scratch[w];
   return c;
 }
 
+// (m, s) <- (m, s) (+) (om, os): running max and sum of exp(z - m); an empty side is (-inf, 0).
+__device__ __forceinline__ void dr_lse_merge(float& m, float& s, float om, float os) {
+  const float mn = fmaxf(m, om);
+  if (mn == lg_neg_inf()) return;
+  s = (m == lg_neg_inf() ? 0.0f : s * expf(m - mn)) + (om == lg_neg_inf() ? 0.0f : os * expf(om - mn));
+  m = mn;
+}
+
+// The block's (m, s) over every thread's pair (all threads get it).
+__device__ __forceinline__ void dr_block_lse(float& m, float& s, float (*sums)[DR_TK_NT / LG_WARP_SIZE]) {
+  for (int off = LG_WARP_SIZE / 2; off > 0; off /= 2) dr_lse_merge(m, s, lg_shfl_xor(m, off), lg_shfl_xor(s, off));
+  __syncthreads();
+  if (lg_lane_id() == 0) {
+    sums[0][threadIdx.x / LG_WARP_SIZE] = m;
+    sums[1][threadIdx.x / LG_WARP_SIZE] = s;
+  }
+  __syncthreads();
+  m = lg_neg_inf();
+  s = 0.0f;
+  for (int w = 0; w < DR_TK_NT / LG_WARP_SIZE; ++w) dr_lse_merge(m, s, sums[0][w], sums[1][w]);
+}
+
 extern "C" __global__ void __launch_bounds__(DR_TK_NT)
-draft_topk(const float* __restrict__ logits, int n_cols, float multiplier, float softcap, int k,
-           float* __restrict__ lp_out, int* __restrict__ tok_out) {
+draft_topk_partial(const float* __restrict__ logits, int n_cols, float multiplier, float softcap, int chunk_cols,
+                   dr_cand* __restrict__ cand, float2* __restrict__ part) {
   __shared__ dr_cand scratch[DR_TK_NT / LG_WARP_SIZE];
   __shared__ float sums[2][DR_TK_NT / LG_WARP_SIZE];
-  const float* row = logits + (size_t)blockIdx.x * n_cols;
-  float best_v[DR_TOPK_MAX];
-  int best_i[DR_TOPK_MAX];
+  const int row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+  const float* z_row = logits + (size_t)row * n_cols;
+  const int end = min(n_cols, (chunk + 1) * chunk_cols);
+  dr_cand best[DR_TOPK_MAX];  // this thread's best, sorted
 #pragma unroll
-  for (int j = 0; j < DR_TOPK_MAX; ++j) {
-    best_v[j] = lg_neg_inf();
-    best_i[j] = 0x7fffffff;
-  }
+  for (int j = 0; j < DR_TOPK_MAX; ++j) best[j] = {lg_neg_inf(), DR_NO_INDEX};
   float m = lg_neg_inf(), s = 0.0f;
-  for (int c = threadIdx.x; c < n_cols; c += DR_TK_NT) {
-    float z = row[c] * multiplier;
+  for (int c = chunk * chunk_cols + threadIdx.x; c < end; c += DR_TK_NT) {
+    float z = z_row[c] * multiplier;
     if (softcap > 0.0f) z = softcap * tanhf(z / softcap);
-    const float mn = fmaxf(m, z);
-    s = s * expf(m - mn) + expf(z - mn);
-    m = mn;
-    if (z > best_v[DR_TOPK_MAX - 1]) {  // ascending c per thread: an equal value never displaces a lower id
-      float v = z;
-      int i = c;
+    dr_lse_merge(m, s, z, 1.0f);
+    dr_cand carry = {z, c};
+    if (dr_better(carry, best[DR_TOPK_MAX - 1])) {  // insertion: carry the displaced entry down the list
 #pragma unroll
-      for (int j = 0; j < DR_TOPK_MAX; ++j) {  // insertion: carry the displaced entry down the list
-        if (v > best_v[j]) {
-          const float tv = best_v[j];
-          const int ti = best_i[j];
-          best_v[j] = v;
-          best_i[j] = i;
-          v = tv;
-          i = ti;
+      for (int j = 0; j < DR_TOPK_MAX; ++j) {
+        if (dr_better(carry, best[j])) {
+          const dr_cand t = best[j];
+          best[j] = carry;
+          carry = t;
         }
       }
     }
   }
-  // logsumexp over the block: combine (m, s) pairs
-  for (int off = LG_WARP_SIZE / 2; off > 0; off /= 2) {
-    const float om = lg_shfl_xor(m, off), os = lg_shfl_xor(s, off);
-    const float mn = fmaxf(m, om);
-    s = (m == lg_neg_inf() ? 0.0f : s * expf(m - mn)) + (om == lg_neg_inf() ? 0.0f : os * expf(om - mn));
-    m = mn;
-  }
-  const int warp = threadIdx.x / LG_WARP_SIZE;
-  if (lg_lane_id() == 0) {
-    sums[0][warp] = m;
-    sums[1][warp] = s;
-  }
-  __syncthreads();
-  float bm = sums[0][0];
-  for (int w = 1; w < DR_TK_NT / LG_WARP_SIZE; ++w) bm = fmaxf(bm, sums[0][w]);
-  float bs = 0.0f;
-  for (int w = 0; w < DR_TK_NT / LG_WARP_SIZE; ++w)
-    if (sums[0][w] != lg_neg_inf()) bs += sums[1][w] * expf(sums[0][w] - bm);
-  const float lse = bm + logf(bs);
-  for (int r = 0; r < k; ++r) {
-    const dr_cand mine = {best_v[0], best_i[0]};
-    const dr_cand win = dr_block_best(mine, scratch);
-    if (win.i == mine.i && mine.i != 0x7fffffff) {  // a column lives in one thread: pop that thread's head
+  dr_block_lse(m, s, sums);
+  const size_t slot = (size_t)row * chunks + chunk;
+  if (threadIdx.x == 0) part[slot] = make_float2(m, s);
+  for (int r = 0; r < DR_TOPK_MAX; ++r) {  // the chunk's best TOPK_MAX: pop the winning thread's head each round
+    const dr_cand win = dr_block_best(best[0], scratch);
+    if (win.i == best[0].i && win.i != DR_NO_INDEX) {
 #pragma unroll
-      for (int j = 0; j + 1 < DR_TOPK_MAX; ++j) {
-        best_v[j] = best_v[j + 1];
-        best_i[j] = best_i[j + 1];
-      }
-      best_v[DR_TOPK_MAX - 1] = lg_neg_inf();
-      best_i[DR_TOPK_MAX - 1] = 0x7fffffff;
+      for (int j = 0; j + 1 < DR_TOPK_MAX; ++j) best[j] = best[j + 1];
+      best[DR_TOPK_MAX - 1] = {lg_neg_inf(), DR_NO_INDEX};
     }
+    if (threadIdx.x == 0) cand[slot * DR_TOPK_MAX + r] = win;
+  }
+}
+
+// chunks * TOPK_MAX <= DR_TK_NT (the launcher checks): one candidate per thread.
+extern "C" __global__ void __launch_bounds__(DR_TK_NT)
+draft_topk_merge(const dr_cand* __restrict__ cand, const float2* __restrict__ part, int chunks, int k,
+                 float* __restrict__ lp_out, int* __restrict__ tok_out) {
+  __shared__ dr_cand scratch[DR_TK_NT / LG_WARP_SIZE];
+  __shared__ float sums[2][DR_TK_NT / LG_WARP_SIZE];
+  const int row = blockIdx.x;
+  float m = lg_neg_inf(), s = 0.0f;
+  if (threadIdx.x < chunks) {
+    const float2 p = part[(size_t)row * chunks + threadIdx.x];
+    m = p.x;
+    s = p.y;
+  }
+  dr_block_lse(m, s, sums);
+  const float lse = m + logf(s);
+  dr_cand mine = threadIdx.x < chunks * DR_TOPK_MAX ? cand[(size_t)row * chunks * DR_TOPK_MAX + threadIdx.x]
+                                                    : dr_cand{lg_neg_inf(), DR_NO_INDEX};
+  for (int r = 0; r < k; ++r) {
+    const dr_cand win = dr_block_best(mine, scratch);
+    if (win.i == mine.i) mine = {lg_neg_inf(), DR_NO_INDEX};
     if (threadIdx.x == 0) {
-      lp_out[(size_t)blockIdx.x * k + r] = win.v - lse;
-      tok_out[(size_t)blockIdx.x * k + r] = win.i == 0x7fffffff ? 0 : win.i;
+      lp_out[(size_t)row * k + r] = win.v - lse;
+      tok_out[(size_t)row * k + r] = win.i == DR_NO_INDEX ? 0 : win.i;
     }
   }
 }

@@ -1,5 +1,9 @@
 """``lucegen run --model DIR|FILE.gguf --prompt TEXT --max-tokens N``: the prompt through the prefill kernels, then
-greedy decoding with the megakernel from the state they leave, streamed to stdout as the tokens arrive."""
+greedy decoding with the megakernel from the state they leave, streamed to stdout as the tokens arrive.
+
+With ``--draft DIR`` (a DFlash draft) the decoding is speculative: the draft proposes a block per step, a DDTree of
+at most ``--budget`` nodes is verified in one target pass, the accepted path and the bonus token are emitted. The
+tokens are the same greedy tokens (lossless); only the speed differs."""
 
 from __future__ import annotations
 
@@ -21,6 +25,10 @@ def register(subparsers) -> None:
     p.add_argument("--chunk", type=int, default=16, help="decode steps per launch between streamed outputs")
     p.add_argument("--prefill", choices=("kernels", "megakernel"), default="kernels",
                    help="prompt path: the prefill kernels (default) or token by token through the megakernel")
+    p.add_argument("--draft", type=Path, default=None, help="DFlash draft directory: speculative decoding")
+    p.add_argument("--budget", type=int, default=None, help="tree nodes per verify (default: the descriptor's)")
+    p.add_argument("--top-k", type=int, default=8, help="draft candidates per position (default 8)")
+    p.add_argument("--chain", action="store_true", help="verify the draft's top-1 chain instead of a tree")
     p.set_defaults(func=run)
 
 
@@ -37,7 +45,17 @@ def run(args) -> int:
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise LucegenError("--prompt encodes to no tokens")
+    if args.draft and args.prefill != "kernels":
+        raise LucegenError("--draft needs --prefill kernels (the draft's context comes from the prefill)")
     need = len(prompt) + args.max_tokens
+    device = None
+    if args.draft:  # a verify pass writes up to budget + 1 rows past the committed position
+        from ..runtime.device import Device
+
+        device = Device.open(args.target)
+        if args.budget is None:
+            args.budget = device.target.ddtree.budget
+        need += args.budget + 1
     max_context = args.max_context or need
     if len(prompt) > max_context:
         raise LucegenError(f"the prompt has {len(prompt)} tokens, more than --max-context {max_context}")
@@ -45,7 +63,7 @@ def run(args) -> int:
         raise LucegenError(f"prompt ({len(prompt)} tokens) + --max-tokens {args.max_tokens} exceed "
                            f"--max-context {max_context}")
     checkpoint = load_checkpoint(args.model)
-    decoder = MegakernelDecoder(checkpoint, target=args.target, max_context=max_context)
+    decoder = MegakernelDecoder(checkpoint, target=args.target, max_context=max_context, device=device)
     generated: list[int] = []
     printed = ""
     eos = tokenizer.eos_id
@@ -59,18 +77,50 @@ def run(args) -> int:
         sys.stdout.flush()
         printed = text
 
-    if args.prefill == "kernels":
+    stats = ""
+    if args.draft:
+        stats = speculative(decoder, args, prompt, emit)
+    elif args.prefill == "kernels":
         from ..runtime.prefill.runner import Prefiller
 
         prefiller = Prefiller(decoder)
         prefiller.prefill(prompt)
         prefiller.close()
+        decoder.generate(args.max_tokens, emit, chunk=args.chunk)
     else:
         decoder.prefill(prompt)
-    decoder.generate(args.max_tokens, emit, chunk=args.chunk)
+        decoder.generate(args.max_tokens, emit, chunk=args.chunk)
     sys.stdout.write("\n")
     shown = " ".join(str(i) for i in generated[:32]) + (" ..." if len(generated) > 32 else "")
-    print(f"[{len(prompt)} prompt tokens, {len(generated)} generated on {decoder.device.target.name}; ids: {shown}]",
-          file=sys.stderr)
+    print(f"[{len(prompt)} prompt tokens, {len(generated)} generated on {decoder.device.target.name}{stats}; "
+          f"ids: {shown}]", file=sys.stderr)
     decoder.close()
     return 0
+
+
+def speculative(decoder, args, prompt, emit) -> str:
+    """Prefill with the draft attached, then speculative steps until --max-tokens; returns a stats phrase."""
+    from ..runtime.dflash import SpecDecoder
+    from ..runtime.draft import DFlashDrafter
+    from ..runtime.prefill.runner import Prefiller
+    from ..runtime.tree_verify import TreeVerifier
+
+    draft = DFlashDrafter(decoder, args.draft, k=args.top_k)
+    prefiller = Prefiller(decoder, draft=draft)
+    verifier = TreeVerifier(decoder, budget=args.budget, draft=draft)
+    spec = SpecDecoder(verifier, draft, tree=not args.chain)
+    prefiller.prefill(prompt)
+    left = args.max_tokens
+
+    def emit_some(ids):  # the last step may commit past --max-tokens: show only what was asked for
+        nonlocal left
+        if left > 0:
+            emit(ids[:left])
+            left -= len(ids[:left])
+
+    emit_some([decoder.next_token])
+    spec.generate(args.max_tokens, emit_some)
+    s = spec.stats
+    for part in (verifier, prefiller, draft):
+        part.close()
+    return f", {s.steps} speculative steps, acceptance length {s.acceptance_length:.2f}"

@@ -12,7 +12,7 @@ device, per block of ``block_size`` rows at positions start .. (start = the root
     x = embed[root, mask, ...]                                      prefill_embed (the target's embedding)
     per draft layer:  proj = gemm_rows_f32(xn, [q|k|v]) * r;  draft_block_prepare;  draft_attention
                       x += gemm(attn, o);  act = gemm_swiglu(xn, gateup) * r;  x += gemm(act, down)
-    logits = gemm_rows_f32(xn[1:], target lm_head) * r;  draft_topk   -> [block_size - 1, k]
+    logits = gemm_rows_f32(xn[1:], target lm_head) * r;  draft_topk_partial / _merge   -> [block_size - 1, k]
 
 and per committed batch of rows (the prompt, or a verify pass's accepted path):
 
@@ -47,6 +47,7 @@ MODULE = "dflash_draft"
 THREADS = 256  # templates/dflash/draft.cu.j2: DR_NT, DR_TK_NT
 ATTENTION_WARPS = 4  # DR_AT_WARPS
 TOPK_MAX = 8  # DR_TOPK_MAX: the most candidates per drafted position
+TOPK_CHUNK = 8192  # logits per block of draft_topk_partial (at most THREADS // TOPK_MAX chunks per row)
 EMBED_THREADS = 256  # templates/prefill/common.cu.j2
 ALIGN = 128  # elements: every packed matrix starts 256-byte aligned (TMA needs 16)
 
@@ -189,7 +190,9 @@ class DFlashDrafter:
         module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
         self.capture_fn, self.store_fn = module.function("draft_capture"), module.function("draft_context_store")
         self.prepare_fn, self.attend_fn = module.function("draft_block_prepare"), module.function("draft_attention")
-        self.topk_fn = module.function("draft_topk")
+        self.topk_partial_fn, self.topk_merge_fn = module.function("draft_topk_partial"), \
+            module.function("draft_topk_merge")
+        self.topk_chunks = min(THREADS // TOPK_MAX, -(-cfg.vocab_size // TOPK_CHUNK))
         self.layout = DraftLayout(cfg)
         self.stream = dev.stream()
         self.use_graphs = graphs
@@ -214,6 +217,9 @@ class DFlashDrafter:
         self.attn, self.act = d.alloc(2 * B * c.q_dim), d.alloc(2 * B * c.intermediate_size)
         self.logits = d.alloc(4 * (B - 1) * c.vocab_size)
         self.lp, self.tok = d.alloc(4 * (B - 1) * self.k), d.alloc(4 * (B - 1) * self.k)
+        self.topk_ws = d.alloc(8 * (B - 1) * self.topk_chunks * (TOPK_MAX + 1))  # candidates, then (max, sum)
+        self.resid_ws_bytes = self.gemm.residual_workspace_bytes(max(R, B), H)  # split-K of the few-row GEMMs
+        self.resid_ws = d.alloc(self.resid_ws_bytes)
         self.block_in = d.alloc(4 * (B + 1))  # tokens [B], start
         self.commit_in = d.alloc(4 * (2 + R))  # pos0, n, rows [n]
         for b in (self.wmat, self.wvec):
@@ -228,7 +234,8 @@ class DFlashDrafter:
             self.weight_bytes += array.nbytes
 
     BUFFERS = ("wmat", "wvec", "capture", "ctx_x", "ctx_xn", "ctx_ss", "ctx_kv", "cache", "x", "xn", "ss", "proj",
-               "q_ws", "block_kv", "attn", "act", "logits", "lp", "tok", "block_in", "commit_in")
+               "q_ws", "block_kv", "attn", "act", "logits", "lp", "tok", "topk_ws", "resid_ws", "block_in",
+               "commit_in")
 
     def close(self) -> None:
         for g in self._graphs.values():
@@ -242,6 +249,10 @@ class DFlashDrafter:
     def reset(self) -> None:
         """Forget the context (the decoder was reset)."""
         self.position = 0
+
+    def _split_k(self) -> dict:
+        """The residual GEMMs' split-K workspace: a few rows fill the chip only when K is split."""
+        return {"workspace": self.resid_ws.ptr, "workspace_bytes": self.resid_ws_bytes}
 
     def _mat(self, key) -> int:
         return self.wmat.ptr + 2 * self.layout.mat[key]
@@ -271,7 +282,7 @@ class DFlashDrafter:
         self.device.memset_async(self.ctx_x.ptr, 4 * T * H, stream)
         self.gemm.residual(self.capture.ptr, c.fc_in_features, self._mat("fc"), c.fc_in_features, T, H,
                            c.fc_in_features, self.ctx_x.ptr, H, self._vec("hidden_norm"), self.ctx_xn.ptr, H,
-                           self.ctx_ss.ptr, R, stream=stream)
+                           self.ctx_ss.ptr, R, stream=stream, **self._split_k())
         for l in range(L):
             self.gemm.rows_f32(self.ctx_xn.ptr, H, self._mat(("qkv", l)) + 2 * c.q_dim * H, H, T, 2 * kvd, H,
                                self.ctx_ss.ptr, pf["ss_parts"], R, self.ctx_kv.ptr + 4 * l * 2 * kvd, L * 2 * kvd,
@@ -323,18 +334,23 @@ class DFlashDrafter:
                                    address(self.block_kv.ptr), address(start), np.int32(c.layer_is_causal(l)),
                                    np.int32(c.layer_window(l) or 0), address(self.attn.ptr)), stream=st)
             self.gemm.residual(self.attn.ptr, c.q_dim, self._mat(("o", l)), c.q_dim, B, H, c.q_dim, self.x.ptr, H,
-                               self._vec(("post_norm", l)), self.xn.ptr, H, self.ss.ptr, B, stream=st)
+                               self._vec(("post_norm", l)), self.xn.ptr, H, self.ss.ptr, B, stream=st,
+                               **self._split_k())
             self.gemm.swiglu(self.xn.ptr, H, self._mat(("gateup", l)), H, B, 2 * I, H, self.ss.ptr, ss_parts, B,
                              self.act.ptr, I, stream=st)
             self.gemm.residual(self.act.ptr, I, self._mat(("down", l)), I, B, H, I, self.x.ptr, H, next_norm,
-                               self.xn.ptr, H, self.ss.ptr, B, stream=st)
+                               self.xn.ptr, H, self.ss.ptr, B, stream=st, **self._split_k())
         rows = B - 1  # the drafted positions: block rows 1 ..
         self.gemm.rows_f32(self.xn.ptr + 2 * H, H, wmat_at(dec, dec.layout.lm_head), H, rows, c.vocab_size, H,
                            self.ss.ptr + 4, ss_parts, B, self.logits.ptr, c.vocab_size, stream=st)
-        self.topk_fn.launch(rows, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size),
-                                            np.float32(c.output_multiplier),
-                                            np.float32(c.final_logit_softcapping or 0.0), np.int32(self.k),
-                                            address(self.lp.ptr), address(self.tok.ptr)), stream=st)
+        chunks = self.topk_chunks
+        cand, part = self.topk_ws.ptr, self.topk_ws.ptr + 8 * rows * chunks * TOPK_MAX
+        self.topk_partial_fn.launch((rows, chunks), THREADS,
+                                    (address(self.logits.ptr), np.int32(c.vocab_size), np.float32(c.output_multiplier),
+                                     np.float32(c.final_logit_softcapping or 0.0),
+                                     np.int32(-(-c.vocab_size // chunks)), address(cand), address(part)), stream=st)
+        self.topk_merge_fn.launch(rows, THREADS, (address(cand), address(part), np.int32(chunks), np.int32(self.k),
+                                                  address(self.lp.ptr), address(self.tok.ptr)), stream=st)
 
     def _run(self, key, enqueue) -> None:
         if not self.use_graphs:

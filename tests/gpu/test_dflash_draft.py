@@ -39,8 +39,14 @@ ROWS = 64  # capture rows: prompts past 64 tokens prefill in several segments
 LP_TOL = {"tiny": 0.05, "0.8b": 0.15}
 
 
-@functools.cache
 def engine(pair: str, ring: int | None = None):
+    """(decoder, drafter, prefiller, verifier) of ``pair`` with a context ring of ``ring`` rows (None: the whole
+    context), built once per (pair, ring)."""
+    return _engine(pair, ring)
+
+
+@functools.cache
+def _engine(pair: str, ring: int | None):
     from lucegen.runtime.draft import DFlashDrafter
     from lucegen.runtime.megakernel import MegakernelDecoder
     from lucegen.runtime.prefill.runner import Prefiller
@@ -55,7 +61,7 @@ def engine(pair: str, ring: int | None = None):
 
 
 @functools.cache
-def references(pair: str, ring: int | None = None) -> tuple[Reference, DraftReference]:
+def references(pair: str, ring: int | None) -> tuple[Reference, DraftReference]:
     dec, drafter = engine(pair, ring)[:2]
     dtype = dec.target.compute_dtype
     ref = Reference(dec.config, dec.checkpoint, gemm_inputs=dtype)
