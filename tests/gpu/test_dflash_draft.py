@@ -173,3 +173,13 @@ def test_bad_pairs_and_out_of_step_contexts():
             DFlashDrafter(gqa, load_dflash_directory(draft_dir("dflash-tiny")))
     finally:
         gqa.close()
+
+
+def test_cli_run_with_draft(capsys):
+    from lucegen.cli import main
+
+    code = main(["run", "--model", str(checkpoint_dir("tiny")), "--draft", str(draft_dir("dflash-tiny")),
+                 "--prompt", "def f(x):", "--max-tokens", "20", "--budget", "8"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "20 generated" in err and "speculative steps, acceptance length" in err, err
