@@ -14,26 +14,30 @@ from lucegen.model.config import ModelConfig
 from lucegen.model.init_weights import write_hf_checkpoint
 
 
-@functools.cache
-def checkpoint_dir(preset: str, seed: int = 0) -> Path:
-    """A random-weight checkpoint of ``preset`` (under $LUCEGEN_TEST_MODELS or the temp directory)."""
+def _written(preset: str, seed: int, write) -> Path:
+    """Directory ``<preset>-<seed>`` under $LUCEGEN_TEST_MODELS (or the temp directory), written by ``write(out)``
+    unless it already holds a model (``config.json`` is written last)."""
     root = Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
     out = root / f"{preset}-{seed}"
     if not (out / "config.json").exists():
-        write_hf_checkpoint(ModelConfig.preset(preset), out, seed=seed, progress=False)
+        write(out)
     return out
+
+
+@functools.cache
+def checkpoint_dir(preset: str, seed: int = 0) -> Path:
+    """A random-weight checkpoint of ``preset``."""
+    return _written(preset, seed,
+                    lambda out: write_hf_checkpoint(ModelConfig.preset(preset), out, seed=seed, progress=False))
 
 
 @functools.cache
 def draft_dir(preset: str, seed: int = 0) -> Path:
-    """A random-weight DFlash draft of ``preset`` (lucegen/model/dflash.py PRESETS), next to the checkpoints."""
+    """A random-weight DFlash draft of ``preset`` (lucegen/model/dflash.py PRESETS)."""
     from lucegen.model.dflash import DFlashConfig, write_dflash_checkpoint
 
-    root = Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
-    out = root / f"{preset}-{seed}"
-    if not (out / "config.json").exists():
-        write_dflash_checkpoint(DFlashConfig.preset(preset), out, seed=seed, progress=False)
-    return out
+    return _written(preset, seed,
+                    lambda out: write_dflash_checkpoint(DFlashConfig.preset(preset), out, seed=seed, progress=False))
 
 
 @functools.cache
