@@ -80,15 +80,15 @@ def run(args) -> int:
     stats = ""
     if args.draft:
         stats = speculative(decoder, args, prompt, emit)
-    elif args.prefill == "kernels":
-        from ..runtime.prefill.runner import Prefiller
-
-        prefiller = Prefiller(decoder)
-        prefiller.prefill(prompt)
-        prefiller.close()
-        decoder.generate(args.max_tokens, emit, chunk=args.chunk)
     else:
-        decoder.prefill(prompt)
+        if args.prefill == "kernels":
+            from ..runtime.prefill.runner import Prefiller
+
+            prefiller = Prefiller(decoder)
+            prefiller.prefill(prompt)
+            prefiller.close()
+        else:
+            decoder.prefill(prompt)
         decoder.generate(args.max_tokens, emit, chunk=args.chunk)
     sys.stdout.write("\n")
     shown = " ".join(str(i) for i in generated[:32]) + (" ..." if len(generated) > 32 else "")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dflash import DFlashConfig
-from .reference import F32, _DictWeights, apply_rope, round_to, silu
+from .reference import F32, _DictWeights, apply_rope, norm_input, round_to, silu
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -91,11 +91,8 @@ class DraftReference:
         return x if self.gemm_inputs == "f32" else round_to(x, self.gemm_inputs)
 
     def _norm_in(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """rms_norm(x, w) entering a projection (rounded as round(x * w) * scale, like the GEMM epilogue)."""
-        if self.gemm_inputs == "f32":
-            return rms_norm(x, w, self.config.rms_norm_eps)
-        scale = F32(1) / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + F32(self.config.rms_norm_eps))
-        return (self._round(x * w) * scale).astype(F32)
+        """rms_norm(x, w) entering a projection (reference.norm_input: rounded like the GEMM epilogue)."""
+        return norm_input(x, w, self.config.rms_norm_eps, self.gemm_inputs)
 
     def _head_norm(self, x: np.ndarray, name: str) -> np.ndarray:
         return rms_norm(x, self.w[name], self.config.rms_norm_eps)

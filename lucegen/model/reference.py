@@ -227,6 +227,16 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     raise ValueError(f"round_to: unknown dtype {dtype!r}")
 
 
+def norm_input(x: np.ndarray, gain: np.ndarray, eps: float, gemm_inputs: str = "f32") -> np.ndarray:
+    """An RMSNorm with weight ``gain`` (1 + w for Qwen3.5's zero-centred norms, w for Qwen3's) as a projection's
+    input: x * rsqrt(mean x^2 + eps) * gain; with ``gemm_inputs`` "bf16" / "fp16", round(x * gain) * rsqrt(...),
+    the order in which the prefill GEMM epilogue applies it."""
+    var = np.mean(np.square(x), axis=-1, keepdims=True)
+    if gemm_inputs == "f32":
+        return (x / np.sqrt(var + F32(eps))).astype(F32) * gain
+    return (round_to(x * gain, gemm_inputs) * (F32(1) / np.sqrt(var + F32(eps)))).astype(F32)
+
+
 class Reference:
     """``Reference(config, checkpoint)``: checkpoint is anything with ``f32(name)`` (a :class:`Checkpoint`) or a
     mapping of internal tensor names to arrays. All weights are held as float32.
@@ -272,10 +282,7 @@ class Reference:
 
     def _norm_in(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """rms_norm_1p(x, w) as a projection input (see the class docstring for the rounded variant)."""
-        if self.gemm_inputs == "f32":
-            return rms_norm_1p(x, w, self.config.rms_norm_eps)
-        scale = F32(1) / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + F32(self.config.rms_norm_eps))
-        return (self._round(x * (F32(1) + w)) * scale).astype(F32)
+        return norm_input(x, F32(1) + w, self.config.rms_norm_eps, self.gemm_inputs)
 
     # -------------------------------------------------------------------------------------- forward
     def forward(self, tokens, state: ReferenceState, hidden_layers=(), logits: str = "all"):
