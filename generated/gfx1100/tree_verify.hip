@@ -50,6 +50,7 @@ __device__ __forceinline__ float __expf(float x) { return __builtin_amdgcn_exp2f
 __device__ __forceinline__ float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
 __device__ __forceinline__ float fminf(float a, float b) { return __builtin_fminf(a, b); }
 __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
+__device__ __forceinline__ float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 __device__ __forceinline__ float sqrtf(float x) { return __builtin_sqrtf(x); }
 __device__ __forceinline__ float expf(float x) { return __builtin_expf(x); }
 __device__ __forceinline__ float exp2f(float x) { return __builtin_exp2f(x); }
@@ -224,7 +225,8 @@ tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv
 }
 
 // ------------------------------------------------------------------------------------------------ delta rule
-// reference.gated_delta_rule for one value column (head h, column v; key head h / (NV / NK)) along each slot's path:
+// reference.gated_delta_rule for one value column (head h, column v; key head h / (NV / NK), or h % NK with
+// ggml's tiled value heads) along each slot's path:
 //   S = S_parent * exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S = S + k delta;  o = S^T q
 // with S_parent the committed state for the root. States are [NV][DV][DK] (S transposed: one column contiguous,
 // the megakernel's layout); every slot's is kept in `states` [S][NV][DV][DK] for its children and the commit. Slots
@@ -237,7 +239,7 @@ tree_delta_rule(const float* __restrict__ workspace, const int* __restrict__ par
   const tree_ws ws = tv_workspace(const_cast<float*>(workspace), n_slots);
   const int col = blockIdx.x * TV_COLS_PER_BLOCK + threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
   if (col >= TV_NV * TV_DV) return;
-  const int h = col / TV_DV, hk = h / (TV_NV / TV_NK);
+  const int h = col / TV_DV, hk = h / (TV_NV / TV_NK);  // pf.v_heads
   float st[KPL];
   for (int s = 0; s < n_slots; ++s) {
     const int p = parent[s];
@@ -395,6 +397,19 @@ rows_argmax(const float* __restrict__ logits, int n_cols, int* __restrict__ toke
 }
 
 // ------------------------------------------------------------------------------------------------ commit
+// The hand-over between two one-slot passes of a greedy decode queued on the device: the pass's argmax is the next
+// pass's token and history[pos0] (the token after position pos0), and the position advances (the slot's K/V row is
+// already at pos0, its DeltaNet state committed by tree_commit_deltanet).
+extern "C" __global__ void tree_greedy_advance(const int* __restrict__ argmax, int* __restrict__ tokens,
+                                               int* __restrict__ pos0, int* __restrict__ history) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    const int token = argmax[0];
+    tokens[0] = token;
+    history[pos0[0]] = token;
+    pos0[0] += 1;
+  }
+}
+
 // For every DeltaNet layer (blockIdx.y): the accepted slot's state and conv window become the live ones.
 //   recurrent[l] = states[l][slot]  (NV * DV * DK floats),  conv[l] = windows[l][slot]  (CD * (CK - 1) floats)
 extern "C" __global__ void __launch_bounds__(TV_NT)

@@ -50,6 +50,7 @@ __device__ __forceinline__ float __expf(float x) { return __builtin_amdgcn_exp2f
 __device__ __forceinline__ float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
 __device__ __forceinline__ float fminf(float a, float b) { return __builtin_fminf(a, b); }
 __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
+__device__ __forceinline__ float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 __device__ __forceinline__ float sqrtf(float x) { return __builtin_sqrtf(x); }
 __device__ __forceinline__ float expf(float x) { return __builtin_expf(x); }
 __device__ __forceinline__ float exp2f(float x) { return __builtin_exp2f(x); }

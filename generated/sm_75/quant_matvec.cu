@@ -93,6 +93,20 @@ struct Q4_K {
   }
 };
 
+// Q5_K (256 values, 176 bytes): as Q4_K with qh[32] before qs: bit s of qh[l] is bit 4 of sub-block s's value l.
+// (quant.py: _q5_k)
+struct Q5_K {
+  static constexpr int VALUES = 256, BYTES = 176;
+  static __device__ __forceinline__ float value(const unsigned char* b, int j) {
+    const int s = j / 32, l = j % 32;
+    const unsigned char* sc = b + 4;
+    const int scale = s < 4 ? sc[s] & 63 : (sc[s + 4] & 0x0F) | ((sc[s - 4] >> 6) << 4);
+    const int min = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+    const int q = ((b[48 + 32 * (s / 2) + l] >> (4 * (s & 1))) & 0x0F) | (((b[16 + l] >> s) & 1) << 4);
+    return qm_sub(qm_mul(qm_mul(qm_f16(b), (float)scale), (float)q), qm_mul(qm_f16(b + 2), (float)min));
+  }
+};
+
 // Q6_K (256 values, 210 bytes): ql[128], qh[64], scales int8[16] (sub-blocks of 16), d f16. In half h (128 values)
 // value 64 t + i has its low 4 bits in nibble t of ql[64 h + i], and value 32 u + c its high 2 bits at bit 2 u of
 // qh[32 h + c]; x = (d sc_{j / 16}) (q - 32).   (quant.py: _q6_k)
@@ -135,6 +149,39 @@ matvec_q8_0(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
   if (lane == 0) y[row] = acc;
 }
 
+// Start the residual stream from Q8_0 embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
+//   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (fp16_t),
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols).
+// One block per token; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps) as a row scale.
+extern "C" __global__ void __launch_bounds__(256)
+embed_q8_0(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
+                const float* __restrict__ norm_w, float* __restrict__ x, fp16_t* __restrict__ xn,
+                float* __restrict__ ss, int ss_stride, int part_cols) {
+  __shared__ float part_sums[8];
+  const int t = blockIdx.x;
+  const unsigned char* row = E + (size_t)tokens[t] * (H / Q8_0::VALUES) * Q8_0::BYTES;
+  const unsigned warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+  for (int begin = 0, part = 0; begin < H; begin += part_cols, ++part) {
+    const int end = min(begin + part_cols, H);
+    float sum_sq = 0.0f;
+    for (int c = begin + threadIdx.x; c < end; c += 256) {
+      const float v = Q8_0::value(row + c / Q8_0::VALUES * Q8_0::BYTES, c % Q8_0::VALUES);
+      x[(size_t)t * H + c] = v;
+      xn[(size_t)t * H + c] = lg_from_float<fp16_t>(v * (1.0f + norm_w[c]));
+      sum_sq += v * v;
+    }
+    sum_sq = lg_warp_sum(sum_sq);
+    if (lane == 0) part_sums[warp] = sum_sq;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.0f;
+      for (int w = 0; w < 8; ++w) total += part_sums[w];
+      ss[(size_t)part * ss_stride + t] = total;
+    }
+    __syncthreads();
+  }
+}
+
 // out[i] = value i of the Q4_K blocks at `data` (n values, a whole number of blocks): one thread per value.
 extern "C" __global__ void __launch_bounds__(256)
 dequantize_q4_k(const unsigned char* __restrict__ data, float* __restrict__ out, long long n) {
@@ -163,6 +210,100 @@ matvec_q4_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
   if (lane == 0) y[row] = acc;
 }
 
+// Start the residual stream from Q4_K embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
+//   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (fp16_t),
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols).
+// One block per token; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps) as a row scale.
+extern "C" __global__ void __launch_bounds__(256)
+embed_q4_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
+                const float* __restrict__ norm_w, float* __restrict__ x, fp16_t* __restrict__ xn,
+                float* __restrict__ ss, int ss_stride, int part_cols) {
+  __shared__ float part_sums[8];
+  const int t = blockIdx.x;
+  const unsigned char* row = E + (size_t)tokens[t] * (H / Q4_K::VALUES) * Q4_K::BYTES;
+  const unsigned warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+  for (int begin = 0, part = 0; begin < H; begin += part_cols, ++part) {
+    const int end = min(begin + part_cols, H);
+    float sum_sq = 0.0f;
+    for (int c = begin + threadIdx.x; c < end; c += 256) {
+      const float v = Q4_K::value(row + c / Q4_K::VALUES * Q4_K::BYTES, c % Q4_K::VALUES);
+      x[(size_t)t * H + c] = v;
+      xn[(size_t)t * H + c] = lg_from_float<fp16_t>(v * (1.0f + norm_w[c]));
+      sum_sq += v * v;
+    }
+    sum_sq = lg_warp_sum(sum_sq);
+    if (lane == 0) part_sums[warp] = sum_sq;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.0f;
+      for (int w = 0; w < 8; ++w) total += part_sums[w];
+      ss[(size_t)part * ss_stride + t] = total;
+    }
+    __syncthreads();
+  }
+}
+
+// out[i] = value i of the Q5_K blocks at `data` (n values, a whole number of blocks): one thread per value.
+extern "C" __global__ void __launch_bounds__(256)
+dequantize_q5_k(const unsigned char* __restrict__ data, float* __restrict__ out, long long n) {
+  const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+  if (i < n) out[i] = Q5_K::value(data + i / Q5_K::VALUES * Q5_K::BYTES, (int)(i % Q5_K::VALUES));
+}
+
+// y[N] = W[N, K] . x[K] with W's rows in Q5_K blocks (K a multiple of Q5_K::VALUES), x and y float32: one warp
+// per row, lane l takes values l, l + 32, ... of each block (neighbouring lanes, neighbouring bytes),
+// f32 accumulation. Reference: dequantize(W) @ x.
+extern "C" __global__ void __launch_bounds__(256)
+matvec_q5_k(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N,
+                 int K) {
+  const int row = blockIdx.x * 8 + threadIdx.x / LG_WARP_SIZE;
+  if (row >= N) return;
+  const int lane = lg_lane_id(), blocks = K / Q5_K::VALUES;
+  const unsigned char* w = W + (size_t)row * blocks * Q5_K::BYTES;
+  float acc = 0.0f;
+  for (int blk = 0; blk < blocks; ++blk) {
+    const unsigned char* b = w + (size_t)blk * Q5_K::BYTES;
+    const float* xb = x + blk * Q5_K::VALUES;
+#pragma unroll
+    for (int j = lane; j < Q5_K::VALUES; j += LG_WARP_SIZE) acc += Q5_K::value(b, j) * xb[j];
+  }
+  acc = lg_warp_sum(acc);
+  if (lane == 0) y[row] = acc;
+}
+
+// Start the residual stream from Q5_K embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
+//   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (fp16_t),
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols).
+// One block per token; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps) as a row scale.
+extern "C" __global__ void __launch_bounds__(256)
+embed_q5_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
+                const float* __restrict__ norm_w, float* __restrict__ x, fp16_t* __restrict__ xn,
+                float* __restrict__ ss, int ss_stride, int part_cols) {
+  __shared__ float part_sums[8];
+  const int t = blockIdx.x;
+  const unsigned char* row = E + (size_t)tokens[t] * (H / Q5_K::VALUES) * Q5_K::BYTES;
+  const unsigned warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+  for (int begin = 0, part = 0; begin < H; begin += part_cols, ++part) {
+    const int end = min(begin + part_cols, H);
+    float sum_sq = 0.0f;
+    for (int c = begin + threadIdx.x; c < end; c += 256) {
+      const float v = Q5_K::value(row + c / Q5_K::VALUES * Q5_K::BYTES, c % Q5_K::VALUES);
+      x[(size_t)t * H + c] = v;
+      xn[(size_t)t * H + c] = lg_from_float<fp16_t>(v * (1.0f + norm_w[c]));
+      sum_sq += v * v;
+    }
+    sum_sq = lg_warp_sum(sum_sq);
+    if (lane == 0) part_sums[warp] = sum_sq;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.0f;
+      for (int w = 0; w < 8; ++w) total += part_sums[w];
+      ss[(size_t)part * ss_stride + t] = total;
+    }
+    __syncthreads();
+  }
+}
+
 // out[i] = value i of the Q6_K blocks at `data` (n values, a whole number of blocks): one thread per value.
 extern "C" __global__ void __launch_bounds__(256)
 dequantize_q6_k(const unsigned char* __restrict__ data, float* __restrict__ out, long long n) {
@@ -189,4 +330,37 @@ matvec_q6_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
   }
   acc = lg_warp_sum(acc);
   if (lane == 0) y[row] = acc;
+}
+
+// Start the residual stream from Q6_K embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
+//   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (fp16_t),
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols).
+// One block per token; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps) as a row scale.
+extern "C" __global__ void __launch_bounds__(256)
+embed_q6_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
+                const float* __restrict__ norm_w, float* __restrict__ x, fp16_t* __restrict__ xn,
+                float* __restrict__ ss, int ss_stride, int part_cols) {
+  __shared__ float part_sums[8];
+  const int t = blockIdx.x;
+  const unsigned char* row = E + (size_t)tokens[t] * (H / Q6_K::VALUES) * Q6_K::BYTES;
+  const unsigned warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+  for (int begin = 0, part = 0; begin < H; begin += part_cols, ++part) {
+    const int end = min(begin + part_cols, H);
+    float sum_sq = 0.0f;
+    for (int c = begin + threadIdx.x; c < end; c += 256) {
+      const float v = Q6_K::value(row + c / Q6_K::VALUES * Q6_K::BYTES, c % Q6_K::VALUES);
+      x[(size_t)t * H + c] = v;
+      xn[(size_t)t * H + c] = lg_from_float<fp16_t>(v * (1.0f + norm_w[c]));
+      sum_sq += v * v;
+    }
+    sum_sq = lg_warp_sum(sum_sq);
+    if (lane == 0) part_sums[warp] = sum_sq;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.0f;
+      for (int w = 0; w < 8; ++w) total += part_sums[w];
+      ss[(size_t)part * ss_stride + t] = total;
+    }
+    __syncthreads();
+  }
 }

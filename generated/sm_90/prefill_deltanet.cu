@@ -76,6 +76,9 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 #define DN_VD 2048
 #define DN_NIN 8224
 #define DN_GROUP 1
+// The key head of value head h: value heads in HF's grouped order (key head g serves g * GROUP .. g * GROUP + GROUP - 1)
+// or in ggml's tiled order (value head v * NK + g serves key head g), as the weights were stored (pf.v_heads).
+#define DN_KEY_HEAD(h) ((h) / DN_GROUP)
 #define DN_NT 256
 #define DN_DVT 16
 #define DN_JG 4
@@ -195,7 +198,7 @@ deltanet_chunk_prepare(float* __restrict__ workspace, int n_tokens) {
   float* const buf = reinterpret_cast<float*>(buf4);
   const int tp = dn_padded(n_tokens);
   const deltanet_ws ws = dn_workspace(workspace, tp);
-  const int h = blockIdx.y, kh = h / DN_GROUP, row0 = blockIdx.x * DN_C;
+  const int h = blockIdx.y, kh = DN_KEY_HEAD(h), row0 = blockIdx.x * DN_C;
   const int tid = threadIdx.x;
   const size_t vrow0 = (size_t)h * tp + row0, krow0 = (size_t)kh * tp + row0;
 
@@ -410,7 +413,7 @@ deltanet_chunk_scan(float* __restrict__ workspace, float* __restrict__ recurrent
   __shared__ float4 vn4[DN_C * DN_JG];         // V'[i][j] exp(gc_last - gc_i)
   const int tp = dn_padded(n_tokens);
   const deltanet_ws ws = dn_workspace(workspace, tp);
-  const int h = blockIdx.y, kh = h / DN_GROUP, j0 = blockIdx.x * DN_DVT;
+  const int h = blockIdx.y, kh = DN_KEY_HEAD(h), j0 = blockIdx.x * DN_DVT;
   const int tid = threadIdx.x;
   float* const S = reinterpret_cast<float*>(s4);
   float* const state = recurrent + ((size_t)h * DN_DV + j0) * DN_DK;
@@ -516,7 +519,7 @@ deltanet_chunk_output(float* __restrict__ workspace, int n_tokens) {
   __shared__ float eg_s[DN_C];
   const int tp = dn_padded(n_tokens);
   const deltanet_ws ws = dn_workspace(workspace, tp);
-  const int c = blockIdx.x, h = blockIdx.y, kh = h / DN_GROUP, j0 = blockIdx.z * DN_DVO, tid = threadIdx.x;
+  const int c = blockIdx.x, h = blockIdx.y, kh = DN_KEY_HEAD(h), j0 = blockIdx.z * DN_DVO, tid = threadIdx.x;
   const size_t vrow0 = (size_t)h * tp + c * DN_C, krow0 = (size_t)kh * tp + c * DN_C;
   const float* hs = ws.hs + (((size_t)h * (tp / DN_C) + c) * DN_DK) * DN_DV + j0;
   for (int e = tid; e < DN_DK * DN_OG; e += DN_OUT_NT)

@@ -334,4 +334,10 @@ PRESETS: dict[str, ModelConfig] = {
         num_attention_heads=4, num_kv_heads=1, head_dim=64, rotary_dim=16, rope_theta=1e7, rms_norm_eps=1e-6,
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=64,
         conv_kernel=4, tie_word_embeddings=False, eos_token_id=1),
+    # As tiny-gqa with every matrix dimension a multiple of 256: quantisable to K-quants (the Q4_K_M GGUF path).
+    "tiny-q": _preset(
+        "tiny-q", 8, hidden_size=256, intermediate_size=512, vocab_size=512,
+        num_attention_heads=4, num_kv_heads=1, head_dim=64, rotary_dim=16, rope_theta=1e7, rms_norm_eps=1e-6,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=64,
+        conv_kernel=4, tie_word_embeddings=False, eos_token_id=1),
 }

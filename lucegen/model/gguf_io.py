@@ -256,7 +256,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
 
 
 # ------------------------------------------------------------------------------------------------ transforms
-def _v_order(config: ModelConfig, head_dim: int, to_tiled: bool) -> np.ndarray:
+def v_head_order(config: ModelConfig, head_dim: int, to_tiled: bool) -> np.ndarray:
     """Row permutation between HF's grouped and ggml's tiled value-head order (rows of head_dim each)."""
     g, r = config.linear_num_key_heads, config.linear_num_value_heads // config.linear_num_key_heads
     heads = np.arange(g * r).reshape(g, r)  # grouped index of (key group, repeat)
@@ -291,14 +291,14 @@ def _transform(config, name, x, forward):
     dv, kd = config.linear_value_head_dim, config.linear_key_dim
     if leaf in ("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight"):
         v = x[2 * kd :]
-        x = np.concatenate([x[: 2 * kd], v[_v_order(config, dv, forward)]])
+        x = np.concatenate([x[: 2 * kd], v[v_head_order(config, dv, forward)]])
     elif leaf == "linear_attn.in_proj_z.weight":
-        x = x[_v_order(config, dv, forward)]
+        x = x[v_head_order(config, dv, forward)]
     elif leaf in ("linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight", "linear_attn.A_log",
                   "linear_attn.dt_bias"):
-        x = x[_v_order(config, 1, forward)]
+        x = x[v_head_order(config, 1, forward)]
     elif leaf == "linear_attn.out_proj.weight":
-        x = x[:, _v_order(config, dv, forward)]
+        x = x[:, v_head_order(config, dv, forward)]
     return np.ascontiguousarray(x, dtype=np.float32)
 
 

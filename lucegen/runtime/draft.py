@@ -173,6 +173,10 @@ class DFlashDrafter:
         if not isinstance(cfg, DFlashConfig):
             raise CheckpointError(f"{self.checkpoint.path}: not a DFlash draft")
         check_pair(cfg, decoder.config, self.checkpoint.path)
+        if getattr(decoder, "wmat", None) is None:
+            raise LucegenError(f"{self.checkpoint.path}: the DFlash draft reads the target's embedding and lm_head "
+                               f"as compute-dtype matrices; {decoder.config.name} is loaded quantised "
+                               "(run the draft with a BF16 target)")
         for name, value, lo, hi in (("k", k, 1, TOPK_MAX), ("rows", rows, 1, 1 << 20),
                                     ("ring", decoder.max_context if ring is None else ring, 1, decoder.max_context)):
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:

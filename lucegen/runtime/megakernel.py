@@ -145,6 +145,21 @@ class MegakernelDecoder:
         self.next_token: int | None = None
         self.epoch_base = 0  # the scratch holds no epoch > 0 now
 
+    #: Order of the DeltaNet value heads in the packed weights and state (prefill_params' v_heads).
+    v_heads = "grouped"
+
+    def layer_params(self) -> dict:
+        """The ``pf`` the prefill / verify layer loop renders its kernels with for this model."""
+        from .prefill.params import prefill_params
+
+        return prefill_params(self.config, self.target, self.v_heads)
+
+    def layer_weights(self, pf: dict, *, batch_invariant: bool = False):
+        """This decoder's matrices for the layer loop (:func:`lucegen.runtime.prefill.runner.enqueue_layers`)."""
+        from .prefill.runner import DenseWeights
+
+        return DenseWeights(self, pf, batch_invariant=batch_invariant)
+
     def snapshot(self) -> dict:
         """A device-side copy of the sequence state (for benchmarks that replay from the same point)."""
         copies = {}
@@ -257,28 +272,7 @@ class MegakernelDecoder:
         return out[:n]
 
     def download_state(self) -> dict:
-        """The device state in the reference's layouts (float32): per DeltaNet layer ``conv`` [conv_dim, K-1] and
-        ``recurrent`` [NV, DK, DV]; per attention layer ``k``, ``v`` [NKV, position, HD]."""
-        c, lay = self.config, self.layout
-        self.device.synchronize()
-        conv = self.device.download(self.conv, np.float32, (max(lay.n_dn, 1), c.conv_dim, c.conv_kernel - 1))
-        rec = self.device.download(self.recurrent, np.float32, (max(lay.n_dn, 1), c.linear_num_value_heads,
-                                                                c.linear_value_head_dim, c.linear_key_head_dim))
-        kv_bits = self.device.download(self.kv, np.uint16, (max(lay.n_at, 1), 2, c.num_kv_heads, self.max_context,
-                                                            c.head_dim))
-        if self.device.target.kv_cache_type == "bf16":
-            from ..model.dtypes import bf16_bits_to_f32
-
-            kv = bf16_bits_to_f32(kv_bits)
-        else:
-            kv = kv_bits.view(np.float16).astype(np.float32)
-        layers = []
-        for l in lay.layers:
-            if l.kind == 0:
-                layers.append({"conv": conv[l.slot], "recurrent": np.ascontiguousarray(rec[l.slot].transpose(0, 2, 1))})
-            else:
-                layers.append({"k": kv[l.slot, 0, :, : self.position], "v": kv[l.slot, 1, :, : self.position]})
-        return {"layers": layers, "position": self.position}
+        return download_state(self)
 
     # ------------------------------------------------------------------------------------------ facts
     def bytes_per_token(self) -> int:
@@ -292,3 +286,35 @@ class MegakernelDecoder:
     @property
     def barriers_per_step(self) -> int:
         return packing.barriers_per_step(self.config)
+
+
+def download_state(dec) -> dict:
+    """A decoder's device state in the reference's layouts (float32): per DeltaNet layer ``conv`` [conv_dim, K-1]
+    and ``recurrent`` [NV, DK, DV] (value heads in HF's grouped order whatever ``dec.v_heads``); per attention layer
+    ``k``, ``v`` [NKV, position, HD]."""
+    c, lay = dec.config, dec.layout
+    dec.device.synchronize()
+    conv = dec.device.download(dec.conv, np.float32, (max(lay.n_dn, 1), c.conv_dim, c.conv_kernel - 1))
+    rec = dec.device.download(dec.recurrent, np.float32, (max(lay.n_dn, 1), c.linear_num_value_heads,
+                                                          c.linear_value_head_dim, c.linear_key_head_dim))
+    if dec.v_heads == "tiled":
+        from ..model.gguf_io import v_head_order
+
+        kd2 = 2 * c.linear_key_dim
+        conv = np.concatenate([conv[:, :kd2], conv[:, kd2:][:, v_head_order(c, c.linear_value_head_dim, False)]], 1)
+        rec = rec[:, v_head_order(c, 1, False)]
+    kv_bits = dec.device.download(dec.kv, np.uint16, (max(lay.n_at, 1), 2, c.num_kv_heads, dec.max_context,
+                                                      c.head_dim))
+    if dec.device.target.kv_cache_type == "bf16":
+        from ..model.dtypes import bf16_bits_to_f32
+
+        kv = bf16_bits_to_f32(kv_bits)
+    else:
+        kv = kv_bits.view(np.float16).astype(np.float32)
+    layers = []
+    for l in lay.layers:
+        if l.kind == 0:
+            layers.append({"conv": conv[l.slot], "recurrent": np.ascontiguousarray(rec[l.slot].transpose(0, 2, 1))})
+        else:
+            layers.append({"k": kv[l.slot, 0, :, : dec.position], "v": kv[l.slot, 1, :, : dec.position]})
+    return {"layers": layers, "position": dec.position}

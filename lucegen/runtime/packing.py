@@ -277,9 +277,10 @@ def _checked(checkpoint, name: str, shape: tuple[int, ...], array: np.ndarray) -
     return array
 
 
-def pack_pieces(layout: Layout, checkpoint, dtype: str) -> Iterator[tuple[str, int, np.ndarray]]:
+def pack_pieces(layout: Layout, checkpoint, dtype: str, matrices: bool = True) -> Iterator[tuple[str, int, np.ndarray]]:
     """Yield (buffer, offset, array): buffer "wmat" (uint16 bits, element offset) or "wvec" (float32, float
-    offset). Together they fill every tensor of the layout; padding stays as allocated (zeroed by the caller)."""
+    offset). Together they fill every tensor of the layout; padding stays as allocated (zeroed by the caller).
+    ``matrices=False``: the "wvec" pieces only (no matrix is read)."""
     c = layout.config
     shapes = c.tensor_shapes()
 
@@ -297,29 +298,33 @@ def pack_pieces(layout: Layout, checkpoint, dtype: str) -> Iterator[tuple[str, i
         p = f"layers.{i}."
         if lay.kind == 0:
             la = p + "linear_attn."
-            yield "wmat", lay.in_mat, np.concatenate(
-                [mat(la + "in_proj_qkv.weight"), mat(la + "in_proj_z.weight"), mat(la + "in_proj_a.weight"),
-                 mat(la + "in_proj_b.weight")], axis=0)
-            yield "wmat", lay.out_mat, mat(la + "out_proj.weight")
+            if matrices:
+                yield "wmat", lay.in_mat, np.concatenate(
+                    [mat(la + "in_proj_qkv.weight"), mat(la + "in_proj_z.weight"), mat(la + "in_proj_a.weight"),
+                     mat(la + "in_proj_b.weight")], axis=0)
+                yield "wmat", lay.out_mat, mat(la + "out_proj.weight")
             yield "wvec", lay.conv_w, vec(la + "conv1d.weight").reshape(c.conv_dim, c.conv_kernel)
             yield "wvec", lay.a_log, vec(la + "A_log")
             yield "wvec", lay.dt_bias, vec(la + "dt_bias")
             yield "wvec", lay.gnorm, vec(la + "norm.weight")
         else:
             sa = p + "self_attn."
-            yield "wmat", lay.in_mat, np.concatenate(
-                [mat(sa + "q_proj.weight"), mat(sa + "k_proj.weight"), mat(sa + "v_proj.weight")], axis=0)
-            yield "wmat", lay.out_mat, mat(sa + "o_proj.weight")
+            if matrices:
+                yield "wmat", lay.in_mat, np.concatenate(
+                    [mat(sa + "q_proj.weight"), mat(sa + "k_proj.weight"), mat(sa + "v_proj.weight")], axis=0)
+                yield "wmat", lay.out_mat, mat(sa + "o_proj.weight")
             yield "wvec", lay.q_norm, vec(sa + "q_norm.weight")
             yield "wvec", lay.k_norm, vec(sa + "k_norm.weight")
-        gate, up = mat(p + "mlp.gate_proj.weight"), mat(p + "mlp.up_proj.weight")
-        yield "wmat", lay.gateup, np.stack([gate, up], axis=1).reshape(2 * c.intermediate_size, c.hidden_size)
-        yield "wmat", lay.down, mat(p + "mlp.down_proj.weight")
+        if matrices:
+            gate, up = mat(p + "mlp.gate_proj.weight"), mat(p + "mlp.up_proj.weight")
+            yield "wmat", lay.gateup, np.stack([gate, up], axis=1).reshape(2 * c.intermediate_size, c.hidden_size)
+            yield "wmat", lay.down, mat(p + "mlp.down_proj.weight")
         yield "wvec", lay.in_norm, vec(p + "input_layernorm.weight")
         yield "wvec", lay.post_norm, vec(p + "post_attention_layernorm.weight")
-    yield "wmat", layout.embed, mat("embed_tokens.weight")
-    if not c.tie_word_embeddings:
-        yield "wmat", layout.lm_head, mat("lm_head.weight")
+    if matrices:
+        yield "wmat", layout.embed, mat("embed_tokens.weight")
+        if not c.tie_word_embeddings:
+            yield "wmat", layout.lm_head, mat("lm_head.weight")
 
 
 def pack_host(layout: Layout, checkpoint, dtype: str = "bf16") -> tuple[np.ndarray, np.ndarray]:

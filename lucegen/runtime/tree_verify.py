@@ -30,10 +30,7 @@ from ..errors import LucegenError
 from . import ddtree
 from .device import Buffer, address
 from .prefill.attention import AttentionKernels
-from .prefill.gemm import GemmKernels
-from .prefill.params import prefill_params
-from .prefill.runner import (Activations, conv_layer, enqueue_layers, kv_layer, load_common, recurrent_layer,
-                             wmat_at, wvec_at)
+from .prefill.runner import Activations, conv_layer, enqueue_layers, kv_layer, recurrent_layer, wvec_at
 
 TEMPLATE = "dflash/tree_verify.cu.j2"
 MODULE = "tree_verify"
@@ -69,26 +66,27 @@ class TreeVerifier:
         self.budget, self.slots = budget, budget + 1
         if draft is not None and draft.rows < self.slots:
             raise LucegenError(f"the draft captures {draft.rows} rows per pass, fewer than {self.slots} verify slots")
-        self.pf = prefill_params(self.config, self.target)
+        self.pf = decoder.layer_params()
         dev, t, pf, c = self.device, self.target, self.pf, self.config
         if c.linear_key_head_dim % t.warp_size or c.head_dim % t.warp_size:
             raise LucegenError(f"model {c.name}: tree verify needs the DeltaNet key head dim "
                                f"({c.linear_key_head_dim}) and head_dim ({c.head_dim}) to be multiples of the warp "
                                f"size {t.warp_size}")
         # One tiling for every row count: a slot's numbers must not depend on how many slots the tree has.
-        self.gemm = GemmKernels(dev, t, pf)
-        self.gemm.make_batch_invariant()
+        self.weights = decoder.layer_weights(pf, batch_invariant=True)
+        self.gemm = self.weights.gemm
         self.attention = AttentionKernels(dev, t, pf)
-        self.embed_fn = load_common(dev, t, pf).function("prefill_embed")
         source = codegen.render(t, TEMPLATE, pf=pf)
         self.module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
         fn = self.module.function
         self.conv_fn, self.rule_fn, self.norm_fn = fn("tree_conv_prepare"), fn("tree_delta_rule"), fn("tree_gated_norm")
         self.attend_fn, self.argmax_fn = fn("tree_attention"), fn("rows_argmax")
         self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
+        self.advance_fn = fn("tree_greedy_advance")
         self.stream = dev.stream()
         self.use_graphs = graphs
         self._graphs: dict[int, object] = {}  # slots -> the captured pass (pos0 and the tree come from memory)
+        self._decode_graph = None  # one greedy step: pass, commit, advance (see decode)
         self._allocate()
 
     # ------------------------------------------------------------------------------------------ memory
@@ -104,15 +102,18 @@ class TreeVerifier:
         self.pos0 = d.alloc(4)
         self.layout_buf = d.alloc(4 * (2 + S) * S)
         self.path = d.alloc(4 * S)
+        self.history = d.alloc(4 * self.dec.max_context)
         self.logits = d.alloc(4 * S * c.vocab_size)
         self.argmax = d.alloc(4 * S)
 
     def close(self) -> None:
-        for g in getattr(self, "_graphs", {}).values():
-            g.destroy()
+        for g in list(getattr(self, "_graphs", {}).values()) + [getattr(self, "_decode_graph", None)]:
+            if g is not None:
+                g.destroy()
         if hasattr(self, "acts"):
             self.acts.free()
-        for name in ("ws", "states", "windows", "q_ws", "tokens", "pos0", "layout_buf", "path", "logits", "argmax"):
+        for name in ("ws", "states", "windows", "q_ws", "tokens", "pos0", "layout_buf", "path", "history", "logits",
+                     "argmax"):
             b = getattr(self, name, None)
             if isinstance(b, Buffer):
                 b.free()
@@ -157,9 +158,9 @@ class TreeVerifier:
         tokens and pos0 live in device memory), so one captured graph per S serves every step."""
         c, st, acts, dec = self.config, self.stream, self.acts, self.dec
         H = c.hidden_size
-        enqueue_layers(self.gemm, self.embed_fn, dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st,
+        enqueue_layers(self.weights, dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st,
                        after_layer=self.draft.capture_hook(st) if self.draft else None)
-        self.gemm.rows_f32(acts.xn.ptr, H, wmat_at(dec, dec.layout.lm_head), H, S, c.vocab_size, H,
+        self.gemm.rows_f32(acts.xn.ptr, H, self.weights.matrix(dec.layout.lm_head), H, S, c.vocab_size, H,
                            acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, c.vocab_size, stream=st)
         self.argmax_fn.launch(S, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax.ptr)),
                               stream=st)
@@ -202,6 +203,15 @@ class TreeVerifier:
             return argmax, self.device.download(self.logits, np.float32, (S, c.vocab_size))
         return argmax
 
+    def _commit_deltanet(self, slot: int) -> None:
+        lay = self.dec.layout
+        if lay.n_dn:
+            self.commit_dn_fn.launch((COMMIT_BLOCKS, lay.n_dn), THREADS,
+                                     (address(self.states.ptr), np.uint64(self.slots * lay.recurrent_state_floats),
+                                      address(self.windows.ptr), np.uint64(self.slots * lay.conv_window_floats),
+                                      address(self.dec.recurrent.ptr), address(self.dec.conv.ptr), np.int32(slot)),
+                                     stream=self.stream)
+
     def commit(self, tree: ddtree.Tree, accepted, bonus: int) -> None:
         """Make the root and the ``accepted`` nodes (``ddtree.accept``'s, root's child first) part of the sequence:
         the last accepted slot's DeltaNet states and conv windows become the live ones, the path's KV rows move to
@@ -211,12 +221,7 @@ class TreeVerifier:
         path = np.concatenate([[0], np.asarray(accepted, np.int64) + 1]).astype(np.int32)
         if np.any(tree.verify_parents()[path[1:]] != path[:-1]):
             raise LucegenError(f"commit: nodes {list(accepted)} are not a path from the root of the tree")
-        if lay.n_dn:
-            self.commit_dn_fn.launch((COMMIT_BLOCKS, lay.n_dn), THREADS,
-                                     (address(self.states.ptr), np.uint64(self.slots * lay.recurrent_state_floats),
-                                      address(self.windows.ptr), np.uint64(self.slots * lay.conv_window_floats),
-                                      address(dec.recurrent.ptr), address(dec.conv.ptr), np.int32(path[-1])),
-                                     stream=st)
+        self._commit_deltanet(int(path[-1]))
         if lay.n_at and path.size > 1:
             c = self.config
             self.device.upload(path, self.path)
@@ -228,6 +233,48 @@ class TreeVerifier:
         dec.next_token = int(bonus)
 
     # ------------------------------------------------------------------------------------------ plain greedy
+    def _enqueue_decode_step(self) -> None:
+        """One greedy step on the device: the one-slot pass at pos0 with tokens[0], its slot committed, then
+        tree_greedy_advance (argmax -> tokens[0] and history[pos0], pos0 + 1)."""
+        self._enqueue_pass(1)
+        self._commit_deltanet(0)
+        self.advance_fn.launch(1, 32, (address(self.argmax.ptr), address(self.tokens.ptr), address(self.pos0.ptr),
+                                       address(self.history.ptr)), stream=self.stream)
+
+    def decode(self, n: int) -> list[int]:
+        """Plain greedy decoding of ``n`` tokens (the first being the decoder's next token) with every step queued
+        on the device and no host work in between: the same passes and commits as :meth:`greedy`, so the same
+        tokens, at the speed of the kernels. The decoder's position and next token advance."""
+        dec = self.dec
+        if dec.next_token is None:
+            raise LucegenError("decode: prefill the prompt first")
+        if n < 1 or dec.position + n > dec.max_context:
+            raise LucegenError(f"decode: {dec.position} tokens so far + {n} exceed the allocated context of "
+                               f"{dec.max_context} (--max-context)")
+        self.stream.synchronize()
+        self.device.upload(np.array([dec.next_token], np.int32), self.tokens)
+        self.device.upload(np.array([dec.position], np.int32), self.pos0)
+        self.device.upload(tree_layout(ddtree.chain(np.zeros(0, np.int64))), self.layout_buf)
+        for _ in range(n - 1):
+            if not self.use_graphs:
+                self._enqueue_decode_step()
+                continue
+            if self._decode_graph is None:
+                self.stream.begin_capture()
+                try:
+                    self._enqueue_decode_step()
+                finally:
+                    self._decode_graph = self.stream.end_capture()
+            self._decode_graph.launch(self.stream)
+        self.stream.synchronize()
+        out = [dec.next_token]
+        if n > 1:
+            steps = Buffer(self.history.ptr + 4 * dec.position, 4 * (n - 1), None)
+            out += self.device.download(steps, np.int32, (n - 1,)).astype(int).tolist()
+        dec.position += n - 1
+        dec.next_token = out[-1]
+        return out
+
     def greedy(self, n: int, callback=None) -> list[int]:
         """Plain greedy decoding through this verifier (one-slot trees) from the decoder's next token: ``n`` tokens,
         the first being that next token. What a lossless speculative run through the same verifier must emit."""

@@ -41,6 +41,19 @@ def draft_dir(preset: str, seed: int = 0) -> Path:
 
 
 @functools.cache
+def gguf_file(preset: str, quant: str = "q4_k_m", seed: int = 0) -> Path:
+    """A random-weight GGUF of ``preset`` in the ``quant`` mix (needs the gguf package to write)."""
+    root = Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
+    out = root / f"{preset}-{quant}-{seed}.gguf"
+    if not out.exists():
+        from lucegen.model.gguf_io import write_gguf_checkpoint
+
+        root.mkdir(parents=True, exist_ok=True)
+        write_gguf_checkpoint(ModelConfig.preset(preset), out, quant=quant, seed=seed, progress=False)
+    return out
+
+
+@functools.cache
 def gpu_device():
     """The opened device, shared by every GPU test of the session."""
     from lucegen.runtime.device import Device

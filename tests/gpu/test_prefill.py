@@ -43,6 +43,7 @@ BOUNDS = {
     "tiny": {"rounded": (2e-2, 0.9999, 2e-2), "f32": (5e-2, 0.9995, 5e-2)},
     "tiny-gqa": {"rounded": (6e-2, 0.999, 8e-2), "f32": (1.5e-1, 0.997, 1.5e-1)},
     "0.8b": {"rounded": (7e-2, 0.998, 1.5e-1), "f32": (1.5e-1, 0.995, 2.5e-1)},
+    "tiny-q": {"rounded": (6e-2, 0.999, 8e-2), "f32": (1.5e-1, 0.997, 1.5e-1)},
 }
 F32_TOL_REL, F32_COS_MIN = BOUNDS["tiny"]["f32"][:2]
 TOL_REL, COS_MIN = BOUNDS["tiny"]["rounded"][:2]

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # byte offsets of each type's f16 scales inside a block
-F16_FIELDS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
+F16_FIELDS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 @pytest.fixture(scope="module")

@@ -31,12 +31,13 @@ from lucegen.model.reference import Reference
 from lucegen.runtime import ddtree
 from lucegen.runtime.dflash import OracleDrafter, RandomDrafter, SpecDecoder
 
-from gpu_models import checkpoint_dir, compare, gpu_device, state_errors  # tests/gpu/gpu_models.py
+from gpu_models import checkpoint_dir, compare, gguf_file, gpu_device, state_errors  # tests/gpu/gpu_models.py
 from test_prefill import BOUNDS
 
 pytestmark = pytest.mark.gpu
 
-PRESETS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa", "0.8b": "qwen3.5-0.8b"}
+PRESETS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa", "0.8b": "qwen3.5-0.8b", "tiny-q": "tiny-q"}
+QUANTISED = {"tiny-q", "27b"}  # GGUF Q4_K_M, loaded by QuantDecoder (tests/gpu/test_quant_target.py)
 BUDGET = 24
 
 
@@ -46,6 +47,12 @@ def engine(preset: str, max_context: int = 640):
     from lucegen.runtime.prefill.runner import Prefiller
     from lucegen.runtime.tree_verify import TreeVerifier
 
+    if preset in QUANTISED:
+        from lucegen.runtime.quant_target import QuantDecoder
+
+        path = os.environ["LUCEGEN_27B_GGUF"] if preset == "27b" else gguf_file(PRESETS[preset])
+        dec = QuantDecoder(path, device=gpu_device(), max_context=max_context)
+        return dec, Prefiller(dec), TreeVerifier(dec, budget=BUDGET)
     path = os.environ.get("LUCEGEN_08B_DIR") if preset == "0.8b" else None
     ckpt = load_checkpoint(path or str(checkpoint_dir(PRESETS[preset])))
     dec = MegakernelDecoder(ckpt, device=gpu_device(), max_context=max_context)
@@ -77,6 +84,11 @@ def random_tree(rng: np.random.Generator, vocab: int, budget: int) -> ddtree.Tre
 @given(preset=st.sampled_from(["tiny", "tiny-gqa"]), length=st.integers(1, 300), seed=st.integers(0, 2**16),
        budget=st.integers(0, BUDGET))
 def test_every_slot_matches_its_path(preset, length, seed, budget):
+    check_slots(preset, length, seed, budget)
+
+
+def check_slots(preset: str, length: int, seed: int, budget: int) -> None:
+    """Every slot of a random tree against the Reference along its path; then a commit against its state."""
     dec, pre, ver = engine(preset)
     ref = reference(preset)
     rng = np.random.default_rng(seed)

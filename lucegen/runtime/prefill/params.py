@@ -59,9 +59,13 @@ def attention_tiling(config: ModelConfig, target: Target) -> dict:
                           f"{target.name}'s {target.smem_per_block_optin} bytes of shared memory per block")
 
 
-def prefill_params(config: ModelConfig, target: Target) -> dict:
-    """Everything ``templates/prefill/*.cu.j2`` needs beyond the descriptor's own params."""
+def prefill_params(config: ModelConfig, target: Target, v_heads: str = "grouped") -> dict:
+    """Everything ``templates/prefill/*.cu.j2`` needs beyond the descriptor's own params. ``v_heads``: the order of
+    the DeltaNet value heads in the weights and state, "grouped" (HF: key head g serves value heads g r .. g r + r - 1)
+    or "tiled" (ggml: value head v NK + g serves key head g; a GGUF's quantised matrices keep it)."""
     check_supported(config, target)
+    if v_heads not in ("grouped", "tiled"):
+        raise ValueError(f"v_heads must be 'grouped' or 'tiled', got {v_heads!r}")
     c, mm, pf = config, target.matmul, target.prefill
     return {
         "model_name": c.name,
@@ -72,6 +76,7 @@ def prefill_params(config: ModelConfig, target: Target) -> dict:
         "KD": c.linear_key_dim,  # NK * DK
         "VD": c.linear_value_dim,  # NV * DV
         "CD": c.conv_dim,  # 2 * KD + VD: the conv1d channels (q | k | v)
+        "v_heads": v_heads,
         "NIN_DN": c.conv_dim + c.linear_value_dim + 2 * c.linear_num_value_heads,  # [qkv | z | a | b]
         "NIN_AT": c.q_proj_dim + 2 * c.kv_dim,  # [q_proj (per head query | gate) | k | v]
         "EPS": _f32_literal(c.rms_norm_eps),

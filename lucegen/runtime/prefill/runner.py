@@ -29,7 +29,6 @@ from ..device import Buffer, address
 from .attention import AttentionKernels
 from .deltanet import DeltaNetKernels
 from .gemm import GemmKernels, argmax_from_key
-from .params import prefill_params
 
 EMBED_THREADS = 256  # templates/prefill/common.cu.j2
 
@@ -90,23 +89,48 @@ class Activations:
                 b.free()
 
 
-def enqueue_layers(gemm, embed_fn, dec, pf: dict, acts: Activations, tokens: int, T: int, mix, stream,
+class DenseWeights:
+    """The layer loop's weights as :class:`MegakernelDecoder` packs them (compute-dtype ``wmat``) on the prefill
+    GEMMs; ``batch_invariant``: one tiling whatever the row count (a verify pass). The interface every decoder's
+    ``layer_weights`` returns: ``gemm`` (rows_f32 / swiglu / residual), ``matrix(layout offset)`` (what ``gemm``
+    takes as W) and ``embed(tokens, T, acts, stream)``."""
+
+    def __init__(self, dec, pf: dict, *, batch_invariant: bool = False):
+        self.dec = dec
+        self.gemm = GemmKernels(dec.device, dec.target, pf)
+        if batch_invariant:
+            self.gemm.make_batch_invariant()
+        self.embed_fn = load_common(dec.device, dec.target, pf).function("prefill_embed")
+
+    def matrix(self, offset: int) -> int:
+        return wmat_at(self.dec, offset)
+
+    def embed(self, tokens: int, T: int, acts: "Activations", stream) -> None:
+        """x, xn, ss of T rows from device int32 ``tokens`` (the prefill contract's start)."""
+        lay = self.dec.layout
+        self.embed_fn.launch(T, EMBED_THREADS, (address(tokens), address(self.matrix(lay.embed)),
+                                                address(wvec_at(self.dec, lay.layers[0].in_norm)), address(acts.x.ptr),
+                                                address(acts.xn.ptr), address(acts.ss.ptr), np.int32(acts.rows)),
+                             stream=stream)
+
+
+def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: int, mix, stream,
                    resid_ws: dict | None = None, after_layer=None) -> None:
     """Queue the embedding and every layer for ``T`` rows (device int32 ``tokens``), the prefill contract:
 
         proj = gemm_rows_f32(xn, in_mat) * r;   mix(layer, T) queues the token mixing proj -> acts.mix;
         x += gemm(mix, out_mat);   act = gemm_swiglu(xn, gateup) * r;   x += gemm(act, down)
 
-    leaving the final-normed rows in ``acts.xn`` / ``acts.ss`` for the lm_head. ``resid_ws``: the residual GEMMs'
-    split-K workspace (``workspace``, ``workspace_bytes``), or None for the unsplit GEMMs. ``after_layer(i, T, x)``
-    queues work that reads layer i's output rows (the residual stream ``x``, f32 [T, H]): a draft's capture."""
-    c, lay, seg = dec.config, dec.layout, acts.rows
+    on ``weights`` (a decoder's ``layer_weights``: :class:`DenseWeights` or the quantised target's), leaving the
+    final-normed rows in ``acts.xn`` / ``acts.ss`` for the lm_head. ``resid_ws``: the residual GEMMs' split-K
+    workspace (``workspace``, ``workspace_bytes``), or None for the unsplit GEMMs. ``after_layer(i, T, x)`` queues
+    work that reads layer i's output rows (the residual stream ``x``, f32 [T, H]): a draft's capture."""
+    c, lay, seg, gemm = dec.config, dec.layout, acts.rows, weights.gemm
     H, I = c.hidden_size, c.intermediate_size
     x, xn, ss, proj, out, act = (getattr(acts, n).ptr for n in Activations.NAMES)
     ss_parts, layers = pf["ss_parts"], lay.layers
-    wmat, wvec = (lambda off: wmat_at(dec, off)), (lambda off: wvec_at(dec, off))
-    embed_fn.launch(T, EMBED_THREADS, (address(tokens), address(wmat(lay.embed)), address(wvec(layers[0].in_norm)),
-                                       address(x), address(xn), address(ss), np.int32(seg)), stream=stream)
+    wmat, wvec = weights.matrix, (lambda off: wvec_at(dec, off))
+    weights.embed(tokens, T, acts, stream)
     at_out = c.num_attention_heads * c.head_dim
     resid_ws = resid_ws or {}
     for i, l in enumerate(layers):
@@ -132,12 +156,12 @@ class Prefiller:
     def __init__(self, decoder, *, segment: int | None = None, graphs: bool = True, draft=None):
         self.dec, self.draft = decoder, draft
         self.device, self.target, self.config = decoder.device, decoder.target, decoder.config
-        self.pf = prefill_params(self.config, self.target)
+        self.pf = decoder.layer_params()
         dev, t, pf = self.device, self.target, self.pf
-        self.gemm = GemmKernels(dev, t, pf)
+        self.weights = decoder.layer_weights(pf)
+        self.gemm = self.weights.gemm
         self.deltanet = DeltaNetKernels(dev, t, pf)
         self.attention = AttentionKernels(dev, t, pf)
-        self.embed_fn = load_common(dev, t, pf).function("prefill_embed")
         want = segment or t.prefill.max_tokens
         if not isinstance(want, int) or want < 1:
             raise LucegenError(f"prefill segment must be a positive integer, got {want!r}")
@@ -155,7 +179,7 @@ class Prefiller:
         self.ws_at = d.alloc(max(1, self.attention.workspace_bytes(s)))
         # split-K partial sums of the residual GEMMs (only short segments split: see gemm.plan_residual)
         self.ws_resid_bytes = self.gemm.residual_workspace_bytes(min(s, 2048), c.hidden_size)
-        self.ws_resid = d.alloc(self.ws_resid_bytes)
+        self.ws_resid = d.alloc(max(1, self.ws_resid_bytes))
         self.tokens = d.alloc(max(1, self.dec.max_context) * 4)
         self.logits = d.alloc(c.vocab_size * 4)
         self.argmax = d.alloc(16)
@@ -193,7 +217,7 @@ class Prefiller:
         """Queue one segment's kernels on ``self.stream``: tokens[tok_offset : tok_offset+T] at positions pos0.."""
         c, st, acts = self.config, self.stream, self.acts
         H = c.hidden_size
-        enqueue_layers(self.gemm, self.embed_fn, self.dec, self.pf, acts, self.tokens.ptr + 4 * tok_offset, T,
+        enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr + 4 * tok_offset, T,
                        self._mix(pos0), st, {"workspace": self.ws_resid.ptr, "workspace_bytes": self.ws_resid_bytes},
                        after_layer=self.draft.capture_hook(st) if self.draft else None)
         if self.draft:
@@ -201,7 +225,7 @@ class Prefiller:
         if last:  # final norm (folded into xn, row scale from ss) + lm_head on the last row with its argmax
             row = T - 1
             self.device.memset_async(self.argmax.ptr, 8, st)
-            self.gemm.rows_f32(acts.xn.ptr + 2 * row * H, H, wmat_at(self.dec, self.dec.layout.lm_head), H, 1,
+            self.gemm.rows_f32(acts.xn.ptr + 2 * row * H, H, self.weights.matrix(self.dec.layout.lm_head), H, 1,
                                c.vocab_size, H, acts.ss.ptr + 4 * row, self.pf["ss_parts"], self.segment,
                                self.logits.ptr, c.vocab_size, stream=st, argmax_key=self.argmax.ptr)
 

@@ -1,0 +1,238 @@
+"""Launcher of the quantised small-batch GEMM (``templates/kernels/quant_gemm.cu.j2``) and its weight layout.
+
+    qg = QuantGemm(device, target)
+    W = qg.matrix([("Q5_K", qkv_bytes, rows, 0), ("Q4_K", z_bytes, rows_z, col_z), ...], K)   # repack + upload once
+    qg.rows_f32(A, lda, W, None, M, W.rows, K, ss, ss_parts, ss_stride, out, ldo, stream=s)
+
+The three epilogues have :class:`lucegen.runtime.prefill.gemm.GemmKernels`' signatures (``ldw`` is unused: the
+matrix carries its layout), so the prefill / verify layer loop runs on quantised weights unchanged. A launch
+covers one *matrix group* (a :class:`QuantMatrix`): segments of possibly different block types whose rows are
+concatenated into the output columns (a DeltaNet in-projection is [qkv | z | a | b]).
+
+Layout: ``tile_pack`` permutes a matrix's GGML bytes into tile-blocks (16 rows x one block each), so that lane
+4 g + t of a warp reads its m16n8k16 fragments of rows g and g + 8 as 16-byte chunks (see the template's notes);
+``tile_unpack`` inverts it. The bytes are not changed, only moved.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .. import codegen
+from ..errors import LucegenError
+from ..families.quant_gemm import GEMM_TYPES, NT_MAX, WARPS
+from ..model.quant import TYPES
+from .device import Buffer, address
+
+#: QgSegment (the kernel's segment table entry).
+SEGMENT_DTYPE = np.dtype([("weights", "<u8"), ("type", "<i4"), ("tile0", "<i4"), ("rows", "<i4"), ("col0", "<i4"),
+                          ("pad", "<i4", 2)])
+MAX_SEGMENTS = 8
+TILE_ROWS = 16
+KINDS = {"rows_f32": 0, "swiglu": 1, "residual": 2}
+
+
+@functools.cache
+def _tile_map(type_name: str) -> np.ndarray:
+    """Byte i of a tile-block comes from byte ``map[i] % BYTES`` of row ``map[i] // BYTES``'s block (the template's
+    Qg<type>::load reads it back in this order)."""
+    size = TYPES[type_name][2]
+    out = np.full(TILE_ROWS * size, -1, np.int64)
+
+    def put(dst: int, row: int, src: int, n: int = 1) -> None:
+        out[dst : dst + n] = row * size + src + np.arange(n)
+
+    def chunk(base: int, src_of) -> None:
+        """A 512-byte chunk: lane l = 4 g + t gets words src_of(t, w) of rows g (words 0, 1) and g + 8 (2, 3)."""
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            for w in range(4):
+                put(base + 16 * lane + 4 * w, g + 8 * (w // 2), src_of(t, w % 2), 4)
+
+    if type_name in ("Q4_K", "Q5_K"):
+        for r in range(TILE_ROWS):
+            put(16 * r, r, 0, 16)  # d, dmin, 12 bytes of scales
+        qs = 16
+        if type_name == "Q5_K":
+            chunk(256, lambda t, j: 16 + 16 * j + 4 * t)  # qh bytes l = 16 j + 4 t ..
+            qs = 48
+        for p in range(4):  # sub-blocks 2p, 2p + 1: qs bytes 32 p + 16 j + 4 t ..
+            chunk(256 + (512 if type_name == "Q5_K" else 0) + 512 * p,
+                  lambda t, j, p=p: qs + 32 * p + 16 * j + 4 * t)
+    elif type_name == "Q6_K":
+        for r in range(TILE_ROWS):
+            put(16 * r, r, 192, 16)  # int8 scales
+            put(256 + 2 * r, r, 208, 2)  # d
+        for h in range(2):
+            for i in range(2):  # ql words: u even (bytes 64 h + 16 i + 4 t ..), u odd (+ 32)
+                chunk(288 + 512 * (2 * h + i), lambda t, w, h=h, i=i: 64 * h + 32 * w + 16 * i + 4 * t)
+            chunk(2336 + 512 * h, lambda t, i, h=h: 128 + 32 * h + 16 * i + 4 * t)  # qh words: i = 0, 1
+    elif type_name == "Q8_0":
+        for r in range(TILE_ROWS):
+            put(2 * r, r, 0, 2)
+        chunk(32, lambda t, j: 2 + 16 * j + 4 * t)
+    else:
+        raise LucegenError(f"no tile layout for GGML type {type_name}")
+    assert (np.sort(out) == np.arange(out.size)).all(), type_name  # a permutation
+    return out
+
+
+def tile_bytes(type_name: str, rows: int, cols: int) -> int:
+    _, values, size = TYPES[type_name]
+    return math.ceil(rows / TILE_ROWS) * (cols // values) * TILE_ROWS * size
+
+
+def tile_pack(raw: np.ndarray, type_name: str, rows: int, cols: int) -> np.ndarray:
+    """GGML bytes of a [rows, cols] matrix (row-major blocks) -> tile-blocks [row tile][block][16 * BYTES] (rows
+    padded to a multiple of 16 with zero blocks, which dequantise to 0)."""
+    if type_name not in GEMM_TYPES:
+        raise LucegenError(f"the quantised GEMM reads {', '.join(GEMM_TYPES)} blocks, not {type_name}")
+    _, values, size = TYPES[type_name]
+    if cols % values:
+        raise LucegenError(f"{type_name} rows of {cols} values are not whole blocks of {values}")
+    nb, tiles = cols // values, math.ceil(rows / TILE_ROWS)
+    raw = np.asarray(raw, np.uint8).reshape(-1)
+    if raw.size != rows * nb * size:
+        raise LucegenError(f"{type_name} [{rows}, {cols}]: {raw.size} bytes, expected {rows * nb * size}")
+    padded = np.zeros((tiles * TILE_ROWS, nb, size), np.uint8)
+    padded[:rows] = raw.reshape(rows, nb, size)
+    blocks = padded.reshape(tiles, TILE_ROWS, nb, size).transpose(0, 2, 1, 3).reshape(tiles, nb, TILE_ROWS * size)
+    return np.ascontiguousarray(blocks[:, :, _tile_map(type_name)]).reshape(-1)
+
+
+def tile_unpack(packed: np.ndarray, type_name: str, rows: int, cols: int) -> np.ndarray:
+    """Inverse of :func:`tile_pack`: the GGML bytes of the [rows, cols] matrix."""
+    _, values, size = TYPES[type_name]
+    nb, tiles = cols // values, math.ceil(rows / TILE_ROWS)
+    blocks = np.empty((tiles, nb, TILE_ROWS * size), np.uint8)
+    blocks[:, :, _tile_map(type_name)] = np.asarray(packed, np.uint8).reshape(tiles, nb, TILE_ROWS * size)
+    rows_blocks = blocks.reshape(tiles, nb, TILE_ROWS, size).transpose(0, 2, 1, 3).reshape(tiles * TILE_ROWS, nb, size)
+    return np.ascontiguousarray(rows_blocks[:rows]).reshape(-1)
+
+
+def plan_parts(tiles: int, compute_units: int, most: int = WARPS) -> int:
+    """Warps per row tile (each summing every parts-th block of K): the fewest that give every compute unit four
+    blocks' worth of warps. Depends on the matrix alone, never on the row count (batch invariance)."""
+    parts = 1
+    while parts < most and tiles * parts < 4 * WARPS * compute_units:
+        parts *= 2
+    return parts
+
+
+class QuantMatrix:
+    """A matrix group on the device: segments (type, rows) of K columns each, stacked into the output columns in
+    order; its tile-blocks and segment table live in ``buffers``."""
+
+    def __init__(self, device, segments, K: int, *, pair: bool = False):
+        if not 1 <= len(segments) <= MAX_SEGMENTS:
+            raise LucegenError(f"a quantised matrix group has 1 to {MAX_SEGMENTS} segments, got {len(segments)}")
+        self.K, self.pair = K, pair
+        self.types = [s[0] for s in segments]
+        self.segment_rows = [int(s[2]) for s in segments]
+        if pair and (len(segments) != 2 or self.segment_rows[0] != self.segment_rows[1]):
+            raise LucegenError("a gate/up pair needs two segments of equal rows")
+        self.rows = self.segment_rows[0] if pair else sum(self.segment_rows)
+        table = np.zeros(len(segments), SEGMENT_DTYPE)
+        self.buffers: list[Buffer] = []
+        tile0 = col0 = 0
+        self.weight_bytes = 0
+        for i, (type_name, raw, rows, _) in enumerate(segments):
+            packed = tile_pack(raw, type_name, rows, K)
+            buf = device.upload(packed)
+            self.buffers.append(buf)
+            self.weight_bytes += int(np.asarray(raw).size)
+            table[i] = (buf.ptr, GEMM_TYPES.index(type_name), tile0, rows, 0 if pair else col0, (0, 0))
+            tile0 += math.ceil(rows / TILE_ROWS)
+            col0 += rows
+        self.tiles = tile0
+        self.table = device.upload(table.view(np.uint8))
+        self.buffers.append(self.table)
+
+    @property
+    def count(self) -> int:
+        return len(self.types)
+
+    def free(self) -> None:
+        for b in self.buffers:
+            b.free()
+        self.buffers = []
+
+
+class QuantGemm:
+    """The quantised GEMM module on ``device`` with the three epilogues of the prefill contract; the row scale
+    completes the RMSNorm over ``norm_dim`` columns with epsilon ``eps`` (the model's hidden size and rms_norm_eps)."""
+
+    def __init__(self, device, target, norm_dim: int, eps: float):
+        self.device, self.target, self.norm_dim, self.eps = device, target, norm_dim, eps
+        self.module = device.load(codegen.build(target, "quant_gemm"))
+        self.functions = {nt: self.module.function(f"quant_gemm_nt{nt}") for nt in range(1, NT_MAX + 1)}
+        self.threads = WARPS * target.warp_size
+
+    def matrix(self, segments, K: int, *, pair: bool = False) -> QuantMatrix:
+        """Repack and upload ``segments`` [(type, raw GGML bytes, rows, unused)] of K columns each."""
+        return QuantMatrix(self.device, segments, K, pair=pair)
+
+    def parts(self, W: QuantMatrix) -> int:
+        return plan_parts(W.tiles, self.target.compute_units, most=WARPS // 2 if W.pair else WARPS)
+
+    def ss_parts(self, W: QuantMatrix) -> int:
+        """The RMSNorm partial sums a residual launch over ``W`` leaves per row (its grid width)."""
+        return math.ceil(W.tiles / (WARPS // self.parts(W)))
+
+    @staticmethod
+    def residual_workspace_bytes(M: int, N: int) -> int:
+        """No split-K: the K parts meet inside a block (GemmKernels' interface)."""
+        return 0
+
+    # ---- launches ------------------------------------------------------------------------------------------------
+    def _launch(self, kind: str, A: int, lda: int, W: QuantMatrix, M: int, K: int, *, ss=0, ss_parts=0, ss_stride=0,
+                out=0, ldo=0, x=0, norm_w=0, xn=0, ss_out=0, argmax_key=0, stream=None) -> None:
+        if not isinstance(W, QuantMatrix):
+            raise LucegenError(f"quant_gemm_{kind}: W must be a QuantMatrix, got {type(W).__name__}")
+        if M < 1 or K != W.K:
+            raise LucegenError(f"quant_gemm_{kind}: M={M} K={K} for a matrix of K={W.K}")
+        if lda % 4 or lda < K or int(A) % 8:
+            raise LucegenError(f"quant_gemm_{kind}: A needs 8-byte alignment and lda >= K a multiple of 4, got "
+                               f"lda={lda}")
+        if ss and (ss_parts < 1 or ss_stride < M):
+            raise LucegenError(f"quant_gemm_{kind}: ss needs ss_parts >= 1 and ss_stride >= M")
+        parts = self.parts(W)
+        per_block = WARPS // parts
+        nt = min(NT_MAX, math.ceil(M / 8))
+        grid_x = math.ceil(W.tiles / 2 / (per_block // 2)) if W.pair else math.ceil(W.tiles / per_block)
+        grid = (grid_x, math.ceil(M / (8 * nt)))
+        self.functions[nt].launch(grid, self.threads, (
+            address(W.table.ptr), np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
+            np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
+            np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
+            address(xn), address(ss_out), address(argmax_key)), stream=stream)
+
+    def rows_f32(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
+                 ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0) -> None:
+        """out f32 [m, n] = r[m] * sum_k A[m, k] W[n, k] over the group's rows; ``argmax_key`` (M = 1) as GemmKernels."""
+        if N != W.rows or ldo < N:
+            raise LucegenError(f"quant_gemm_rows_f32: N={N} ldo={ldo} for a group of {W.rows} rows")
+        if argmax_key and M != 1:
+            raise LucegenError(f"quant_gemm_rows_f32: the folded argmax needs M = 1, got M={M}")
+        self._launch("rows_f32", A, lda, W, M, K, ss=ss, ss_parts=ss_parts, ss_stride=ss_stride, out=out, ldo=ldo,
+                     argmax_key=argmax_key, stream=stream)
+
+    def swiglu(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
+               ss_stride: int, out: int, ldo: int, stream=None) -> None:
+        """out [m, i] = silu(r gate_i . A[m]) * (r up_i . A[m]) for a gate/up pair (N = 2 I, as GemmKernels)."""
+        if not W.pair or N != 2 * W.rows or ldo < W.rows:
+            raise LucegenError(f"quant_gemm_swiglu: needs a gate/up pair of N/2 = {N // 2} rows")
+        self._launch("swiglu", A, lda, W, M, K, ss=ss, ss_parts=ss_parts, ss_stride=ss_stride, out=out, ldo=ldo,
+                     stream=stream)
+
+    def residual(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, x: int, ldx: int, norm_w: int,
+                 xn: int, ldxn: int, ss_out: int, ss_stride: int, stream=None, workspace: int = 0,
+                 workspace_bytes: int = 0) -> None:
+        """x f32 += acc; xn = x (1 + norm_w); ss_out[j ss_stride + m]: :meth:`ss_parts` partial sums (no split-K)."""
+        if W.count != 1 or N != W.rows or ldx != ldxn or ldx < N or ss_stride < M:
+            raise LucegenError(f"quant_gemm_residual: one matrix of N={N} rows, ldx == ldxn >= N, ss_stride >= M")
+        self._launch("residual", A, lda, W, M, K, ldo=ldx, x=x, norm_w=norm_w, xn=xn, ss_out=ss_out,
+                     ss_stride=ss_stride, stream=stream)

@@ -1,0 +1,215 @@
+"""A GGUF target whose matrices stay block-quantised on the device (Q4_K_M and the like): the DFlash / DDTree
+target path for models whose BF16 weights would not fit, or would read too many bytes per token.
+
+    dec = QuantDecoder("/models/qwen3.5-27b-q4_k_m.gguf", max_context=4096)
+    first = Prefiller(dec).prefill(prompt_ids)       # the prefill contract on the quantised GEMM
+    ver = TreeVerifier(dec, budget=22)                # verify passes and commits, as for a BF16 target
+    ids = ver.decode(128)                              # plain greedy, one-slot passes queued on the device
+
+What it holds is the layer loop's contract (:func:`lucegen.runtime.prefill.runner.enqueue_layers`): the state of
+:class:`MegakernelDecoder` (conv windows, recurrent state, KV cache, positions) and, instead of a packed BF16
+``wmat``, one :class:`lucegen.runtime.quant_gemm.QuantMatrix` per layout slot: each layer's in-projection
+([qkv | z | a | b] or [q | k | v]), out-projection, gate/up pair and down projection, and the lm_head. The
+embedding stays in GGML row order for the gather (a tied lm_head is the same tensor, repacked once more).
+
+The GGUF stores DeltaNet value heads in ggml's tiled order (gguf_io's module notes), and quantised blocks cannot be
+permuted column-wise, so this decoder runs the DeltaNet in that order (``v_heads = "tiled"``): the kernels map
+value head h to key head h % NK, and the float vectors that go with the value heads (A_log, dt_bias, the V channels
+of conv1d) are uploaded in the same order. Logits are unchanged: the heads are only renumbered.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .. import codegen
+from ..errors import CheckpointError, DeviceError, LucegenError
+from ..families.quant_gemm import GEMM_TYPES
+from ..families.quant_matvec import BLOCK_THREADS, QUANT_TYPES
+from ..model.gguf_io import GGUFCheckpoint, load_gguf, v_head_order
+from . import packing
+from .device import Buffer, Device, address
+from .megakernel import _copy_d2d, download_state
+from .quant_gemm import QuantGemm, QuantMatrix
+
+
+def _vector_pieces(layout: packing.Layout, checkpoint, tiled: bool):
+    """The layout's float vectors, DeltaNet value-head vectors in ggml's tiled order when ``tiled``."""
+    c = layout.config
+    heads, channels = v_head_order(c, 1, True), v_head_order(c, c.linear_value_head_dim, True)
+    kd2 = 2 * c.linear_key_dim
+    for buffer, offset, array in packing.pack_pieces(layout, checkpoint, "bf16", matrices=False):
+        if tiled and c.linear_num_value_heads != c.linear_num_key_heads:
+            dn = [l for l in layout.layers if l.kind == 0]
+            if any(offset in (l.a_log, l.dt_bias) for l in dn):
+                array = array[heads]
+            elif any(offset == l.conv_w for l in dn):
+                array = np.concatenate([array[:kd2], array[kd2:][channels]])
+        yield buffer, offset, np.ascontiguousarray(array, np.float32)
+
+
+class QuantWeights:
+    """A :class:`QuantDecoder`'s matrices for the layer loop (the interface of ``DenseWeights``); the quantised GEMM
+    is batch-invariant by construction, so prefill and verify share it."""
+
+    def __init__(self, dec: "QuantDecoder"):
+        self.dec, self.gemm = dec, dec.qgemm
+
+    def matrix(self, offset: int) -> QuantMatrix:
+        return self.dec.matrices[offset]
+
+    def embed(self, tokens: int, T: int, acts, stream) -> None:
+        d = self.dec
+        d.embed_fn.launch(T, BLOCK_THREADS, (
+            address(tokens), address(d.embedding.ptr), np.int32(d.config.hidden_size),
+            address(d.wvec.ptr + 4 * d.layout.layers[0].in_norm), address(acts.x.ptr), address(acts.xn.ptr),
+            address(acts.ss.ptr), np.int32(acts.rows), np.int32(d.part_columns)), stream=stream)
+
+
+class QuantDecoder:
+    """Load a GGUF whose matrices are all in the quantised GEMM's block types and keep them so on the device."""
+
+    v_heads = "tiled"
+
+    def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None):
+        self.checkpoint = model if isinstance(model, GGUFCheckpoint) else load_gguf(Path(model))
+        self.config = c = self.checkpoint.config
+        self.device = device or Device.open(target)
+        self.target = self.device.target
+        if self.target.compute_dtype not in ("bf16", "fp16"):
+            raise DeviceError(f"{self.target.name}: the quantised target needs compute_dtype bf16 or fp16")
+        if not isinstance(max_context, int) or max_context < 1:
+            raise LucegenError(f"max_context must be a positive integer, got {max_context!r}")
+        if max_context > c.max_position_embeddings:
+            raise LucegenError(f"max_context {max_context} exceeds the model's max_position_embeddings "
+                               f"{c.max_position_embeddings}")
+        self.max_context = max_context
+        self.layout = packing.plan_layout(c)
+        self._check_types()
+        self.qgemm = QuantGemm(self.device, self.target, c.hidden_size, c.rms_norm_eps)
+        embed_type = self.checkpoint.dtype("embed_tokens.weight")
+        module = self.device.load(codegen.build(self.target, "quant_matvec"))
+        self.embed_fn = module.function(f"embed_{embed_type.lower()}")
+        self.matrices: dict[int, QuantMatrix] = {}
+        self.weight_bytes = 0
+        self._allocate()
+        self._upload()
+        self.reset()
+
+    # ------------------------------------------------------------------------------------------ loading
+    def _matrix_names(self):
+        """(layout offset, [tensor names], pair) of every matrix group."""
+        c, lay = self.config, self.layout
+        for i, l in enumerate(lay.layers):
+            p = f"layers.{i}."
+            if l.kind == 0:
+                la = p + "linear_attn."
+                yield l.in_mat, [la + n for n in ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_a.weight",
+                                                  "in_proj_b.weight")], False
+                yield l.out_mat, [la + "out_proj.weight"], False
+            else:
+                sa = p + "self_attn."
+                yield l.in_mat, [sa + n for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight")], False
+                yield l.out_mat, [sa + "o_proj.weight"], False
+            yield l.gateup, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], True
+            yield l.down, [p + "mlp.down_proj.weight"], False
+        yield lay.lm_head, ["embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"], False
+
+    def _check_types(self) -> None:
+        ck = self.checkpoint
+        for _, names, _ in self._matrix_names():
+            for name in names:
+                if ck.dtype(name) not in GEMM_TYPES:
+                    raise CheckpointError(f"{ck.path}: tensor {ck.where[name]!r} is {ck.dtype(name)}; the quantised "
+                                          f"target reads {', '.join(GEMM_TYPES)} (load a BF16 GGUF with the "
+                                          "megakernel decoder instead)")
+        if ck.dtype("embed_tokens.weight") not in QUANT_TYPES:
+            raise CheckpointError(f"{ck.path}: token_embd.weight is {ck.dtype('embed_tokens.weight')}; the "
+                                  f"quantised target gathers {', '.join(QUANT_TYPES)} rows")
+
+    def _allocate(self) -> None:
+        d, lay = self.device, self.layout
+        self.wvec = d.alloc(lay.wvec_floats * 4)
+        d.memset(self.wvec)
+        self.conv = d.alloc(lay.conv_state_floats() * 4)
+        self.recurrent = d.alloc(lay.recurrent_floats() * 4)
+        self.kv = d.alloc(lay.kv_elems(self.max_context) * 2)
+
+    def _upload(self) -> None:
+        ck, shapes = self.checkpoint, self.config.tensor_shapes()
+        for _, offset, array in _vector_pieces(self.layout, ck, tiled=True):
+            self.device.upload(array, Buffer(self.wvec.ptr + 4 * offset, array.nbytes, None))
+        for offset, names, pair in self._matrix_names():
+            segments = []
+            for name in names:
+                tensor, raw = ck.gguf_tensor(name)
+                rows, cols = shapes[name]
+                segments.append((tensor.type_name, raw, rows, 0))
+            self.matrices[offset] = self.qgemm.matrix(segments, shapes[names[0]][1], pair=pair)
+            self.weight_bytes += self.matrices[offset].weight_bytes
+        _, raw = ck.gguf_tensor("embed_tokens.weight")
+        self.embedding = self.device.upload(np.ascontiguousarray(raw))
+        if not self.config.tie_word_embeddings:
+            self.weight_bytes += raw.size
+        residual = self.matrices[self.layout.layers[0].down]
+        self.ss_parts = self.qgemm.ss_parts(residual)
+        self.part_columns = 16 * (8 // self.qgemm.parts(residual))
+
+    # ------------------------------------------------------------------------------------------ the contract
+    def layer_params(self) -> dict:
+        """The prefill / verify ``pf`` for this model: DeltaNet heads tiled, the quantised residual's partial sums."""
+        from .prefill.params import prefill_params
+
+        pf = prefill_params(self.config, self.target, self.v_heads)
+        pf["ss_parts"] = self.ss_parts
+        return pf
+
+    def layer_weights(self, pf: dict, *, batch_invariant: bool = False) -> QuantWeights:
+        return QuantWeights(self)
+
+    def reset(self) -> None:
+        """Forget the sequence: zero the KV cache, conv windows and recurrent state."""
+        for b in (self.conv, self.recurrent, self.kv):
+            self.device.memset(b)
+        self.position = 0
+        self.next_token: int | None = None
+
+    def snapshot(self) -> dict:
+        copies = {}
+        for name in ("conv", "recurrent", "kv"):
+            src = getattr(self, name)
+            copies[name] = dst = self.device.alloc(src.nbytes)
+            _copy_d2d(dst, src)
+        return {"buffers": copies, "position": self.position, "next_token": self.next_token}
+
+    def restore(self, snap: dict) -> None:
+        for name, src in snap["buffers"].items():
+            _copy_d2d(getattr(self, name), src)
+        self.position, self.next_token = snap["position"], snap["next_token"]
+
+    def download_state(self) -> dict:
+        return download_state(self)
+
+    def close(self) -> None:
+        for m in self.matrices.values():
+            m.free()
+        self.matrices = {}
+        for name in ("wvec", "conv", "recurrent", "kv", "embedding"):
+            b = getattr(self, name, None)
+            if b is not None:
+                b.free()
+                setattr(self, name, None)
+
+
+def open_target(model, *, target=None, max_context: int = 2048, device: Device | None = None):
+    """The decoder for ``model`` (a path or a loaded checkpoint): :class:`QuantDecoder` for a GGUF whose matrices are
+    in the quantised GEMM's block types (its first down projection decides), else the BF16 megakernel decoder."""
+    from .megakernel import MegakernelDecoder
+
+    if not isinstance(model, GGUFCheckpoint) and Path(model).suffix == ".gguf" and Path(model).is_file():
+        model = load_gguf(Path(model))
+    if isinstance(model, GGUFCheckpoint) and model.dtype("layers.0.mlp.down_proj.weight") in GEMM_TYPES:
+        return QuantDecoder(model, target=target, max_context=max_context, device=device)
+    return MegakernelDecoder(model, target=target, max_context=max_context, device=device)

@@ -1,0 +1,57 @@
+"""The quantised target (lucegen/runtime/quant_target.py: a Q4_K_M GGUF kept in blocks on the device) through the
+prefill, verify and speculative loop: the checks of tests/gpu/test_tree_verify.py on the ``tiny-q`` preset (every
+matrix a K-quant, DeltaNet value heads twice the key heads: the tiled head order is exercised), plus device-queued
+greedy decoding against the step-by-step one, and the refusal of GGUFs the path cannot read."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lucegen.errors import CheckpointError
+
+from gpu_models import gguf_file, gpu_device  # tests/gpu/gpu_models.py
+from test_tree_verify import BUDGET, check_lossless, check_slots, engine, start
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("gguf", reason="writing the test GGUF needs the gguf package")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(length=st.integers(1, 300), seed=st.integers(0, 2**16), budget=st.integers(0, BUDGET))
+def test_every_slot_matches_its_path(length, seed, budget):
+    check_slots("tiny-q", length, seed, budget)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**16), length=st.integers(1, 200), corrupt=st.frozensets(st.integers(1, 95), max_size=12))
+def test_spec_decoding_is_lossless(seed, length, corrupt):
+    print(check_lossless("tiny-q", seed, length, 96, corrupt))
+
+
+def test_device_decode_is_greedy():
+    dec, _, ver = engine("tiny-q")
+    prompt = np.random.default_rng(3).integers(0, dec.config.vocab_size, 37)
+    start("tiny-q", prompt)
+    want = ver.greedy(40)
+    pos = dec.position
+    start("tiny-q", prompt)
+    assert ver.decode(40) == want and dec.position == pos and dec.next_token == want[-1]
+
+
+def test_unreadable_gguf_is_refused():
+    from lucegen.runtime.quant_target import QuantDecoder
+
+    with pytest.raises(CheckpointError, match="BF16"):
+        QuantDecoder(gguf_file("tiny-q", quant="bf16"), device=gpu_device(), max_context=64)
+
+
+@pytest.mark.skipif(not os.environ.get("LUCEGEN_27B_GGUF"), reason="set LUCEGEN_27B_GGUF to a Qwen3.5-27B Q4_K_M GGUF")
+def test_spec_decoding_is_lossless_27b():
+    """The 27B shape (`lucegen init-weights --preset qwen3.5-27b --format gguf --quant q4_k_m`): random, oracle and
+    corrupted drafts, chain and tree, token for token against one-slot greedy."""
+    print(check_lossless("27b", 5, 16, 40, frozenset({2, 9, 10, 23})))

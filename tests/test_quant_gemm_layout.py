@@ -1,0 +1,72 @@
+"""The quantised GEMM's weight layout (lucegen/runtime/quant_gemm.py): tile_pack is a byte permutation that
+tile_unpack inverts, every lane chunk holds the bytes the template's fragments read, and the work plan depends on
+the matrix alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lucegen.errors import LucegenError
+from lucegen.families.quant_gemm import GEMM_TYPES
+from lucegen.model.quant import TYPES
+from lucegen.runtime.quant_gemm import _tile_map, plan_parts, tile_bytes, tile_pack, tile_unpack
+
+
+@settings(max_examples=30, deadline=None)
+@given(qtype=st.sampled_from(GEMM_TYPES), rows=st.integers(1, 40), blocks=st.integers(1, 3),
+       seed=st.integers(0, 2**32 - 1))
+def test_pack_unpack_round_trip(qtype, rows, blocks, seed):
+    _, values, size = TYPES[qtype]
+    raw = np.random.default_rng(seed).integers(0, 256, rows * blocks * size, dtype=np.uint8)
+    packed = tile_pack(raw, qtype, rows, blocks * values)
+    assert packed.size == tile_bytes(qtype, rows, blocks * values)
+    np.testing.assert_array_equal(tile_unpack(packed, qtype, rows, blocks * values), raw)
+
+
+def test_q4_k_lane_chunk_holds_its_fragment_bytes():
+    """Lane l = 4 g + t, chunk p: words (row g, j = 0), (row g, j = 1), (row g + 8, j = 0), (row g + 8, j = 1), word
+    (row, j) = qs bytes 32 p + 16 j + 4 t .. + 3 of that row (qs starts at byte 16 of a Q4_K block)."""
+    m = _tile_map("Q4_K")
+    for p in range(4):
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            for w, (row, j) in enumerate([(g, 0), (g, 1), (g + 8, 0), (g + 8, 1)]):
+                src = m[256 + 512 * p + 16 * lane + 4 * w : 256 + 512 * p + 16 * lane + 4 * w + 4]
+                np.testing.assert_array_equal(src, row * 144 + 16 + 32 * p + 16 * j + 4 * t + np.arange(4))
+
+
+def test_q6_k_value_of_every_fragment_slot():
+    """Every Q6_K value reached through the kernel's fragment rule (sub-block s = 8 h + 2 u + i, lane t, byte e) is
+    value 16 s + 4 t + e of the row: its low nibble from ql[64 h + (jj % 64)] >> 4 (jj // 64) and high bits from
+    qh[32 h + jj % 32] >> 2 (jj // 32), jj = 32 u + 16 i + 4 t + e (quant.py _q6_k)."""
+    m = _tile_map("Q6_K")
+    for s in range(16):
+        h, u, i = s >> 3, (s >> 1) & 3, s & 1
+        for t in range(4):
+            for e in range(4):
+                jj = 32 * u + 16 * i + 4 * t + e
+                lane = t  # row 0 (g = 0)
+                ql = m[288 + 512 * (2 * h + i) + 16 * lane + 4 * (u & 1) + e]
+                qh = m[2336 + 512 * h + 16 * lane + 4 * i + e]
+                assert ql == 64 * h + jj % 64 and (u >> 1) == jj // 64
+                assert qh == 128 + 32 * h + jj % 32 and u == jj // 32
+                assert 128 * h + jj == 16 * s + 4 * t + e
+
+
+def test_bad_matrices_are_refused():
+    with pytest.raises(LucegenError, match="Q4_0"):
+        tile_pack(np.zeros(18, np.uint8), "Q4_0", 1, 32)
+    with pytest.raises(LucegenError, match="whole blocks"):
+        tile_pack(np.zeros(144, np.uint8), "Q4_K", 1, 200)
+    with pytest.raises(LucegenError, match="bytes"):
+        tile_pack(np.zeros(100, np.uint8), "Q4_K", 1, 256)
+
+
+def test_plan_depends_on_the_matrix_only():
+    assert plan_parts(15520, 132) == 1  # the 27B lm_head: one warp per tile
+    assert plan_parts(320, 132) == 8  # a 5120-row residual: split K over the block's 8 warps
+    assert plan_parts(1088, 132, most=4) == 4
+    assert all(plan_parts(t, 132) in (1, 2, 4, 8) for t in range(1, 5000, 37))
