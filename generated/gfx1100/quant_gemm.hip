@@ -6,7 +6,7 @@
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
 #define __forceinline__ inline __attribute__((always_inline))
-#define __launch_bounds__(threads) __attribute__((amdgpu_flat_work_group_size(1, threads)))
+#define __launch_bounds__(threads, ...) __attribute__((amdgpu_flat_work_group_size(1, threads)))  // min blocks: a CUDA hint only
 
 #define LG_HIP_DIM3(type_name, builtin)                                                         \
   struct type_name {                                                                            \
@@ -554,7 +554,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegment* __restrict__ segs, i
   }
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS)
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
 quant_gemm_nt1(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
@@ -563,7 +563,7 @@ quant_gemm_nt1(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __res
                   xn, ss_out, argmax_key);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS)
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
 quant_gemm_nt2(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
@@ -572,7 +572,7 @@ quant_gemm_nt2(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __res
                   xn, ss_out, argmax_key);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS)
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
 quant_gemm_nt3(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
@@ -581,7 +581,7 @@ quant_gemm_nt3(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __res
                   xn, ss_out, argmax_key);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS)
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
 quant_gemm_nt4(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,

@@ -6,7 +6,7 @@
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
 #define __forceinline__ inline __attribute__((always_inline))
-#define __launch_bounds__(threads) __attribute__((amdgpu_flat_work_group_size(1, threads)))
+#define __launch_bounds__(threads, ...) __attribute__((amdgpu_flat_work_group_size(1, threads)))  // min blocks: a CUDA hint only
 
 #define LG_HIP_DIM3(type_name, builtin)                                                         \
   struct type_name {                                                                            \
@@ -219,34 +219,23 @@ matvec_q8_0(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 
 // Start the residual stream from Q8_0 embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
 //   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (bf16_t),
-//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols).
-// One block per token; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps) as a row scale.
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order.
+// One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
 embed_q8_0(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
                 const float* __restrict__ norm_w, float* __restrict__ x, bf16_t* __restrict__ xn,
                 float* __restrict__ ss, int ss_stride, int part_cols) {
-  __shared__ float part_sums[8];
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q8_0::VALUES) * Q8_0::BYTES;
-  const unsigned warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
-  for (int begin = 0, part = 0; begin < H; begin += part_cols, ++part) {
-    const int end = min(begin + part_cols, H);
+  for (int part = threadIdx.x; part * part_cols < H; part += 256) {
     float sum_sq = 0.0f;
-    for (int c = begin + threadIdx.x; c < end; c += 256) {
+    for (int c = part * part_cols; c < min((part + 1) * part_cols, H); ++c) {
       const float v = Q8_0::value(row + c / Q8_0::VALUES * Q8_0::BYTES, c % Q8_0::VALUES);
       x[(size_t)t * H + c] = v;
       xn[(size_t)t * H + c] = lg_from_float<bf16_t>(v * (1.0f + norm_w[c]));
       sum_sq += v * v;
     }
-    sum_sq = lg_warp_sum(sum_sq);
-    if (lane == 0) part_sums[warp] = sum_sq;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.0f;
-      for (int w = 0; w < 8; ++w) total += part_sums[w];
-      ss[(size_t)part * ss_stride + t] = total;
-    }
-    __syncthreads();
+    ss[(size_t)part * ss_stride + t] = sum_sq;
   }
 }
 
@@ -280,34 +269,23 @@ matvec_q4_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 
 // Start the residual stream from Q4_K embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
 //   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (bf16_t),
-//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols).
-// One block per token; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps) as a row scale.
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order.
+// One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
 embed_q4_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
                 const float* __restrict__ norm_w, float* __restrict__ x, bf16_t* __restrict__ xn,
                 float* __restrict__ ss, int ss_stride, int part_cols) {
-  __shared__ float part_sums[8];
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q4_K::VALUES) * Q4_K::BYTES;
-  const unsigned warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
-  for (int begin = 0, part = 0; begin < H; begin += part_cols, ++part) {
-    const int end = min(begin + part_cols, H);
+  for (int part = threadIdx.x; part * part_cols < H; part += 256) {
     float sum_sq = 0.0f;
-    for (int c = begin + threadIdx.x; c < end; c += 256) {
+    for (int c = part * part_cols; c < min((part + 1) * part_cols, H); ++c) {
       const float v = Q4_K::value(row + c / Q4_K::VALUES * Q4_K::BYTES, c % Q4_K::VALUES);
       x[(size_t)t * H + c] = v;
       xn[(size_t)t * H + c] = lg_from_float<bf16_t>(v * (1.0f + norm_w[c]));
       sum_sq += v * v;
     }
-    sum_sq = lg_warp_sum(sum_sq);
-    if (lane == 0) part_sums[warp] = sum_sq;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.0f;
-      for (int w = 0; w < 8; ++w) total += part_sums[w];
-      ss[(size_t)part * ss_stride + t] = total;
-    }
-    __syncthreads();
+    ss[(size_t)part * ss_stride + t] = sum_sq;
   }
 }
 
@@ -341,34 +319,23 @@ matvec_q5_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 
 // Start the residual stream from Q5_K embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
 //   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (bf16_t),
-//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols).
-// One block per token; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps) as a row scale.
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order.
+// One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
 embed_q5_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
                 const float* __restrict__ norm_w, float* __restrict__ x, bf16_t* __restrict__ xn,
                 float* __restrict__ ss, int ss_stride, int part_cols) {
-  __shared__ float part_sums[8];
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q5_K::VALUES) * Q5_K::BYTES;
-  const unsigned warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
-  for (int begin = 0, part = 0; begin < H; begin += part_cols, ++part) {
-    const int end = min(begin + part_cols, H);
+  for (int part = threadIdx.x; part * part_cols < H; part += 256) {
     float sum_sq = 0.0f;
-    for (int c = begin + threadIdx.x; c < end; c += 256) {
+    for (int c = part * part_cols; c < min((part + 1) * part_cols, H); ++c) {
       const float v = Q5_K::value(row + c / Q5_K::VALUES * Q5_K::BYTES, c % Q5_K::VALUES);
       x[(size_t)t * H + c] = v;
       xn[(size_t)t * H + c] = lg_from_float<bf16_t>(v * (1.0f + norm_w[c]));
       sum_sq += v * v;
     }
-    sum_sq = lg_warp_sum(sum_sq);
-    if (lane == 0) part_sums[warp] = sum_sq;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.0f;
-      for (int w = 0; w < 8; ++w) total += part_sums[w];
-      ss[(size_t)part * ss_stride + t] = total;
-    }
-    __syncthreads();
+    ss[(size_t)part * ss_stride + t] = sum_sq;
   }
 }
 
@@ -402,33 +369,22 @@ matvec_q6_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 
 // Start the residual stream from Q6_K embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
 //   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (bf16_t),
-//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols).
-// One block per token; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps) as a row scale.
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order.
+// One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
 embed_q6_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
                 const float* __restrict__ norm_w, float* __restrict__ x, bf16_t* __restrict__ xn,
                 float* __restrict__ ss, int ss_stride, int part_cols) {
-  __shared__ float part_sums[8];
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q6_K::VALUES) * Q6_K::BYTES;
-  const unsigned warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
-  for (int begin = 0, part = 0; begin < H; begin += part_cols, ++part) {
-    const int end = min(begin + part_cols, H);
+  for (int part = threadIdx.x; part * part_cols < H; part += 256) {
     float sum_sq = 0.0f;
-    for (int c = begin + threadIdx.x; c < end; c += 256) {
+    for (int c = part * part_cols; c < min((part + 1) * part_cols, H); ++c) {
       const float v = Q6_K::value(row + c / Q6_K::VALUES * Q6_K::BYTES, c % Q6_K::VALUES);
       x[(size_t)t * H + c] = v;
       xn[(size_t)t * H + c] = lg_from_float<bf16_t>(v * (1.0f + norm_w[c]));
       sum_sq += v * v;
     }
-    sum_sq = lg_warp_sum(sum_sq);
-    if (lane == 0) part_sums[warp] = sum_sq;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.0f;
-      for (int w = 0; w < 8; ++w) total += part_sums[w];
-      ss[(size_t)part * ss_stride + t] = total;
-    }
-    __syncthreads();
+    ss[(size_t)part * ss_stride + t] = sum_sq;
   }
 }

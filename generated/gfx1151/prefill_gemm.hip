@@ -6,7 +6,7 @@
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
 #define __forceinline__ inline __attribute__((always_inline))
-#define __launch_bounds__(threads) __attribute__((amdgpu_flat_work_group_size(1, threads)))
+#define __launch_bounds__(threads, ...) __attribute__((amdgpu_flat_work_group_size(1, threads)))  // min blocks: a CUDA hint only
 
 #define LG_HIP_DIM3(type_name, builtin)                                                         \
   struct type_name {                                                                            \

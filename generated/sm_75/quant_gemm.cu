@@ -456,7 +456,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegment* __restrict__ segs, i
   }
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS)
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
 quant_gemm_nt1(const QgSegment* __restrict__ segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
@@ -465,7 +465,7 @@ quant_gemm_nt1(const QgSegment* __restrict__ segs, int nseg, const fp16_t* __res
                   xn, ss_out, argmax_key);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS)
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
 quant_gemm_nt2(const QgSegment* __restrict__ segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
@@ -474,7 +474,7 @@ quant_gemm_nt2(const QgSegment* __restrict__ segs, int nseg, const fp16_t* __res
                   xn, ss_out, argmax_key);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS)
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
 quant_gemm_nt3(const QgSegment* __restrict__ segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
@@ -483,7 +483,7 @@ quant_gemm_nt3(const QgSegment* __restrict__ segs, int nseg, const fp16_t* __res
                   xn, ss_out, argmax_key);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS)
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
 quant_gemm_nt4(const QgSegment* __restrict__ segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
