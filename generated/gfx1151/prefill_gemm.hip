@@ -123,6 +123,14 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   v = fmaxf(v, lg_shfl_xor(v, 1));
   return v;
 }
+// A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
+// wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the
+// value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
+__device__ __forceinline__ unsigned long long lg_argmax_key(float v, int n) {
+  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
+  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
+  return ((unsigned long long)bits << 32) | (unsigned)~n;
+}
 // Unpack 8 two-byte elements of one 16-byte vector into floats.
 template <typename T>
 __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
@@ -609,15 +617,6 @@ gemm_residual_reduce(const float* __restrict__ part, int splits, int M, int N, f
   }
 }
 
-// The argmax of row 0 as one 64-bit key that atomicMax can reduce in any order to the same result, numpy.argmax's
-// (larger value wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins):
-// high word = the value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
-__device__ __forceinline__ unsigned long long gemv_argmax_key(float v, int n) {
-  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
-  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
-  return ((unsigned long long)bits << 32) | (unsigned)~n;
-}
-
 // One warp: column n of gemv_rows_f32; lane 0 leaves row 0's argmax key in block_best[warp].
 __device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
                                             int ldw, int M, int n, int K, const float* __restrict__ ss, int ss_parts,
@@ -666,7 +665,7 @@ __device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ A, int ld
           r = rsqrtf(sum_sq / 1024 + 9.999999974752427e-07f);
         }
         out[(size_t)m * ldo + n] = dot * r;
-        if (m == 0) block_best[threadIdx.x / LG_WARP_SIZE] = gemv_argmax_key(dot * r, n);
+        if (m == 0) block_best[threadIdx.x / LG_WARP_SIZE] = lg_argmax_key(dot * r, n);
       }
     }
   }

@@ -58,6 +58,14 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   v = fmaxf(v, lg_shfl_xor(v, 1));
   return v;
 }
+// A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
+// wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the
+// value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
+__device__ __forceinline__ unsigned long long lg_argmax_key(float v, int n) {
+  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
+  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
+  return ((unsigned long long)bits << 32) | (unsigned)~n;
+}
 // Unpack 8 two-byte elements of one 16-byte vector into floats.
 template <typename T>
 __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
@@ -127,12 +135,11 @@ template <int PENDING>
 __device__ __forceinline__ void gemm_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING) : "memory");
 }
-// c += a (16x16, row) * b (16x8, col): one m16n8k16 tensor-core op, f32 accumulate.
-__device__ __forceinline__ void gemm_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+__device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-               "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+      "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // The barrier of this thread's crew.
 __device__ __forceinline__ void gemm_crew_sync() { __syncthreads(); }
@@ -293,7 +300,7 @@ struct GemmTile {
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < GEMM_NI; ++ni) gemm_mma_k16(acc[mi][ni], a[kk & 1][mi], b[kk & 1][ni][0], b[kk & 1][ni][1]);
+        for (int ni = 0; ni < GEMM_NI; ++ni) lg_mma_k16(acc[mi][ni], a[kk & 1][mi], b[kk & 1][ni][0], b[kk & 1][ni][1]);
     }
   }
 
@@ -332,7 +339,7 @@ struct GemmTile {
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < GEMM_NI; ++ni) gemm_mma_k16(acc[mi][ni], a[kk & 1][mi], b[kk & 1][ni][0], b[kk & 1][ni][1]);
+        for (int ni = 0; ni < GEMM_NI; ++ni) lg_mma_k16(acc[mi][ni], a[kk & 1][mi], b[kk & 1][ni][0], b[kk & 1][ni][1]);
     }
   }
 
@@ -677,15 +684,6 @@ gemm_residual_reduce(const float* __restrict__ part, int splits, int M, int N, f
   }
 }
 
-// The argmax of row 0 as one 64-bit key that atomicMax can reduce in any order to the same result, numpy.argmax's
-// (larger value wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins):
-// high word = the value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
-__device__ __forceinline__ unsigned long long gemv_argmax_key(float v, int n) {
-  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
-  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
-  return ((unsigned long long)bits << 32) | (unsigned)~n;
-}
-
 // One warp: column n of gemv_rows_f32; lane 0 leaves row 0's argmax key in block_best[warp].
 __device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
                                             int ldw, int M, int n, int K, const float* __restrict__ ss, int ss_parts,
@@ -734,7 +732,7 @@ __device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ A, int ld
           r = rsqrtf(sum_sq / 1024 + 9.999999974752427e-07f);
         }
         out[(size_t)m * ldo + n] = dot * r;
-        if (m == 0) block_best[threadIdx.x / LG_WARP_SIZE] = gemv_argmax_key(dot * r, n);
+        if (m == 0) block_best[threadIdx.x / LG_WARP_SIZE] = lg_argmax_key(dot * r, n);
       }
     }
   }

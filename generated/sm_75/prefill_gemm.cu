@@ -56,6 +56,14 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   v = fmaxf(v, lg_shfl_xor(v, 1));
   return v;
 }
+// A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
+// wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the
+// value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
+__device__ __forceinline__ unsigned long long lg_argmax_key(float v, int n) {
+  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
+  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
+  return ((unsigned long long)bits << 32) | (unsigned)~n;
+}
 // Unpack 8 two-byte elements of one 16-byte vector into floats.
 template <typename T>
 __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
@@ -115,12 +123,12 @@ __device__ __forceinline__ void gemm_ldmatrix_x4(unsigned (&r)[4], const void* p
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(lg_smem_addr(p)));
 }
-// c += a (16x16, row) * b (16x8, col) as two m16n8k8 ops (Turing): k 0-7 uses a0, a1, b0; k 8-15 a2, a3, b1.
-__device__ __forceinline__ void gemm_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+// Turing: two m16n8k8 ops, k 0-7 from a[0], a[1], b0 and k 8-15 from a[2], a[3], b1.
+__device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 { %0, %1, %2, %3}, { %4, %5}, { %6}, { %0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(b0));
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(b0));
   asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 { %0, %1, %2, %3}, { %4, %5}, { %6}, { %0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[2]), "r"(a[3]), "r"(b1));
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[2]), "r"(a[3]), "r"(b1));
 }
 // The barrier of this thread's crew.
 __device__ __forceinline__ void gemm_crew_sync() { __syncthreads(); }
@@ -242,7 +250,7 @@ struct GemmTile {
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < GEMM_NI; ++ni) gemm_mma_k16(acc[mi][ni], a[kk & 1][mi], b[kk & 1][ni][0], b[kk & 1][ni][1]);
+        for (int ni = 0; ni < GEMM_NI; ++ni) lg_mma_k16(acc[mi][ni], a[kk & 1][mi], b[kk & 1][ni][0], b[kk & 1][ni][1]);
     }
   }
 
@@ -587,15 +595,6 @@ gemm_residual_reduce(const float* __restrict__ part, int splits, int M, int N, f
   }
 }
 
-// The argmax of row 0 as one 64-bit key that atomicMax can reduce in any order to the same result, numpy.argmax's
-// (larger value wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins):
-// high word = the value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
-__device__ __forceinline__ unsigned long long gemv_argmax_key(float v, int n) {
-  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
-  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
-  return ((unsigned long long)bits << 32) | (unsigned)~n;
-}
-
 // One warp: column n of gemv_rows_f32; lane 0 leaves row 0's argmax key in block_best[warp].
 __device__ __forceinline__ void gemv_column(const fp16_t* __restrict__ A, int lda, const fp16_t* __restrict__ W,
                                             int ldw, int M, int n, int K, const float* __restrict__ ss, int ss_parts,
@@ -644,7 +643,7 @@ __device__ __forceinline__ void gemv_column(const fp16_t* __restrict__ A, int ld
           r = rsqrtf(sum_sq / 1024 + 9.999999974752427e-07f);
         }
         out[(size_t)m * ldo + n] = dot * r;
-        if (m == 0) block_best[threadIdx.x / LG_WARP_SIZE] = gemv_argmax_key(dot * r, n);
+        if (m == 0) block_best[threadIdx.x / LG_WARP_SIZE] = lg_argmax_key(dot * r, n);
       }
     }
   }

@@ -56,6 +56,14 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   v = fmaxf(v, lg_shfl_xor(v, 1));
   return v;
 }
+// A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
+// wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the
+// value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
+__device__ __forceinline__ unsigned long long lg_argmax_key(float v, int n) {
+  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
+  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
+  return ((unsigned long long)bits << 32) | (unsigned)~n;
+}
 // Unpack 8 two-byte elements of one 16-byte vector into floats.
 template <typename T>
 __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {

@@ -58,6 +58,14 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   v = fmaxf(v, lg_shfl_xor(v, 1));
   return v;
 }
+// A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
+// wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the
+// value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
+__device__ __forceinline__ unsigned long long lg_argmax_key(float v, int n) {
+  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
+  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
+  return ((unsigned long long)bits << 32) | (unsigned)~n;
+}
 // Unpack 8 two-byte elements of one 16-byte vector into floats.
 template <typename T>
 __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
@@ -287,14 +295,6 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
   }
 }
 
-// The argmax key of numpy.argmax over a row (as templates/prefill/gemm.cu.j2 gemv_argmax_key): larger value wins,
-// ties to the lower index, NaN first.
-__device__ __forceinline__ unsigned long long qg_argmax_key(float v, int n) {
-  unsigned bits = lg_float_bits(v == 0.0f ? 0.0f : v);
-  bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
-  return ((unsigned long long)bits << 32) | (unsigned)~n;
-}
-
 #define QG_ROWS_F32 0
 #define QG_SWIGLU 1
 #define QG_RESIDUAL 2
@@ -411,7 +411,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegment* __restrict__ segs, i
       const int col = segs[s].col0 + n;
       reinterpret_cast<float*>(out)[(size_t)(m0 + mm) * ldo + col] = v;
       if (argmax_key != nullptr && m0 + mm == 0) {
-        const unsigned long long key = qg_argmax_key(v, col);
+        const unsigned long long key = lg_argmax_key(v, col);
         best = key > best ? key : best;
       }
     }

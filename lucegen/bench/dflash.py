@@ -82,7 +82,7 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
             w0 = time.perf_counter()
             ver.decode(gen_tokens + 1)
             ar_ms.append((time.perf_counter() - w0) * 1e3 / gen_tokens)
-    mk_step = statistics.median(ar_ms)
+    ar_step = statistics.median(ar_ms)
     # AR 2: greedy through one-slot verify passes; its tokens are the oracle's continuation
     start()
     w0 = time.perf_counter()
@@ -100,7 +100,7 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
             ver.verify(tree, truth[0])
             walls.append((time.perf_counter() - w0) * 1e3)
         ms = statistics.median(walls)
-        verify_rows.append({"budget": budget, "slots": budget + 1, "ms": ms, "vs_ar_step": ms / mk_step})
+        verify_rows.append({"budget": budget, "slots": budget + 1, "ms": ms, "vs_ar_step": ms / ar_step})
     # the draft network's block forward (top-k included) after the prompt
     draft_ms = None
     if network:
@@ -128,23 +128,23 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
         s = spec.stats
         tok_s = (len(got) - 1) / wall  # the first token is the prefill's
         spec_rows.append({"al_target": al, "al": s.acceptance_length, "steps": s.steps, "tok_s": tok_s,
-                          "vs_ar": tok_s * mk_step / 1e3, "vs_verify_ar": tok_s * verify_ar_step / 1e3,
+                          "vs_ar": tok_s * ar_step / 1e3, "vs_verify_ar": tok_s * verify_ar_step / 1e3,
                           "ms_per_step": {k: v * 1e3 / s.steps for k, v in s.seconds.items()}})
     result = {"target": dec.target.name, "device": dev.name, "model": cfg.name, "prompt_tokens": prompt_tokens,
-              "gen_tokens": gen_tokens, "repeats": repeats, "ar": ar_kind, "ar_ms_per_token": mk_step,
-              "ar_tok_s": 1e3 / mk_step, "weights_gb": getattr(dec, "weight_bytes", 0) / 1e9,
+              "gen_tokens": gen_tokens, "repeats": repeats, "ar": ar_kind, "ar_ms_per_token": ar_step,
+              "ar_tok_s": 1e3 / ar_step, "weights_gb": getattr(dec, "weight_bytes", 0) / 1e9,
               "verify_ar_ms_per_token": verify_ar_step,
               "verify_ar_tok_s": 1e3 / verify_ar_step, "verify": verify_rows, "spec": spec_rows,
               "draft": (f"DFlash {network.config.name} (runs every step, top-{top_k}; proposals from the oracle)"
                         if network else "oracle (no draft network: its cost is not included)"),
-              "draft_forward_ms": draft_ms, "projection": projection(verify_rows, spec_rows, mk_step)}
+              "draft_forward_ms": draft_ms, "projection": projection(verify_rows, spec_rows, ar_step)}
     for part in (ver, pre, network, dec):
         if part:
             part.close()
     return result
 
 
-def projection(verify_rows, spec_rows, mk_step: float) -> dict | None:
+def projection(verify_rows, spec_rows, ar_step: float) -> dict | None:
     """Projected spec tok/s at REFERENCE_AL (a projection, not a measurement): a step = the measured draft, tree and
     commit ms of the AL row closest to it + the measured verify at REFERENCE_BUDGET."""
     verify = {v["budget"]: v["ms"] for v in verify_rows}
@@ -155,7 +155,7 @@ def projection(verify_rows, spec_rows, mk_step: float) -> dict | None:
     step = ms["draft"] + ms["tree"] + ms["commit"] + verify[REFERENCE_BUDGET]
     tok_s = REFERENCE_AL / step * 1e3
     return {"al": REFERENCE_AL, "budget": REFERENCE_BUDGET, "step_ms": step, "tok_s": tok_s,
-            "vs_ar": tok_s * mk_step / 1e3, "from_al_row": row["al"],
+            "vs_ar": tok_s * ar_step / 1e3, "from_al_row": row["al"],
             "source": "Luce-Org/lucebox-hub dflash/RESULTS.md (HumanEval mean AL, budget 22)"}
 
 

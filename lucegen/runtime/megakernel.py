@@ -63,7 +63,57 @@ class RunResult:
     #                             start, past the grid barrier, inputs staged, done (0: not stamped in that phase)
 
 
-class MegakernelDecoder:
+class SequenceState:
+    """What every target decoder (megakernel, quantised) does with its sequence state: the device buffers ``conv``,
+    ``recurrent`` and ``kv`` (layouts of ``packing.plan_layout``), ``position`` and ``next_token``."""
+
+    def snapshot(self) -> dict:
+        """A device-side copy of the sequence state (for benchmarks that replay from the same point)."""
+        copies = {}
+        for name in ("conv", "recurrent", "kv"):
+            src = getattr(self, name)
+            copies[name] = dst = self.device.alloc(src.nbytes)
+            _copy_d2d(dst, src)
+        return {"buffers": copies, "position": self.position, "next_token": self.next_token}
+
+    def restore(self, snap: dict) -> None:
+        for name, src in snap["buffers"].items():
+            _copy_d2d(getattr(self, name), src)
+        self.position, self.next_token = snap["position"], snap["next_token"]
+
+    def download_state(self) -> dict:
+        """The device state in the reference's layouts (float32): per DeltaNet layer ``conv`` [conv_dim, K-1] and
+        ``recurrent`` [NV, DK, DV] (value heads in HF's grouped order whatever ``self.v_heads``); per attention
+        layer ``k``, ``v`` [NKV, position, HD]."""
+        c, lay = self.config, self.layout
+        self.device.synchronize()
+        conv = self.device.download(self.conv, np.float32, (max(lay.n_dn, 1), c.conv_dim, c.conv_kernel - 1))
+        rec = self.device.download(self.recurrent, np.float32, (max(lay.n_dn, 1), c.linear_num_value_heads,
+                                                              c.linear_value_head_dim, c.linear_key_head_dim))
+        if self.v_heads == "tiled":
+            from ..model.gguf_io import v_head_order
+
+            kd2 = 2 * c.linear_key_dim
+            conv = np.concatenate([conv[:, :kd2], conv[:, kd2:][:, v_head_order(c, c.linear_value_head_dim, False)]], 1)
+            rec = rec[:, v_head_order(c, 1, False)]
+        kv_bits = self.device.download(self.kv, np.uint16, (max(lay.n_at, 1), 2, c.num_kv_heads, self.max_context,
+                                                          c.head_dim))
+        if self.device.target.kv_cache_type == "bf16":
+            from ..model.dtypes import bf16_bits_to_f32
+
+            kv = bf16_bits_to_f32(kv_bits)
+        else:
+            kv = kv_bits.view(np.float16).astype(np.float32)
+        layers = []
+        for l in lay.layers:
+            if l.kind == 0:
+                layers.append({"conv": conv[l.slot], "recurrent": np.ascontiguousarray(rec[l.slot].transpose(0, 2, 1))})
+            else:
+                layers.append({"k": kv[l.slot, 0, :, : self.position], "v": kv[l.slot, 1, :, : self.position]})
+        return {"layers": layers, "position": self.position}
+
+
+class MegakernelDecoder(SequenceState):
     def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None,
                  profile: bool = False, tuning: dict | None = None, params: dict | None = None):
         from ..compile import compile_source
@@ -159,21 +209,6 @@ class MegakernelDecoder:
         from .prefill.runner import DenseWeights
 
         return DenseWeights(self, pf, batch_invariant=batch_invariant)
-
-    def snapshot(self) -> dict:
-        """A device-side copy of the sequence state (for benchmarks that replay from the same point)."""
-        copies = {}
-        for name in ("conv", "recurrent", "kv"):
-            src = getattr(self, name)
-            dst = self.device.alloc(src.nbytes)
-            _copy_d2d(dst, src)
-            copies[name] = dst
-        return {"buffers": copies, "position": self.position, "next_token": self.next_token}
-
-    def restore(self, snap: dict) -> None:
-        for name, src in snap["buffers"].items():
-            _copy_d2d(getattr(self, name), src)
-        self.position, self.next_token = snap["position"], snap["next_token"]
 
     def close(self) -> None:
         for name in ("wmat", "wvec", "conv", "recurrent", "kv", "scratch", "barrier", "argmax", "tokens_in",
@@ -271,9 +306,6 @@ class MegakernelDecoder:
             remaining -= steps
         return out[:n]
 
-    def download_state(self) -> dict:
-        return download_state(self)
-
     # ------------------------------------------------------------------------------------------ facts
     def bytes_per_token(self) -> int:
         """Bytes the kernel must read per decode step: every packed weight once (the tied embedding serves as
@@ -286,35 +318,3 @@ class MegakernelDecoder:
     @property
     def barriers_per_step(self) -> int:
         return packing.barriers_per_step(self.config)
-
-
-def download_state(dec) -> dict:
-    """A decoder's device state in the reference's layouts (float32): per DeltaNet layer ``conv`` [conv_dim, K-1]
-    and ``recurrent`` [NV, DK, DV] (value heads in HF's grouped order whatever ``dec.v_heads``); per attention layer
-    ``k``, ``v`` [NKV, position, HD]."""
-    c, lay = dec.config, dec.layout
-    dec.device.synchronize()
-    conv = dec.device.download(dec.conv, np.float32, (max(lay.n_dn, 1), c.conv_dim, c.conv_kernel - 1))
-    rec = dec.device.download(dec.recurrent, np.float32, (max(lay.n_dn, 1), c.linear_num_value_heads,
-                                                          c.linear_value_head_dim, c.linear_key_head_dim))
-    if dec.v_heads == "tiled":
-        from ..model.gguf_io import v_head_order
-
-        kd2 = 2 * c.linear_key_dim
-        conv = np.concatenate([conv[:, :kd2], conv[:, kd2:][:, v_head_order(c, c.linear_value_head_dim, False)]], 1)
-        rec = rec[:, v_head_order(c, 1, False)]
-    kv_bits = dec.device.download(dec.kv, np.uint16, (max(lay.n_at, 1), 2, c.num_kv_heads, dec.max_context,
-                                                      c.head_dim))
-    if dec.device.target.kv_cache_type == "bf16":
-        from ..model.dtypes import bf16_bits_to_f32
-
-        kv = bf16_bits_to_f32(kv_bits)
-    else:
-        kv = kv_bits.view(np.float16).astype(np.float32)
-    layers = []
-    for l in lay.layers:
-        if l.kind == 0:
-            layers.append({"conv": conv[l.slot], "recurrent": np.ascontiguousarray(rec[l.slot].transpose(0, 2, 1))})
-        else:
-            layers.append({"k": kv[l.slot, 0, :, : dec.position], "v": kv[l.slot, 1, :, : dec.position]})
-    return {"layers": layers, "position": dec.position}

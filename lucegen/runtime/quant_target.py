@@ -31,7 +31,7 @@ from ..families.quant_matvec import BLOCK_THREADS, QUANT_TYPES
 from ..model.gguf_io import GGUFCheckpoint, load_gguf, v_head_order
 from . import packing
 from .device import Buffer, Device, address
-from .megakernel import _copy_d2d, download_state
+from .megakernel import SequenceState
 from .quant_gemm import QuantGemm, QuantMatrix
 
 
@@ -40,13 +40,14 @@ def _vector_pieces(layout: packing.Layout, checkpoint, tiled: bool):
     c = layout.config
     heads, channels = v_head_order(c, 1, True), v_head_order(c, c.linear_value_head_dim, True)
     kd2 = 2 * c.linear_key_dim
+    reorder = tiled and c.linear_num_value_heads != c.linear_num_key_heads
+    per_head = {off for l in layout.layers if l.kind == 0 for off in (l.a_log, l.dt_bias)}
+    conv = {l.conv_w for l in layout.layers if l.kind == 0}
     for buffer, offset, array in packing.pack_pieces(layout, checkpoint, "bf16", matrices=False):
-        if tiled and c.linear_num_value_heads != c.linear_num_key_heads:
-            dn = [l for l in layout.layers if l.kind == 0]
-            if any(offset in (l.a_log, l.dt_bias) for l in dn):
-                array = array[heads]
-            elif any(offset == l.conv_w for l in dn):
-                array = np.concatenate([array[:kd2], array[kd2:][channels]])
+        if reorder and offset in per_head:
+            array = array[heads]
+        elif reorder and offset in conv:
+            array = np.concatenate([array[:kd2], array[kd2:][channels]])
         yield buffer, offset, np.ascontiguousarray(array, np.float32)
 
 
@@ -68,7 +69,7 @@ class QuantWeights:
             address(acts.ss.ptr), np.int32(acts.rows), np.int32(d.part_columns)), stream=stream)
 
 
-class QuantDecoder:
+class QuantDecoder(SequenceState):
     """Load a GGUF whose matrices are all in the quantised GEMM's block types and keep them so on the device."""
 
     v_heads = "tiled"
@@ -175,22 +176,6 @@ class QuantDecoder:
             self.device.memset(b)
         self.position = 0
         self.next_token: int | None = None
-
-    def snapshot(self) -> dict:
-        copies = {}
-        for name in ("conv", "recurrent", "kv"):
-            src = getattr(self, name)
-            copies[name] = dst = self.device.alloc(src.nbytes)
-            _copy_d2d(dst, src)
-        return {"buffers": copies, "position": self.position, "next_token": self.next_token}
-
-    def restore(self, snap: dict) -> None:
-        for name, src in snap["buffers"].items():
-            _copy_d2d(getattr(self, name), src)
-        self.position, self.next_token = snap["position"], snap["next_token"]
-
-    def download_state(self) -> dict:
-        return download_state(self)
 
     def close(self) -> None:
         for m in self.matrices.values():

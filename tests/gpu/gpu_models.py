@@ -40,6 +40,28 @@ def draft_dir(preset: str, seed: int = 0) -> Path:
                     lambda out: write_dflash_checkpoint(DFlashConfig.preset(preset), out, seed=seed, progress=False))
 
 
+# byte offsets of each GGML type's f16 scales inside a block
+F16_FIELDS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def ggml_blocks(rng, qtype: str, rows: int, k: int, source: str, value_scale: tuple[float, float],
+                scale_std: float) -> np.ndarray:
+    """rows x k values of GGML type ``qtype`` as raw bytes [rows, k / block * bytes]: "quantized" (quant.quantize of
+    normal values times U(value_scale)) or "random" (every bit pattern of the quants and 6-bit scales; the f16
+    scales normal with ``scale_std`` and finite, since a NaN scale's payload is not portable)."""
+    from lucegen.model import quant
+
+    if source == "quantized":
+        x = (rng.standard_normal((rows, k)) * rng.uniform(*value_scale)).astype(np.float32)
+        return quant.quantize(x, qtype).reshape(rows, -1)
+    _, block, size = quant.TYPES[qtype]
+    raw = rng.integers(0, 256, size=(rows * k // block, size), dtype=np.uint8)
+    for off in F16_FIELDS[qtype]:
+        scale = (rng.standard_normal(raw.shape[0]) * scale_std).astype(np.float16)
+        raw[:, off:off + 2] = scale.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(rows, -1)
+
+
 @functools.cache
 def gguf_file(preset: str, quant: str = "q4_k_m", seed: int = 0) -> Path:
     """A random-weight GGUF of ``preset`` in the ``quant`` mix (needs the gguf package to write)."""

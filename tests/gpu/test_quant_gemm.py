@@ -18,12 +18,11 @@ from lucegen.model import quant
 from lucegen.model.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from lucegen.runtime.quant_gemm import QuantGemm
 
-from gpu_models import gpu_device  # tests/gpu/gpu_models.py
+from gpu_models import ggml_blocks, gpu_device  # tests/gpu/gpu_models.py
 
 pytestmark = pytest.mark.gpu
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-F16_FIELDS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 EPS = 1e-6
 
 
@@ -36,14 +35,7 @@ def qg():
 
 
 def raw_blocks(rng, qtype: str, rows: int, k: int, source: str) -> np.ndarray:
-    if source == "quantized":
-        x = (rng.standard_normal((rows, k)) * rng.uniform(0.01, 2)).astype(np.float32)
-        return quant.quantize(x, qtype)
-    _, block, size = quant.TYPES[qtype]
-    raw = rng.integers(0, 256, size=(rows * k // block, size), dtype=np.uint8)
-    for off in F16_FIELDS[qtype]:
-        raw[:, off:off + 2] = (rng.standard_normal(raw.shape[0]) * 0.01).astype(np.float16).view(np.uint8).reshape(-1, 2)
-    return raw.reshape(-1)
+    return ggml_blocks(rng, qtype, rows, k, source, value_scale=(0.01, 2), scale_std=0.01).reshape(-1)
 
 
 def activations(rng, M: int, K: int) -> np.ndarray:

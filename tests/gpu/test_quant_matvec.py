@@ -16,13 +16,11 @@ from hypothesis import strategies as st
 from lucegen.families.quant_matvec import BLOCK_THREADS, QUANT_TYPES
 from lucegen.model import quant
 
-from gpu_models import family_module  # tests/gpu/gpu_models.py
+from gpu_models import family_module, ggml_blocks  # tests/gpu/gpu_models.py
 
 pytestmark = pytest.mark.gpu
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-# byte offsets of each type's f16 scales inside a block
-F16_FIELDS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +30,7 @@ def gpu():
 
 def blocks(rng, qtype: str, rows: int, k: int, source: str) -> np.ndarray:
     """rows x k values of qtype as raw bytes [rows, k / block * bytes]."""
-    if source == "quantized":
-        x = (rng.standard_normal((rows, k)) * rng.uniform(0.01, 10)).astype(np.float32)
-        return quant.quantize(x, qtype).reshape(rows, -1)
-    _, block, size = quant.TYPES[qtype]
-    raw = rng.integers(0, 256, size=(rows * k // block, size), dtype=np.uint8)
-    for off in F16_FIELDS[qtype]:
-        scale = (rng.standard_normal(raw.shape[0]) * 4).astype(np.float16)
-        raw[:, off:off + 2] = scale.view(np.uint8).reshape(-1, 2)
-    return raw.reshape(rows, -1)
+    return ggml_blocks(rng, qtype, rows, k, source, value_scale=(0.01, 10), scale_std=4)
 
 
 @SETTINGS

@@ -123,7 +123,7 @@ def plan_residual(M: int, N: int, K: int, pf: dict, target, heights, crew_count:
 
 
 def argmax_from_key(key: int) -> int:
-    """The index in gemv_rows_f32's argmax key (templates/prefill/gemm.cu.j2 gemv_argmax_key: low word = ~index)."""
+    """The index in gemv_rows_f32's argmax key (templates/common/prelude.cuh.j2 lg_argmax_key: low word = ~index)."""
     return (~int(key)) & 0xFFFFFFFF
 
 
