@@ -130,17 +130,19 @@ class TreeVerifier:
             if l.kind == 0:
                 states = self.states.ptr + 4 * l.slot * self.slots * lay.recurrent_state_floats
                 windows = self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
-                self.conv_fn.launch(S, THREADS, (address(acts.proj.ptr), address(wvec(l.conv_w)),
-                                                 address(conv_layer(dec, l)),
-                                                 address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
-                                                 address(self.ws.ptr), address(windows), n), stream=st)
+                conv_groups = 2 * pf["NK"] + -(-pf["VD"] // THREADS)  # q/k heads, then value chunks
+                self.conv_fn.launch((S, conv_groups), THREADS,
+                                    (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv_layer(dec, l)),
+                                     address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
+                                     address(self.ws.ptr), address(windows), n), stream=st)
                 cols_per_block = THREADS // self.target.warp_size
                 self.rule_fn.launch(-(-pf["NV"] * pf["DV"] // cols_per_block), THREADS,
                                     (address(self.ws.ptr), address(parent), address(recurrent_layer(dec, l)),
                                      address(states), n),
                                     stream=st)
-                self.norm_fn.launch(S, THREADS, (address(acts.proj.ptr), address(wvec(l.gnorm)),
-                                                 address(self.ws.ptr), address(acts.mix.ptr), n), stream=st)
+                self.norm_fn.launch((S, -(-pf["NV"] // cols_per_block)), THREADS,  # a warp per value head
+                                    (address(acts.proj.ptr), address(wvec(l.gnorm)), address(self.ws.ptr),
+                                     address(acts.mix.ptr), n), stream=st)
             else:
                 kv = kv_layer(dec, l)
                 self.attention.prepare(proj=acts.proj.ptr, T=S, pos0=0, q_norm=wvec(l.q_norm),
