@@ -32,6 +32,7 @@ from ..model.gguf_io import GGUFCheckpoint, load_gguf, v_head_order
 from . import packing
 from .device import Buffer, Device, address
 from .megakernel import SequenceState
+from .prefill.runner import LayerWeights
 from .quant_gemm import QuantGemm, QuantMatrix
 
 
@@ -51,22 +52,25 @@ def _vector_pieces(layout: packing.Layout, checkpoint, tiled: bool):
         yield buffer, offset, np.ascontiguousarray(array, np.float32)
 
 
-class QuantWeights:
-    """A :class:`QuantDecoder`'s matrices for the layer loop (the interface of ``DenseWeights``); the quantised GEMM
+class QuantWeights(LayerWeights):
+    """A :class:`QuantDecoder`'s matrices for the layer loop, its embedding gather and lm_head; the quantised GEMM
     is batch-invariant by construction, so prefill and verify share it."""
 
     def __init__(self, dec: "QuantDecoder"):
         self.dec, self.gemm = dec, dec.qgemm
+        self.embed_ss_parts = -(-dec.config.hidden_size // dec.part_columns)  # templates/kernels/quant_matvec.cu.j2
 
     def matrix(self, offset: int) -> QuantMatrix:
         return self.dec.matrices[offset]
 
-    def embed(self, tokens: int, T: int, acts, stream) -> None:
+    def embed(self, tokens: int, T: int, x: int, xn: int, ss: int, ss_stride: int, stream, *,
+              norm: int | None = None) -> None:
+        """x, xn, ss of T rows from device int32 ``tokens``: the GGML rows of token_embd (``embed_<type>``)."""
         d = self.dec
         d.embed_fn.launch(T, BLOCK_THREADS, (
             address(tokens), address(d.embedding.ptr), np.int32(d.config.hidden_size),
-            address(d.wvec.ptr + 4 * d.layout.layers[0].in_norm), address(acts.x.ptr), address(acts.xn.ptr),
-            address(acts.ss.ptr), np.int32(acts.rows), np.int32(d.part_columns)), stream=stream)
+            address(self.first_norm() if norm is None else norm), address(x), address(xn), address(ss),
+            np.int32(ss_stride), np.int32(d.part_columns)), stream=stream)
 
 
 class QuantDecoder(SequenceState):
