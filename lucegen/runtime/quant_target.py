@@ -81,6 +81,8 @@ class QuantDecoder(SequenceState):
     def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None):
         self.checkpoint = model if isinstance(model, GGUFCheckpoint) else load_gguf(Path(model))
         self.config = c = self.checkpoint.config
+        self.layout = packing.plan_layout(c)
+        self._check_types()  # before the device: a file this path cannot read is refused on any machine
         self.device = device or Device.open(target)
         self.target = self.device.target
         if self.target.compute_dtype not in ("bf16", "fp16"):
@@ -91,8 +93,6 @@ class QuantDecoder(SequenceState):
             raise LucegenError(f"max_context {max_context} exceeds the model's max_position_embeddings "
                                f"{c.max_position_embeddings}")
         self.max_context = max_context
-        self.layout = packing.plan_layout(c)
-        self._check_types()
         self.qgemm = QuantGemm(self.device, self.target, c.hidden_size, c.rms_norm_eps)
         embed_type = self.checkpoint.dtype("embed_tokens.weight")
         module = self.device.load(codegen.build(self.target, "quant_matvec"))
@@ -132,7 +132,8 @@ class QuantDecoder(SequenceState):
                                           "megakernel decoder instead)")
         if ck.dtype("embed_tokens.weight") not in QUANT_TYPES:
             raise CheckpointError(f"{ck.path}: token_embd.weight is {ck.dtype('embed_tokens.weight')}; the "
-                                  f"quantised target gathers {', '.join(QUANT_TYPES)} rows")
+                                  f"quantised target (and a DFlash draft on it) gathers {', '.join(QUANT_TYPES)} "
+                                  "rows")
 
     def _allocate(self) -> None:
         d, lay = self.device, self.layout
