@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lucegen.model.dflash import PRESETS as DRAFT_PRESETS
 from lucegen.model.dflash import DFlashConfig, init_tensor
 from lucegen.model.dflash_reference import DraftReference, log_softmax_topk, rms_norm
 from lucegen.model.dtypes import bf16_bits_to_f32
@@ -190,3 +191,35 @@ def test_pair_checks(change, match):
     with pytest.raises(CheckpointError, match=match):
         check_pair(dataclasses.replace(CFG, **change), ModelConfig.preset("tiny"), "draft/config.json")
     check_pair(CFG, ModelConfig.preset("tiny"), "draft/config.json")
+
+
+#: The target preset each draft preset is made for (tests/gpu/test_dflash_draft.py runs these pairs).
+TARGET_OF = {"dflash-tiny": "tiny", "dflash-tiny-q": "tiny-q", "dflash-qwen3.5-0.8b": "qwen3.5-0.8b",
+             "dflash-qwen3.5-27b": "qwen3.5-27b"}
+
+
+@pytest.mark.parametrize("name", list(DRAFT_PRESETS))
+def test_every_draft_preset_pairs_with_its_target_alone(name):
+    """check_pair accepts a draft preset with its target preset and refuses every other target preset (hidden size,
+    vocabulary or layer count differ); its kernels compile on the chip the GPU tests run on."""
+    from lucegen import codegen
+    from lucegen.compile import compile_source
+    from lucegen.errors import CheckpointError
+    from lucegen.model.config import PRESETS as TARGET_PRESETS
+    from lucegen.model.config import ModelConfig
+    from lucegen.runtime.draft import MODULE, TEMPLATE, check_pair, draft_params
+    from lucegen.target import load_target
+
+    cfg = DFlashConfig.preset(name)
+    fits = []
+    for target in TARGET_PRESETS:
+        try:
+            check_pair(cfg, ModelConfig.preset(target), name)
+            fits.append(target)
+        except CheckpointError:
+            pass
+    assert fits == [TARGET_OF[name]]
+    chip = load_target("sm_90")
+    module = compile_source(chip, MODULE, codegen.render(chip, TEMPLATE, dp=draft_params(cfg, chip)), template=TEMPLATE)
+    assert {"draft_capture", "draft_context_store", "draft_block_prepare", "draft_attention"} <= \
+        {k.name for k in module.kernels}

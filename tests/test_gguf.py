@@ -222,3 +222,25 @@ def test_gguf_names_cover_every_internal_tensor():
     config = ModelConfig.preset("tiny-gqa")
     names = [gguf_name(n) for n in config.tensor_shapes()]
     assert len(set(names)) == len(names)
+
+
+def test_quantised_target_refuses_an_embedding_it_cannot_gather(tmp_path, monkeypatch):
+    """tiny-q's Q4_K_M file is what the quantised target reads (matrices in the GEMM's types, token_embd in the
+    gather's: tests/gpu run the DFlash draft on it); with token_embd in F16 the target, and with it a draft that
+    borrows that embedding, is refused naming the tensor, before any device is opened."""
+    from lucegen.families.quant_gemm import GEMM_TYPES
+    from lucegen.families.quant_matvec import QUANT_TYPES
+    from lucegen.model import gguf_io
+    from lucegen.runtime.quant_target import open_target
+
+    config = ModelConfig.preset("tiny-q")
+    types = q4_k_m_types(config)
+    shapes = config.tensor_shapes()
+    assert {types[n] for n, s in shapes.items() if len(s) == 2 and "conv1d" not in n} <= set(GEMM_TYPES)
+    assert types["embed_tokens.weight"] in QUANT_TYPES
+    plain = gguf_io.tensor_types
+    monkeypatch.setattr(gguf_io, "tensor_types", lambda c, q: {**plain(c, q), "embed_tokens.weight": "F16"})
+    path = tmp_path / "tiny-q-f16-embed.gguf"
+    write_gguf_checkpoint(config, path, quant="q4_k_m", progress=False)
+    with pytest.raises(CheckpointError, match=r"token_embd\.weight is F16; the quantised target .*gathers Q8_0"):
+        open_target(path, max_context=64)

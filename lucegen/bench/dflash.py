@@ -1,4 +1,4 @@
-"""Speculative-decoding benchmark, acceptance-controlled: ``lucegen bench dflash --model DIR``.
+"""Speculative-decoding benchmark, acceptance-controlled: ``lucegen bench dflash --model DIR|FILE.gguf``.
 
 Random weights accept nothing a real draft proposes, so the proposals are the oracle's (lucegen/runtime/dflash.py):
 the target's own greedy continuation, corrupted every ``AL``-th position, under chain verify. A step then accepts
@@ -6,7 +6,8 @@ the tokens up to the next corruption and emits exactly ``AL`` tokens (the last o
 length is set, not hoped for. With ``draft`` (a DFlash draft directory) the network runs every step as it would
 in earnest (``ControlledDrafter``: its block forward, top-k and context ingest are in the ``draft`` column, the
 verify captures its hidden states) and only its proposals are replaced; without one the ``draft`` column is the
-oracle's host time and the table says so.
+oracle's host time and the table says so. The target is ``open_target``'s: a K-quant GGUF runs as the quantised
+target, with or without the draft network.
 
 Measured in one run on one model:
 

@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     f.set_defaults(func=run_prefill)
 
     s = sub.add_parser("dflash", help="speculative decoding: verify cost vs budget, spec tok/s vs acceptance length")
-    s.add_argument("--model", required=True, type=Path, help="HF checkpoint directory (the target)")
+    s.add_argument("--model", required=True, type=Path, help="the target: HF checkpoint directory or .gguf file "
+                   "(a K-quant GGUF stays quantised on the device)")
     s.add_argument("--prompt-tokens", type=int, default=32)
     s.add_argument("--gen-tokens", type=int, default=128)
     s.add_argument("--repeats", type=int, default=10, help="timed passes per measurement (median reported)")

@@ -3,7 +3,9 @@ greedy decoding with the megakernel from the state they leave, streamed to stdou
 
 With ``--draft DIR`` (a DFlash draft) the decoding is speculative: the draft proposes a block per step, a DDTree of
 at most ``--budget`` nodes is verified in one target pass, the accepted path and the bonus token are emitted. The
-tokens are the same greedy tokens (lossless); only the speed differs."""
+tokens are the greedy tokens of the verify passes (lossless); only the speed differs. There a GGUF whose matrices are
+K-quants (Q4_K_M) stays quantised on the device (``open_target``: the quantised target); without ``--draft`` every
+model decodes on the megakernel (a quantised GGUF dequantised to the compute dtype)."""
 
 from __future__ import annotations
 
@@ -63,7 +65,12 @@ def run(args) -> int:
         raise LucegenError(f"prompt ({len(prompt)} tokens) + --max-tokens {args.max_tokens} exceed "
                            f"--max-context {max_context}")
     checkpoint = load_checkpoint(args.model)
-    decoder = MegakernelDecoder(checkpoint, target=args.target, max_context=max_context, device=device)
+    if args.draft:  # the verify passes' target: quantised for a K-quant GGUF, else the megakernel's weights
+        from ..runtime.quant_target import open_target
+
+        decoder = open_target(checkpoint, target=args.target, max_context=max_context, device=device)
+    else:
+        decoder = MegakernelDecoder(checkpoint, target=args.target, max_context=max_context, device=device)
     generated: list[int] = []
     printed = ""
     eos = tokenizer.eos_id

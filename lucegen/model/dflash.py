@@ -381,6 +381,12 @@ PRESETS: dict[str, DFlashConfig] = {
         name="dflash-tiny", hidden_size=128, num_layers=2, intermediate_size=256, vocab_size=512,
         num_attention_heads=4, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1e7, block_size=16,
         mask_token_id=511, target_layer_ids=(1, 2), num_target_layers=4),
+    # A draft for the "tiny-q" target preset (hidden 256, 8 layers, vocab 512; the quantised-target tests write it as
+    # a Q4_K_M GGUF): same structure, taps spread by build_target_layer_ids(8, 2).
+    "dflash-tiny-q": DFlashConfig(
+        name="dflash-tiny-q", hidden_size=256, num_layers=2, intermediate_size=512, vocab_size=512,
+        num_attention_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1e7, block_size=16,
+        mask_token_id=511, target_layer_ids=build_target_layer_ids(8, 2), num_target_layers=8),
 }
 
 

@@ -9,10 +9,10 @@
 The math is :class:`lucegen.model.dflash_reference.DraftReference` (z-lab/dflash's ``DFlashDraftModel``). On the
 device, per block of ``block_size`` rows at positions start .. (start = the root's position):
 
-    x = embed[root, mask, ...]                                      prefill_embed (the target's embedding)
+    x = embed[root, mask, ...]                                      the target's embedding (its own gather)
     per draft layer:  proj = gemm_rows_f32(xn, [q|k|v]) * r;  draft_block_prepare;  draft_attention
                       x += gemm(attn, o);  act = gemm_swiglu(xn, gateup) * r;  x += gemm(act, down)
-    logits = gemm_rows_f32(xn[1:], target lm_head) * r;  draft_topk_partial / _merge   -> [block_size - 1, k]
+    logits = target lm_head(xn[1:]) * r;  draft_topk_partial / _merge             -> [block_size - 1, k]
 
 and per committed batch of rows (the prompt, or a verify pass's accepted path):
 
@@ -21,9 +21,12 @@ and per committed batch of rows (the prompt, or a verify pass's accepted path):
     per draft layer: ctx_kv = gemm_rows_f32(xn, [k|v] rows of that layer's qkv) * r;  draft_context_store
 
 The projections are the prefill GEMMs of the target's shape (the draft's hidden size is the target's; so are its
-RMSNorm eps, checked at load). Draft norm weights are packed zero-centred (w - 1, exact in f32) so that every norm
-is the target's x * r * (1 + w). The context lives in a ring of ``ring`` rows per layer (default: the decoder's
-context, which never wraps); a smaller ring bounds what the draft attends to, to the last ``ring`` positions.
+RMSNorm eps, checked at load). The embedding and the lm_head are the target's, through its ``layer_weights``
+(:class:`lucegen.runtime.prefill.runner.LayerWeights`): compute-dtype rows for a BF16 target, GGML blocks (the
+``embed_<type>`` gather, the quantised GEMM) for a :class:`lucegen.runtime.quant_target.QuantDecoder`. Draft norm
+weights are packed zero-centred (w - 1, exact in f32) so that every norm is the target's x * r * (1 + w). The context
+lives in a ring of ``ring`` rows per layer (default: the decoder's context, which never wraps); a smaller ring bounds
+what the draft attends to, to the last ``ring`` positions.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from .device import Buffer, address
 from .packing import _checked, _f32_literal, _matrix_bits
 from .prefill.gemm import GemmKernels
 from .prefill.params import prefill_params
-from .prefill.runner import load_common, wmat_at
 
 TEMPLATE = "dflash/draft.cu.j2"
 MODULE = "dflash_draft"
@@ -48,7 +50,6 @@ THREADS = 256  # templates/dflash/draft.cu.j2: DR_NT, DR_TK_NT
 ATTENTION_WARPS = 4  # DR_AT_WARPS
 TOPK_MAX = 8  # DR_TOPK_MAX: the most candidates per drafted position
 TOPK_CHUNK = 8192  # logits per block of draft_topk_partial (at most THREADS // TOPK_MAX chunks per row)
-EMBED_THREADS = 256  # templates/prefill/common.cu.j2
 ALIGN = 128  # elements: every packed matrix starts 256-byte aligned (TMA needs 16)
 
 
@@ -158,9 +159,10 @@ def check_pair(config: DFlashConfig, target_config, source) -> None:
 
 
 class DFlashDrafter:
-    """A DFlash draft next to a :class:`MegakernelDecoder`'s target. ``k`` candidates per drafted position
-    (at most TOPK_MAX); ``ring`` context rows per layer (default and most: the decoder's max_context); ``rows``
-    target rows one capture holds (a prefill segment or a verify pass; default 512)."""
+    """A DFlash draft next to a target decoder (a :class:`MegakernelDecoder` or a :class:`QuantDecoder`: one with
+    ``layer_params`` and ``layer_weights``). ``k`` candidates per drafted position (at most TOPK_MAX); ``ring``
+    context rows per layer (default and most: the decoder's max_context); ``rows`` target rows one capture holds (a
+    prefill segment or a verify pass; default 512)."""
 
     def __init__(self, decoder, draft, *, k: int = 8, ring: int | None = None, rows: int = 512,
                  graphs: bool = True):
@@ -173,10 +175,6 @@ class DFlashDrafter:
         if not isinstance(cfg, DFlashConfig):
             raise CheckpointError(f"{self.checkpoint.path}: not a DFlash draft")
         check_pair(cfg, decoder.config, self.checkpoint.path)
-        if getattr(decoder, "wmat", None) is None:
-            raise LucegenError(f"{self.checkpoint.path}: the DFlash draft reads the target's embedding and lm_head "
-                               f"as compute-dtype matrices; {decoder.config.name} is loaded quantised "
-                               "(run the draft with a BF16 target)")
         for name, value, lo, hi in (("k", k, 1, TOPK_MAX), ("rows", rows, 1, 1 << 20),
                                     ("ring", decoder.max_context if ring is None else ring, 1, decoder.max_context)):
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
@@ -189,7 +187,7 @@ class DFlashDrafter:
         self.pf = prefill_params(decoder.config, t)
         self.dp = draft_params(cfg, t)
         self.gemm = GemmKernels(dev, t, self.pf)
-        self.embed_fn = load_common(dev, t, self.pf).function("prefill_embed")
+        self.head = decoder.layer_weights(decoder.layer_params())  # the target's embedding and lm_head
         source = codegen.render(t, TEMPLATE, dp=self.dp)
         module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
         self.capture_fn, self.store_fn = module.function("draft_capture"), module.function("draft_context_store")
@@ -209,13 +207,14 @@ class DFlashDrafter:
     def _allocate(self) -> None:
         c, d, R, B, pf = self.config, self.device, self.rows, self.config.block_size, self.pf
         H, L, ss_parts = c.hidden_size, c.num_layers, pf["ss_parts"]
+        block_ss_parts = max(ss_parts, self.head.embed_ss_parts)  # the block's ss: the target's embedding first
         self.wmat = d.alloc(2 * self.layout.wmat_elems)
         self.wvec = d.alloc(4 * self.layout.wvec_floats)
         self.capture = d.alloc(2 * R * c.fc_in_features)
         self.ctx_x, self.ctx_xn, self.ctx_ss = d.alloc(4 * R * H), d.alloc(2 * R * H), d.alloc(4 * ss_parts * R)
         self.ctx_kv = d.alloc(4 * R * L * 2 * c.kv_dim)
         self.cache = d.alloc(2 * L * 2 * c.kv_dim * self.ring)
-        self.x, self.xn, self.ss = d.alloc(4 * B * H), d.alloc(2 * B * H), d.alloc(4 * ss_parts * B)
+        self.x, self.xn, self.ss = d.alloc(4 * B * H), d.alloc(2 * B * H), d.alloc(4 * block_ss_parts * B)
         self.proj = d.alloc(4 * B * (c.q_dim + 2 * c.kv_dim))
         self.q_ws, self.block_kv = d.alloc(2 * B * c.q_dim), d.alloc(2 * 2 * B * c.kv_dim)
         self.attn, self.act = d.alloc(2 * B * c.q_dim), d.alloc(2 * B * c.intermediate_size)
@@ -317,16 +316,15 @@ class DFlashDrafter:
 
     # ------------------------------------------------------------------------------------------ one block
     def _enqueue_block(self) -> None:
-        c, pf, st, dec = self.config, self.pf, self.stream, self.dec
+        c, pf, st = self.config, self.pf, self.stream
         H, I, B, L = c.hidden_size, c.intermediate_size, c.block_size, c.num_layers
         nqkv, ss_parts = c.q_dim + 2 * c.kv_dim, pf["ss_parts"]
         tokens, start = self.block_in.ptr, self.block_in.ptr + 4 * B
-        self.embed_fn.launch(B, EMBED_THREADS, (address(tokens), address(wmat_at(dec, dec.layout.embed)),
-                                                address(self._vec(("in_norm", 0))), address(self.x.ptr),
-                                                address(self.xn.ptr), address(self.ss.ptr), np.int32(B)), stream=st)
+        self.head.embed(tokens, B, self.x.ptr, self.xn.ptr, self.ss.ptr, B, st, norm=self._vec(("in_norm", 0)))
         for l in range(L):
             next_norm = self._vec(("in_norm", l + 1)) if l + 1 < L else self._vec("final_norm")
-            self.gemm.rows_f32(self.xn.ptr, H, self._mat(("qkv", l)), H, B, nqkv, H, self.ss.ptr, ss_parts, B,
+            in_parts = self.head.embed_ss_parts if l == 0 else ss_parts  # who wrote ss: the embedding, or a residual
+            self.gemm.rows_f32(self.xn.ptr, H, self._mat(("qkv", l)), H, B, nqkv, H, self.ss.ptr, in_parts, B,
                                self.proj.ptr, nqkv, stream=st)
             self.prepare_fn.launch(B, THREADS, (address(self.proj.ptr), address(self._vec("q_norm") + 4 * l * c.head_dim),
                                                 address(self._vec("k_norm") + 4 * l * c.head_dim),
@@ -345,8 +343,7 @@ class DFlashDrafter:
             self.gemm.residual(self.act.ptr, I, self._mat(("down", l)), I, B, H, I, self.x.ptr, H, next_norm,
                                self.xn.ptr, H, self.ss.ptr, B, stream=st, **self._split_k())
         rows = B - 1  # the drafted positions: block rows 1 ..
-        self.gemm.rows_f32(self.xn.ptr + 2 * H, H, wmat_at(dec, dec.layout.lm_head), H, rows, c.vocab_size, H,
-                           self.ss.ptr + 4, ss_parts, B, self.logits.ptr, c.vocab_size, stream=st)
+        self.head.lm_head(self.xn.ptr + 2 * H, rows, self.ss.ptr + 4, ss_parts, B, self.logits.ptr, st)
         chunks = self.topk_chunks
         cand, part = self.topk_ws.ptr, self.topk_ws.ptr + 8 * rows * chunks * TOPK_MAX
         self.topk_partial_fn.launch((rows, chunks), THREADS,

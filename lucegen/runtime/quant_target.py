@@ -32,6 +32,7 @@ from ..model.gguf_io import GGUFCheckpoint, load_gguf, v_head_order
 from . import packing
 from .device import Buffer, Device, address
 from .megakernel import SequenceState
+from .prefill.runner import LayerWeights
 from .quant_gemm import QuantGemm, QuantMatrix
 
 
@@ -51,22 +52,25 @@ def _vector_pieces(layout: packing.Layout, checkpoint, tiled: bool):
         yield buffer, offset, np.ascontiguousarray(array, np.float32)
 
 
-class QuantWeights:
-    """A :class:`QuantDecoder`'s matrices for the layer loop (the interface of ``DenseWeights``); the quantised GEMM
+class QuantWeights(LayerWeights):
+    """A :class:`QuantDecoder`'s matrices for the layer loop, its embedding gather and lm_head; the quantised GEMM
     is batch-invariant by construction, so prefill and verify share it."""
 
     def __init__(self, dec: "QuantDecoder"):
         self.dec, self.gemm = dec, dec.qgemm
+        self.embed_ss_parts = -(-dec.config.hidden_size // dec.part_columns)  # templates/kernels/quant_matvec.cu.j2
 
     def matrix(self, offset: int) -> QuantMatrix:
         return self.dec.matrices[offset]
 
-    def embed(self, tokens: int, T: int, acts, stream) -> None:
+    def embed(self, tokens: int, T: int, x: int, xn: int, ss: int, ss_stride: int, stream, *,
+              norm: int | None = None) -> None:
+        """x, xn, ss of T rows from device int32 ``tokens``: the GGML rows of token_embd (``embed_<type>``)."""
         d = self.dec
         d.embed_fn.launch(T, BLOCK_THREADS, (
             address(tokens), address(d.embedding.ptr), np.int32(d.config.hidden_size),
-            address(d.wvec.ptr + 4 * d.layout.layers[0].in_norm), address(acts.x.ptr), address(acts.xn.ptr),
-            address(acts.ss.ptr), np.int32(acts.rows), np.int32(d.part_columns)), stream=stream)
+            address(self.first_norm() if norm is None else norm), address(x), address(xn), address(ss),
+            np.int32(ss_stride), np.int32(d.part_columns)), stream=stream)
 
 
 class QuantDecoder(SequenceState):
@@ -77,6 +81,8 @@ class QuantDecoder(SequenceState):
     def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None):
         self.checkpoint = model if isinstance(model, GGUFCheckpoint) else load_gguf(Path(model))
         self.config = c = self.checkpoint.config
+        self.layout = packing.plan_layout(c)
+        self._check_types()  # before the device: a file this path cannot read is refused on any machine
         self.device = device or Device.open(target)
         self.target = self.device.target
         if self.target.compute_dtype not in ("bf16", "fp16"):
@@ -87,8 +93,6 @@ class QuantDecoder(SequenceState):
             raise LucegenError(f"max_context {max_context} exceeds the model's max_position_embeddings "
                                f"{c.max_position_embeddings}")
         self.max_context = max_context
-        self.layout = packing.plan_layout(c)
-        self._check_types()
         self.qgemm = QuantGemm(self.device, self.target, c.hidden_size, c.rms_norm_eps)
         embed_type = self.checkpoint.dtype("embed_tokens.weight")
         module = self.device.load(codegen.build(self.target, "quant_matvec"))
@@ -128,7 +132,8 @@ class QuantDecoder(SequenceState):
                                           "megakernel decoder instead)")
         if ck.dtype("embed_tokens.weight") not in QUANT_TYPES:
             raise CheckpointError(f"{ck.path}: token_embd.weight is {ck.dtype('embed_tokens.weight')}; the "
-                                  f"quantised target gathers {', '.join(QUANT_TYPES)} rows")
+                                  f"quantised target (and a DFlash draft on it) gathers {', '.join(QUANT_TYPES)} "
+                                  "rows")
 
     def _allocate(self) -> None:
         d, lay = self.device, self.layout

@@ -158,12 +158,10 @@ class TreeVerifier:
     def _enqueue_pass(self, S: int) -> None:
         """Queue a whole verify pass of S slots on ``self.stream``: every argument is fixed by S (the tree, the
         tokens and pos0 live in device memory), so one captured graph per S serves every step."""
-        c, st, acts, dec = self.config, self.stream, self.acts, self.dec
-        H = c.hidden_size
-        enqueue_layers(self.weights, dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st,
+        c, st, acts = self.config, self.stream, self.acts
+        enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st,
                        after_layer=self.draft.capture_hook(st) if self.draft else None)
-        self.gemm.rows_f32(acts.xn.ptr, H, self.weights.matrix(dec.layout.lm_head), H, S, c.vocab_size, H,
-                           acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, c.vocab_size, stream=st)
+        self.weights.lm_head(acts.xn.ptr, S, acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, st)
         self.argmax_fn.launch(S, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax.ptr)),
                               stream=st)
 

@@ -8,6 +8,10 @@
   reference's margin exceeds that bound. A ring smaller than the context is checked too (the reference's window).
 - **Lossless.** Speculative decoding with the draft network proposing must emit exactly the verifier's greedy
   tokens (its random weights accept little: the commit is mostly the bonus token).
+
+Pairs: ``tiny`` (BF16 target, ``dflash-tiny``), ``tiny-q`` (the tiny-q preset as a Q4_K_M GGUF on the quantised
+target, ``dflash-tiny-q``: the draft gathers the GGML embedding and runs the quantised lm_head; its reference is the
+numpy Reference of the dequantised weights) and, with LUCEGEN_08B_DIR, the 0.8B.
 """
 
 from __future__ import annotations
@@ -27,16 +31,19 @@ from lucegen.model.dflash_reference import DraftReference, log_softmax_topk
 from lucegen.model.reference import Reference
 from lucegen.runtime.dflash import ControlledDrafter, OracleDrafter, SpecDecoder
 
-from gpu_models import checkpoint_dir, draft_dir, gpu_device  # tests/gpu/gpu_models.py
+from gpu_models import checkpoint_dir, draft_dir, gguf_file, gpu_device  # tests/gpu/gpu_models.py
 
 pytestmark = pytest.mark.gpu
 
-PAIRS = {"tiny": ("tiny", "dflash-tiny"), "0.8b": ("qwen3.5-0.8b", "dflash-qwen3.5-0.8b")}
+PAIRS = {"tiny": ("tiny", "dflash-tiny"), "tiny-q": ("tiny-q", "dflash-tiny-q"),
+         "0.8b": ("qwen3.5-0.8b", "dflash-qwen3.5-0.8b")}
+QUANTISED = {"tiny-q"}  # the target preset written as a Q4_K_M GGUF, loaded by QuantDecoder
+SMALL = ["tiny", "tiny-q"]  # the pairs every test runs on
 BUDGET = 16
 ROWS = 64  # capture rows: prompts past 64 tokens prefill in several segments
 #: |device - reference| log-probability of the device's top-k tokens (the target's hidden states differ by the
 #: prefill's bounds first, then the draft adds its own bf16 rounding)
-LP_TOL = {"tiny": 0.05, "0.8b": 0.15}
+LP_TOL = {"tiny": 0.05, "tiny-q": 0.05, "0.8b": 0.15}
 
 
 def engine(pair: str, ring: int | None = None):
@@ -53,9 +60,14 @@ def _engine(pair: str, ring: int | None):
     from lucegen.runtime.tree_verify import TreeVerifier
 
     target, draft = PAIRS[pair]
-    path = os.environ.get("LUCEGEN_08B_DIR") if pair == "0.8b" else None
-    dec = MegakernelDecoder(load_checkpoint(path or str(checkpoint_dir(target))), device=gpu_device(),
-                            max_context=512)
+    if pair in QUANTISED:
+        from lucegen.runtime.quant_target import QuantDecoder
+
+        dec = QuantDecoder(gguf_file(target), device=gpu_device(), max_context=512)
+    else:
+        path = os.environ.get("LUCEGEN_08B_DIR") if pair == "0.8b" else None
+        dec = MegakernelDecoder(load_checkpoint(path or str(checkpoint_dir(target))), device=gpu_device(),
+                                max_context=512)
     drafter = DFlashDrafter(dec, draft_dir(draft), k=4, ring=ring, rows=ROWS)
     return dec, drafter, Prefiller(dec, draft=drafter), TreeVerifier(dec, budget=BUDGET, draft=drafter)
 
@@ -99,31 +111,33 @@ def check_rows(pair: str, ring, committed, root: int, history) -> dict:
     return {"err": round(err, 4), "decided": int(decided.sum())}
 
 
+@pytest.mark.parametrize("pair", SMALL)
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(length=st.integers(1, 200), seed=st.integers(0, 2**16), ring=st.sampled_from([None, 9]))
-def test_draft_after_prefill_matches_reference(length, seed, ring):
-    dec = engine("tiny", ring)[0]
+def test_draft_after_prefill_matches_reference(pair, length, seed, ring):
+    dec = engine(pair, ring)[0]
     prompt = np.random.default_rng(seed).integers(0, dec.config.vocab_size, length)
-    root = start("tiny", prompt, ring)
-    print(check_rows("tiny", ring, list(prompt), root, [root]))
+    root = start(pair, prompt, ring)
+    print(check_rows(pair, ring, list(prompt), root, [root]))
 
 
+@pytest.mark.parametrize("pair", SMALL)
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(length=st.integers(1, 100), seed=st.integers(0, 2**16), tree=st.booleans(),
        corrupt=st.frozensets(st.integers(1, 60), max_size=8))
-def test_draft_after_spec_steps_matches_reference(length, seed, tree, corrupt):
-    dec, drafter, _, ver = engine("tiny")
+def test_draft_after_spec_steps_matches_reference(pair, length, seed, tree, corrupt):
+    dec, drafter, _, ver = engine(pair)
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, dec.config.vocab_size, length)]
-    start("tiny", prompt)
+    start(pair, prompt)
     truth = ver.greedy(80)
-    history = [start("tiny", prompt)]
+    history = [start(pair, prompt)]
     oracle = OracleDrafter(truth, dec.config.vocab_size, depth=drafter.depth, k=4, corrupt=corrupt, seed=seed)
     spec = SpecDecoder(ver, ControlledDrafter(drafter, oracle), tree=tree)
     while len(history) < 48:
         history += spec.step(history)
     assert history == truth[: len(history)]
     assert max(spec.stats.accepted) > 1, "commits of whole paths"
-    print(check_rows("tiny", None, prompt + history[:-1], history[-1], history))
+    print(check_rows(pair, None, prompt + history[:-1], history[-1], history))
 
 
 def lossless(pair: str, length: int, n: int, seed: int) -> float:
@@ -137,10 +151,11 @@ def lossless(pair: str, length: int, n: int, seed: int) -> float:
     return spec.stats.acceptance_length
 
 
+@pytest.mark.parametrize("pair", SMALL)
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(length=st.integers(1, 150), seed=st.integers(0, 2**16))
-def test_spec_decoding_with_the_draft_is_lossless(length, seed):
-    print("AL", lossless("tiny", length, 40, seed))
+def test_spec_decoding_with_the_draft_is_lossless(pair, length, seed):
+    print("AL", lossless(pair, length, 40, seed))
 
 
 @pytest.mark.skipif(not os.environ.get("LUCEGEN_08B_DIR"), reason="set LUCEGEN_08B_DIR to a 0.8B checkpoint")
@@ -173,13 +188,33 @@ def test_bad_pairs_and_out_of_step_contexts():
             DFlashDrafter(gqa, load_dflash_directory(draft_dir("dflash-tiny")))
     finally:
         gqa.close()
+    with pytest.raises(CheckpointError, match="hidden_size 128 does not match the target's 256"):
+        DFlashDrafter(engine("tiny-q")[0], drafter.checkpoint)  # the quantised target: the same pair checks
 
 
-def test_cli_run_with_draft(capsys):
+def model_path(pair: str) -> str:
+    target = PAIRS[pair][0]
+    return str(gguf_file(target) if pair in QUANTISED else checkpoint_dir(target))
+
+
+@pytest.mark.parametrize("pair", SMALL)
+def test_cli_run_with_draft(capsys, pair):
     from lucegen.cli import main
 
-    code = main(["run", "--model", str(checkpoint_dir("tiny")), "--draft", str(draft_dir("dflash-tiny")),
+    code = main(["run", "--model", model_path(pair), "--draft", str(draft_dir(PAIRS[pair][1])),
                  "--prompt", "def f(x):", "--max-tokens", "20", "--budget", "8"])
     err = capsys.readouterr().err
     assert code == 0, err
     assert "20 generated" in err and "speculative steps, acceptance length" in err, err
+
+
+def test_cli_bench_dflash_with_draft_on_the_quantised_target(capsys):
+    """``lucegen bench dflash --model FILE.gguf --draft DIR``: the network runs every step on the quantised target
+    (the bench raises if any acceptance-controlled run is not lossless)."""
+    from lucegen.cli import main
+
+    code = main(["bench", "dflash", "--model", model_path("tiny-q"), "--draft", str(draft_dir("dflash-tiny-q")),
+                 "--prompt-tokens", "8", "--gen-tokens", "24", "--repeats", "1", "--budgets", "0", "4"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "drafter: DFlash" in captured.out and "draft forward" in captured.out, captured.out

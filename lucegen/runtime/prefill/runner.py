@@ -89,11 +89,45 @@ class Activations:
                 b.free()
 
 
-class DenseWeights:
+class LayerWeights:
+    """What every decoder's ``layer_weights(pf)`` returns: the target's matrices for the layer loop, and the
+    embedding and lm_head a DFlash draft borrows.
+
+    - ``gemm``: ``rows_f32`` / ``swiglu`` / ``residual`` (the signatures of :class:`GemmKernels`) and
+      ``matrix(layout offset)``, what ``gemm`` takes as W;
+    - ``embed(tokens, T, x, xn, ss, ss_stride, stream, norm=None)``: start the residual stream of T rows, normed by
+      ``norm`` (device f32, zero-centred like the target's norms; default the target's layer-0 input norm), leaving
+      ``embed_ss_parts`` RMSNorm partial sums per row in ``ss``: what the GEMM reading those rows must be given;
+    - ``lm_head(...)``: the logits of final-normed rows."""
+
+    dec: object
+    gemm: object
+    embed_ss_parts: int
+
+    def matrix(self, offset: int):
+        raise NotImplementedError
+
+    def embed(self, tokens: int, T: int, x: int, xn: int, ss: int, ss_stride: int, stream, *,
+              norm: int | None = None) -> None:
+        raise NotImplementedError
+
+    def first_norm(self) -> int:
+        """Device address of the target's layer-0 input norm (the embedding's default norm)."""
+        return wvec_at(self.dec, self.dec.layout.layers[0].in_norm)
+
+    def lm_head(self, xn: int, M: int, ss: int, ss_parts: int, ss_stride: int, logits: int, stream, *,
+                argmax_key: int = 0) -> None:
+        """logits f32 [M, vocab] of M final-normed rows (``xn`` compute dtype, row stride hidden size; ``ss`` their
+        ``ss_parts`` partial sums, part j of row m at ``j * ss_stride + m``). ``argmax_key``: as ``gemm.rows_f32``."""
+        c = self.dec.config
+        H, V = c.hidden_size, c.vocab_size
+        self.gemm.rows_f32(xn, H, self.matrix(self.dec.layout.lm_head), H, M, V, H, ss, ss_parts, ss_stride, logits,
+                           V, stream=stream, argmax_key=argmax_key)
+
+
+class DenseWeights(LayerWeights):
     """The layer loop's weights as :class:`MegakernelDecoder` packs them (compute-dtype ``wmat``) on the prefill
-    GEMMs; ``batch_invariant``: one tiling whatever the row count (a verify pass). The interface every decoder's
-    ``layer_weights`` returns: ``gemm`` (rows_f32 / swiglu / residual), ``matrix(layout offset)`` (what ``gemm``
-    takes as W) and ``embed(tokens, T, acts, stream)``."""
+    GEMMs; ``batch_invariant``: one tiling whatever the row count (a verify pass)."""
 
     def __init__(self, dec, pf: dict, *, batch_invariant: bool = False):
         self.dec = dec
@@ -101,17 +135,17 @@ class DenseWeights:
         if batch_invariant:
             self.gemm.make_batch_invariant()
         self.embed_fn = load_common(dec.device, dec.target, pf).function("prefill_embed")
+        self.embed_ss_parts = pf["ss_parts"]  # templates/prefill/common.cu.j2: one part per tile_n columns
 
     def matrix(self, offset: int) -> int:
         return wmat_at(self.dec, offset)
 
-    def embed(self, tokens: int, T: int, acts: "Activations", stream) -> None:
-        """x, xn, ss of T rows from device int32 ``tokens`` (the prefill contract's start)."""
-        lay = self.dec.layout
-        self.embed_fn.launch(T, EMBED_THREADS, (address(tokens), address(self.matrix(lay.embed)),
-                                                address(wvec_at(self.dec, lay.layers[0].in_norm)), address(acts.x.ptr),
-                                                address(acts.xn.ptr), address(acts.ss.ptr), np.int32(acts.rows)),
-                             stream=stream)
+    def embed(self, tokens: int, T: int, x: int, xn: int, ss: int, ss_stride: int, stream, *,
+              norm: int | None = None) -> None:
+        """x, xn, ss of T rows from device int32 ``tokens``: the compute-dtype embedding rows (``prefill_embed``)."""
+        self.embed_fn.launch(T, EMBED_THREADS, (address(tokens), address(self.matrix(self.dec.layout.embed)),
+                                                address(self.first_norm() if norm is None else norm), address(x),
+                                                address(xn), address(ss), np.int32(ss_stride)), stream=stream)
 
 
 def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: int, mix, stream,
@@ -121,22 +155,23 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
         proj = gemm_rows_f32(xn, in_mat) * r;   mix(layer, T) queues the token mixing proj -> acts.mix;
         x += gemm(mix, out_mat);   act = gemm_swiglu(xn, gateup) * r;   x += gemm(act, down)
 
-    on ``weights`` (a decoder's ``layer_weights``: :class:`DenseWeights` or the quantised target's), leaving the
-    final-normed rows in ``acts.xn`` / ``acts.ss`` for the lm_head. ``resid_ws``: the residual GEMMs' split-K
-    workspace (``workspace``, ``workspace_bytes``), or None for the unsplit GEMMs. ``after_layer(i, T, x)`` queues
-    work that reads layer i's output rows (the residual stream ``x``, f32 [T, H]): a draft's capture."""
+    on ``weights`` (a decoder's ``layer_weights``, a :class:`LayerWeights`), leaving the final-normed rows in
+    ``acts.xn`` / ``acts.ss`` for the lm_head. ``resid_ws``: the residual GEMMs' split-K workspace (``workspace``,
+    ``workspace_bytes``), or None for the unsplit GEMMs. ``after_layer(i, T, x)`` queues work that reads layer i's
+    output rows (the residual stream ``x``, f32 [T, H]): a draft's capture."""
     c, lay, seg, gemm = dec.config, dec.layout, acts.rows, weights.gemm
     H, I = c.hidden_size, c.intermediate_size
     x, xn, ss, proj, out, act = (getattr(acts, n).ptr for n in Activations.NAMES)
     ss_parts, layers = pf["ss_parts"], lay.layers
     wmat, wvec = weights.matrix, (lambda off: wvec_at(dec, off))
-    weights.embed(tokens, T, acts, stream)
+    weights.embed(tokens, T, x, xn, ss, seg, stream)
     at_out = c.num_attention_heads * c.head_dim
     resid_ws = resid_ws or {}
     for i, l in enumerate(layers):
         next_norm = layers[i + 1].in_norm if i + 1 < len(layers) else lay.final_norm
         n_in, k_out = (pf["NIN_DN"], pf["VD"]) if l.kind == 0 else (pf["NIN_AT"], at_out)
-        gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, ss, ss_parts, seg, proj, n_in, stream=stream)
+        in_parts = weights.embed_ss_parts if i == 0 else ss_parts  # who wrote ss: the embedding, or a residual
+        gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, ss, in_parts, seg, proj, n_in, stream=stream)
         mix(l, T)
         gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
                       stream=stream, **resid_ws)
@@ -225,9 +260,8 @@ class Prefiller:
         if last:  # final norm (folded into xn, row scale from ss) + lm_head on the last row with its argmax
             row = T - 1
             self.device.memset_async(self.argmax.ptr, 8, st)
-            self.gemm.rows_f32(acts.xn.ptr + 2 * row * H, H, self.weights.matrix(self.dec.layout.lm_head), H, 1,
-                               c.vocab_size, H, acts.ss.ptr + 4 * row, self.pf["ss_parts"], self.segment,
-                               self.logits.ptr, c.vocab_size, stream=st, argmax_key=self.argmax.ptr)
+            self.weights.lm_head(acts.xn.ptr + 2 * row * H, 1, acts.ss.ptr + 4 * row, self.pf["ss_parts"],
+                                 self.segment, self.logits.ptr, st, argmax_key=self.argmax.ptr)
 
     def _run_segment(self, tok_offset: int, T: int, pos0: int, last: bool) -> None:
         if not self.use_graphs:
