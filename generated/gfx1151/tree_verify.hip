@@ -188,47 +188,66 @@ __device__ __forceinline__ tree_ws tv_workspace(float* base, int slots) {
 // CK inputs of (committed conv window ++ raw inputs of the path's slots), oldest first; the slot's conv window (what
 // the conv state is once the slot is committed) is seq[1 ..]. Then as the prefill's deltanet_conv_prepare: per key
 // head l2norm (x rsqrt(sum x^2 + 1e-6)), q times q_scale; g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b).
+// Block (slot s, group y): y < 2 NK is q head y or k head y - NK (DK channels, normalised together); the rest are
+// chunks of TV_NT value channels, the first of which also computes the slot's g and beta.
+__device__ __forceinline__ float tv_conv_silu(const float* __restrict__ proj, const float* __restrict__ conv_w,
+                                              const float* __restrict__ conv_state, const int* __restrict__ parent,
+                                              float* __restrict__ windows, int s, int c) {
+  float seq[TV_CK];
+  int cur = s, w = TV_CK - 2;  // the next committed window entry, once the walk passes the root
+#pragma unroll
+  for (int j = TV_CK - 1; j >= 0; --j) {
+    if (cur >= 0) {
+      seq[j] = proj[(size_t)cur * TV_NIN_DN + c];
+      cur = parent[cur];
+    } else {
+      seq[j] = conv_state[c * (TV_CK - 1) + w--];
+    }
+  }
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < TV_CK; ++j) acc = tv_fma(conv_w[c * TV_CK + j], seq[j], acc);
+#pragma unroll
+  for (int j = 1; j < TV_CK; ++j) windows[((size_t)s * TV_CD + c) * (TV_CK - 1) + j - 1] = seq[j];
+  return tv_silu(acc);
+}
+
 extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv_w, const float* __restrict__ conv_state,
                   const float* __restrict__ a_log, const float* __restrict__ dt_bias, const int* __restrict__ parent,
                   float* __restrict__ workspace, float* __restrict__ windows, int n_slots) {
-  __shared__ float qk[2 * TV_KD];
+  __shared__ float head[TV_DK];
+  __shared__ float warp_sums[TV_NW];
   const tree_ws ws = tv_workspace(workspace, n_slots);
-  const int s = blockIdx.x;
-  for (int c = threadIdx.x; c < TV_CD; c += TV_NT) {
-    float seq[TV_CK];
-    int cur = s, w = TV_CK - 2;  // the next committed window entry, once the walk passes the root
-#pragma unroll
-    for (int j = TV_CK - 1; j >= 0; --j) {
-      if (cur >= 0) {
-        seq[j] = proj[(size_t)cur * TV_NIN_DN + c];
-        cur = parent[cur];
-      } else {
-        seq[j] = conv_state[c * (TV_CK - 1) + w--];
-      }
-    }
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < TV_CK; ++j) acc = tv_fma(conv_w[c * TV_CK + j], seq[j], acc);
-#pragma unroll
-    for (int j = 1; j < TV_CK; ++j) windows[((size_t)s * TV_CD + c) * (TV_CK - 1) + j - 1] = seq[j];
-    const float y = tv_silu(acc);
-    if (c < 2 * TV_KD) qk[c] = y;
-    else ws.v[(size_t)s * TV_VD + c - 2 * TV_KD] = y;
-  }
-  __syncthreads();
-  const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
-  for (int hh = warp; hh < 2 * TV_NK; hh += TV_NW) {  // q heads, then k heads
+  const int s = blockIdx.x, y = blockIdx.y, warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+  if (y < 2 * TV_NK) {  // one q or k head: conv, then l2norm over its DK channels
     float sum_sq = 0.0f;
-    for (int d = lane; d < TV_DK; d += LG_WARP_SIZE) sum_sq += qk[hh * TV_DK + d] * qk[hh * TV_DK + d];
-    const float r = rsqrtf(lg_warp_sum(sum_sq) + 1e-6f) * (hh < TV_NK ? 0.0883883461356163f : 1.0f);
-    float* dst = (hh < TV_NK ? ws.q + (size_t)s * TV_KD + hh * TV_DK : ws.k + (size_t)s * TV_KD + (hh - TV_NK) * TV_DK);
-    for (int d = lane; d < TV_DK; d += LG_WARP_SIZE) dst[d] = qk[hh * TV_DK + d] * r;
+    for (int d = threadIdx.x; d < TV_DK; d += TV_NT) {
+      const float v = tv_conv_silu(proj, conv_w, conv_state, parent, windows, s, y * TV_DK + d);
+      head[d] = v;
+      sum_sq += v * v;
+    }
+    sum_sq = lg_warp_sum(sum_sq);
+    if (lane == 0) warp_sums[warp] = sum_sq;
+    __syncthreads();
+    float total = 0.0f;
+    for (int i = 0; i < TV_NW; ++i) total += warp_sums[i];
+    const float r = rsqrtf(total + 1e-6f) * (y < TV_NK ? 0.0883883461356163f : 1.0f);
+    float* dst = y < TV_NK ? ws.q + (size_t)s * TV_KD + y * TV_DK : ws.k + (size_t)s * TV_KD + (y - TV_NK) * TV_DK;
+    for (int d = threadIdx.x; d < TV_DK; d += TV_NT) dst[d] = head[d] * r;
+    return;
   }
-  const float* ab = proj + (size_t)s * TV_NIN_DN + TV_CD + TV_VD;  // [a (NV) | b (NV)]
-  for (int h = threadIdx.x; h < TV_NV; h += TV_NT) {
-    ws.g[(size_t)s * TV_NV + h] = -expf(a_log[h]) * tv_softplus(ab[h] + dt_bias[h]);
-    ws.beta[(size_t)s * TV_NV + h] = tv_sigmoid(ab[TV_NV + h]);
+  const int v0 = (y - 2 * TV_NK) * TV_NT;
+  if (v0 + (int)threadIdx.x < TV_VD) {
+    const int i = v0 + threadIdx.x;
+    ws.v[(size_t)s * TV_VD + i] = tv_conv_silu(proj, conv_w, conv_state, parent, windows, s, 2 * TV_KD + i);
+  }
+  if (v0 == 0) {
+    const float* ab = proj + (size_t)s * TV_NIN_DN + TV_CD + TV_VD;  // [a (NV) | b (NV)]
+    for (int h = threadIdx.x; h < TV_NV; h += TV_NT) {
+      ws.g[(size_t)s * TV_NV + h] = -expf(a_log[h]) * tv_softplus(ab[h] + dt_bias[h]);
+      ws.beta[(size_t)s * TV_NV + h] = tv_sigmoid(ab[TV_NV + h]);
+    }
   }
 }
 
@@ -287,7 +306,8 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
                 bf16_t* __restrict__ out, int n_slots) {
   const tree_ws ws = tv_workspace(const_cast<float*>(workspace), n_slots);
   const int s = blockIdx.x, lane = lg_lane_id();
-  for (int h = threadIdx.x / LG_WARP_SIZE; h < TV_NV; h += TV_NW) {
+  const int h = blockIdx.y * TV_NW + threadIdx.x / LG_WARP_SIZE;  // a warp per value head
+  if (h < TV_NV) {
     const float* o = ws.o + (size_t)s * TV_VD + h * TV_DV;
     float sum_sq = 0.0f;
     for (int d = lane; d < TV_DV; d += LG_WARP_SIZE) sum_sq += o[d] * o[d];
