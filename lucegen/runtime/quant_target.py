@@ -198,7 +198,7 @@ def open_target(model, *, target=None, max_context: int = 2048, device: Device |
     in the quantised GEMM's block types (its first down projection decides), else the BF16 megakernel decoder."""
     from .megakernel import MegakernelDecoder
 
-    if not isinstance(model, GGUFCheckpoint) and Path(model).suffix == ".gguf" and Path(model).is_file():
+    if isinstance(model, (str, Path)) and Path(model).suffix == ".gguf" and Path(model).is_file():
         model = load_gguf(Path(model))
     if isinstance(model, GGUFCheckpoint) and model.dtype("layers.0.mlp.down_proj.weight") in GEMM_TYPES:
         return QuantDecoder(model, target=target, max_context=max_context, device=device)
