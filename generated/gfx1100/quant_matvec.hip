@@ -5,6 +5,7 @@
 #define __host__ __attribute__((host))
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
+#define __grid_constant__  // a by-value kernel parameter is read where it lies; CUDA needs the keyword to index it
 #define __forceinline__ inline __attribute__((always_inline))
 #define __launch_bounds__(threads, ...) __attribute__((amdgpu_flat_work_group_size(1, threads)))  // min blocks: a CUDA hint only
 

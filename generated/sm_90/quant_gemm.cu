@@ -95,6 +95,10 @@ struct QgSegment {
   int col0;                    // the output column of its row 0
   int pad[2];
 };
+// A launch's segments, passed by value: a block finds its weights with no memory round trip before the first load.
+struct QgSegmentTable {
+  QgSegment seg[8];
+};
 
 __device__ __forceinline__ unsigned qg_byte_perm(unsigned x, unsigned selector) { return __byte_perm(x, QG_MAGIC_WORD, selector); }
 __device__ __forceinline__ uint4 qg_load16(const unsigned char* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
@@ -307,80 +311,89 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
 //   swiglu:    out[m, n] = silu(gate r[m]) (up r[m])      (compute type)
 //   residual:  x[m, n] += acc; xn[m, n] = x (1 + norm_w[n]); ss_out[b ss_stride + m] = sum over the block's
 //              columns of x^2, in column order
+// The row scales' partial sums: row_part[mm][w] = warp w's share of sum_j ss[j ss_stride + m0 + mm], thread t
+// summing j = t, t + QG_THREADS, .. and the warp's lanes then added by a fixed butterfly, so each row's sum has the
+// same order whatever M (batch invariance). Read after the K loop: the weights stream first.
 template <int NT>
-__device__ __forceinline__ void quant_gemm(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __restrict__ A,
+__device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WARPS], const float* __restrict__ ss,
+                                                int ss_parts, int ss_stride, int m0, int M) {
+  const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
+  float sum_sq[8 * NT];  // every row's loads in flight at once, then the reductions
+#pragma unroll
+  for (int mm = 0; mm < 8 * NT; ++mm) {
+    sum_sq[mm] = 0.0f;
+    if (m0 + mm < M)
+      for (int j = threadIdx.x; j < ss_parts; j += QG_THREADS) sum_sq[mm] += ss[(size_t)j * ss_stride + m0 + mm];
+  }
+#pragma unroll
+  for (int mm = 0; mm < 8 * NT; ++mm) {
+    const float total = lg_warp_sum(sum_sq[mm]);
+    if (lane == 0) row_part[mm][warp] = total;
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
                                            float* __restrict__ x, const float* __restrict__ norm_w,
                                            bf16_t* __restrict__ xn, float* __restrict__ ss_out,
                                            unsigned long long* __restrict__ argmax_key) {
   __shared__ float red[QG_WARPS][NT * 4][LG_WARP_SIZE];
-  __shared__ float row_scale[8 * NT];
+  __shared__ float row_part[8 * NT][QG_WARPS];
   __shared__ float squares[8 * NT][16 * QG_WARPS + 1];
-  __shared__ int tile_seg[QG_WARPS], tile_local[QG_WARPS];
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
   const int tiles_per_block = QG_WARPS / parts, m0 = 8 * NT * blockIdx.y;
-  if (threadIdx.x < tiles_per_block) {  // which matrix tile each local tile is (-1: none)
-    const int j = threadIdx.x;
-    int seg = -1, local = 0;
+  // Which matrix tile local tile j is: segment tile_seg(j) (-1: none), its row tile tile_local(j).
+  auto tile_seg = [&](int j) -> int {
+    if (kind == QG_SWIGLU) {
+      const int half = tiles_per_block / 2, seg = j < half ? 0 : 1;
+      return ((int)blockIdx.x * half + (j < half ? j : j - half)) * 16 < segs.seg[seg].rows ? seg : -1;
+    }
+    const int tile = blockIdx.x * tiles_per_block + j;
+    int seg = -1;
+    for (int s = 0; s < nseg; ++s)
+      if (tile >= segs.seg[s].tile0 && (tile - segs.seg[s].tile0) * 16 < segs.seg[s].rows) seg = s;
+    return seg;
+  };
+  auto tile_local = [&](int j, int seg) -> int {
     if (kind == QG_SWIGLU) {
       const int half = tiles_per_block / 2;
-      seg = j < half ? 0 : 1;
-      local = blockIdx.x * half + (j < half ? j : j - half);
-      if (local * 16 >= segs[seg].rows) seg = -1;
-    } else {
-      const int tile = blockIdx.x * tiles_per_block + j;
-      for (int s = 0; s < nseg; ++s)
-        if (tile >= segs[s].tile0 && (tile - segs[s].tile0) * 16 < segs[s].rows) {
-          seg = s;
-          local = tile - segs[s].tile0;
-        }
+      return (int)blockIdx.x * half + (j < half ? j : j - half);
     }
-    tile_seg[j] = seg;
-    tile_local[j] = local;
-  }
-  if (kind != QG_RESIDUAL && threadIdx.x < 8 * NT) {
-    const int m = m0 + threadIdx.x;
-    float r = 1.0f;
-    if (ss != nullptr && m < M) {
-      float sum_sq = 0.0f;
-      for (int j = 0; j < ss_parts; ++j) sum_sq += ss[(size_t)j * ss_stride + m];
-      r = rsqrtf(sum_sq / (float)norm_dim + eps);
-    }
-    row_scale[threadIdx.x] = r;
-  }
-  __syncthreads();
+    return (int)blockIdx.x * tiles_per_block + j - segs.seg[seg].tile0;
+  };
 
   float acc[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[nt][c] = 0.0f;
-  const int j = warp / parts, part = warp % parts, seg = tile_seg[j];
+  const int j = warp / parts, part = warp % parts, seg = tile_seg(j);
   if (seg >= 0) {
-    const QgSegment sg = segs[seg];
+    const QgSegment& sg = segs.seg[seg];
     switch (sg.type) {
       case 0: {  // Q8_0
         const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
-                                    (size_t)tile_local[j] * (K / QgQ8_0::VALUES) * (16 * QgQ8_0::BYTES);
+                                    (size_t)tile_local(j, seg) * (K / QgQ8_0::VALUES) * (16 * QgQ8_0::BYTES);
         qg_tile<QgQ8_0, NT>(acc, tile, K, part, parts, A, lda, m0, M);
         break;
       }
       case 1: {  // Q4_K
         const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
-                                    (size_t)tile_local[j] * (K / QgQ4K::VALUES) * (16 * QgQ4K::BYTES);
+                                    (size_t)tile_local(j, seg) * (K / QgQ4K::VALUES) * (16 * QgQ4K::BYTES);
         qg_tile<QgQ4K, NT>(acc, tile, K, part, parts, A, lda, m0, M);
         break;
       }
       case 2: {  // Q5_K
         const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
-                                    (size_t)tile_local[j] * (K / QgQ5K::VALUES) * (16 * QgQ5K::BYTES);
+                                    (size_t)tile_local(j, seg) * (K / QgQ5K::VALUES) * (16 * QgQ5K::BYTES);
         qg_tile<QgQ5K, NT>(acc, tile, K, part, parts, A, lda, m0, M);
         break;
       }
       case 3: {  // Q6_K
         const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
-                                    (size_t)tile_local[j] * (K / QgQ6K::VALUES) * (16 * QgQ6K::BYTES);
+                                    (size_t)tile_local(j, seg) * (K / QgQ6K::VALUES) * (16 * QgQ6K::BYTES);
         qg_tile<QgQ6K, NT>(acc, tile, K, part, parts, A, lda, m0, M);
         break;
       }
@@ -390,8 +403,16 @@ __device__ __forceinline__ void quant_gemm(const QgSegment* __restrict__ segs, i
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) red[warp][nt * 4 + c][lane] = acc[nt][c];
+  if (kind != QG_RESIDUAL && ss != nullptr) qg_row_partials<NT>(row_part, ss, ss_parts, ss_stride, m0, M);
   __syncthreads();
 
+  // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps), the warps' shares added in warp order (1: no ss).
+  auto row_scale = [&](int mm) {
+    if (ss == nullptr) return 1.0f;
+    float sum_sq = 0.0f;
+    for (int w = 0; w < QG_WARPS; ++w) sum_sq += row_part[mm][w];
+    return rsqrtf(sum_sq / (float)norm_dim + eps);
+  };
   // The sum over the parts of element (tile j, row r, token mm), in part order.
   auto value = [&](int jj, int r, int mm) {
     const int nt = mm >> 3, col = mm & 7;
@@ -405,10 +426,12 @@ __device__ __forceinline__ void quant_gemm(const QgSegment* __restrict__ segs, i
     unsigned long long best = 0ull;
     for (int i = threadIdx.x; i < tiles_per_block * 16 * 8 * NT; i += QG_THREADS) {
       const int mm = i % (8 * NT), r = (i / (8 * NT)) % 16, jj = i / (8 * NT * 16);
-      const int s = tile_seg[jj], n = tile_local[jj] * 16 + r;
-      if (s < 0 || mm >= rows_here || n >= segs[s].rows) continue;
-      const float v = value(jj, r, mm) * row_scale[mm];
-      const int col = segs[s].col0 + n;
+      const int s = tile_seg(jj);
+      if (s < 0 || mm >= rows_here) continue;
+      const int n = tile_local(jj, s) * 16 + r;
+      if (n >= segs.seg[s].rows) continue;
+      const float v = value(jj, r, mm) * row_scale(mm);
+      const int col = segs.seg[s].col0 + n;
       reinterpret_cast<float*>(out)[(size_t)(m0 + mm) * ldo + col] = v;
       if (argmax_key != nullptr && m0 + mm == 0) {
         const unsigned long long key = lg_argmax_key(v, col);
@@ -428,14 +451,14 @@ __device__ __forceinline__ void quant_gemm(const QgSegment* __restrict__ segs, i
     const int half = tiles_per_block / 2;
     for (int i = threadIdx.x; i < half * 16 * 8 * NT; i += QG_THREADS) {
       const int mm = i % (8 * NT), r = (i / (8 * NT)) % 16, jj = i / (8 * NT * 16);
-      const int n = tile_local[jj] * 16 + r;
-      if (tile_seg[jj] < 0 || mm >= rows_here || n >= segs[0].rows) continue;
-      const float rs = row_scale[mm];
+      const int n = tile_local(jj, 0) * 16 + r;
+      if (mm >= rows_here || n >= segs.seg[0].rows) continue;
+      const float rs = row_scale(mm);
       const float gate = value(jj, r, mm) * rs, up = value(jj + half, r, mm) * rs;
       reinterpret_cast<bf16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = lg_from_float<bf16_t>(gate / (1.0f + __expf(-gate)) * up);
     }
   } else {  // residual: one matrix, the block's columns contiguous
-    const int cols = tiles_per_block * 16, n0 = blockIdx.x * cols, N = segs[0].rows;
+    const int cols = tiles_per_block * 16, n0 = blockIdx.x * cols, N = segs.seg[0].rows;
     for (int i = threadIdx.x; i < cols * 8 * NT; i += QG_THREADS) {
       const int mm = i % (8 * NT), cl = i / (8 * NT), jj = cl / 16, r = cl % 16, n = n0 + cl;
       float sq = 0.0f;
@@ -458,7 +481,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegment* __restrict__ segs, i
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
-quant_gemm_nt1(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
+quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
@@ -467,7 +490,7 @@ quant_gemm_nt1(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __res
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
-quant_gemm_nt2(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
+quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
@@ -476,7 +499,7 @@ quant_gemm_nt2(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __res
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
-quant_gemm_nt3(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
+quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
@@ -485,7 +508,7 @@ quant_gemm_nt3(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __res
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
-quant_gemm_nt4(const QgSegment* __restrict__ segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
+quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {

@@ -11,6 +11,9 @@ GEMM_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 WARPS = 8
 #: Groups of 8 tokens per block, at most (kernels quant_gemm_nt1 .. nt4: 8 .. 32 tokens).
 NT_MAX = 4
+#: Matrices of one launch, at most (the segment table is a kernel parameter of this many entries).
+MAX_SEGMENTS = 8
 
 FAMILIES = (KernelFamily("quant_gemm", "kernels/quant_gemm.cu.j2",
-                         params=lambda target: {"types": GEMM_TYPES, "warps": WARPS, "nt_max": NT_MAX}),)
+                         params=lambda target: {"types": GEMM_TYPES, "warps": WARPS, "nt_max": NT_MAX,
+                                                "max_segments": MAX_SEGMENTS}),)

@@ -143,7 +143,14 @@ def address(addr: int) -> np.uint64:
     return np.uint64(int(addr))
 
 
-class TensorMap:
+class ByValue:
+    """A struct kernel argument: its bytes, passed by value (``__grid_constant__`` where the kernel indexes it)."""
+
+    def __init__(self, raw: bytes):
+        self.raw = bytes(raw)
+
+
+class TensorMap(ByValue):
     """A CUtensorMap (128 opaque bytes) passed by value as a ``__grid_constant__`` kernel argument."""
 
     SIZE = 128
@@ -151,7 +158,7 @@ class TensorMap:
     def __init__(self, raw: bytes):
         if len(raw) != self.SIZE:
             raise DeviceError(f"a tensor map is {self.SIZE} bytes, got {len(raw)}")
-        self.raw = bytes(raw)
+        super().__init__(raw)
 
 
 def tensor_map_2d(ptr: int, rows: int, cols: int, row_stride_bytes: int, box_rows: int, box_cols: int,
@@ -183,17 +190,17 @@ def tensor_map_2d(ptr: int, rows: int, cols: int, row_stride_bytes: int, box_row
 
 def pack_args(args: Iterable) -> tuple[np.ndarray, np.ndarray]:
     """Lay kernel arguments out for cuLaunchKernel: (storage, array of pointers into it). Keep both alive.
-    Scalars and addresses take 8-byte slots; a TensorMap its 128 bytes (64-byte aligned)."""
+    Scalars and addresses take 8-byte slots; a struct (ByValue, TensorMap) its bytes (64-byte aligned)."""
     values = []
     for i, arg in enumerate(args):
         if isinstance(arg, Buffer):
             values.append(np.uint64(arg.ptr).tobytes())
         elif isinstance(arg, np.generic) and arg.dtype.kind in "iufb":
             values.append(arg.tobytes())
-        elif isinstance(arg, TensorMap):
+        elif isinstance(arg, ByValue):
             values.append(arg.raw)
         else:
-            raise DeviceError(f"kernel argument {i}: expected a Buffer, a TensorMap or a numpy scalar "
+            raise DeviceError(f"kernel argument {i}: expected a Buffer, a ByValue struct or a numpy scalar "
                               f"(np.int32(...), np.float32(...)), got {type(arg).__name__} {arg!r}")
     offsets, end = [], 0
     for blob in values:

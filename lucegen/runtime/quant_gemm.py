@@ -23,14 +23,13 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import GEMM_TYPES, NT_MAX, WARPS
+from ..families.quant_gemm import GEMM_TYPES, MAX_SEGMENTS, NT_MAX, WARPS
 from ..model.quant import TYPES
-from .device import Buffer, address
+from .device import Buffer, ByValue, address
 
-#: QgSegment (the kernel's segment table entry).
+#: QgSegment (the kernel's segment table entry; a launch passes MAX_SEGMENTS of them by value).
 SEGMENT_DTYPE = np.dtype([("weights", "<u8"), ("type", "<i4"), ("tile0", "<i4"), ("rows", "<i4"), ("col0", "<i4"),
                           ("pad", "<i4", 2)])
-MAX_SEGMENTS = 8
 TILE_ROWS = 16
 KINDS = {"rows_f32": 0, "swiglu": 1, "residual": 2}
 
@@ -124,7 +123,7 @@ def plan_parts(tiles: int, compute_units: int, most: int = WARPS) -> int:
 
 class QuantMatrix:
     """A matrix group on the device: segments (type, rows) of K columns each, stacked into the output columns in
-    order; its tile-blocks and segment table live in ``buffers``."""
+    order; its tile-blocks live in ``buffers``, its segment table (a kernel argument) in ``table``."""
 
     def __init__(self, device, segments, K: int, *, pair: bool = False):
         if not 1 <= len(segments) <= MAX_SEGMENTS:
@@ -135,7 +134,7 @@ class QuantMatrix:
         if pair and (len(segments) != 2 or self.segment_rows[0] != self.segment_rows[1]):
             raise LucegenError("a gate/up pair needs two segments of equal rows")
         self.rows = self.segment_rows[0] if pair else sum(self.segment_rows)
-        table = np.zeros(len(segments), SEGMENT_DTYPE)
+        table = np.zeros(MAX_SEGMENTS, SEGMENT_DTYPE)
         self.buffers: list[Buffer] = []
         tile0 = col0 = 0
         self.weight_bytes = 0
@@ -148,8 +147,7 @@ class QuantMatrix:
             tile0 += math.ceil(rows / TILE_ROWS)
             col0 += rows
         self.tiles = tile0
-        self.table = device.upload(table.view(np.uint8))
-        self.buffers.append(self.table)
+        self.table = ByValue(table.tobytes())
 
     @property
     def count(self) -> int:
@@ -205,7 +203,7 @@ class QuantGemm:
         grid_x = math.ceil(W.tiles / 2 / (per_block // 2)) if W.pair else math.ceil(W.tiles / per_block)
         grid = (grid_x, math.ceil(M / (8 * nt)))
         self.functions[nt].launch(grid, self.threads, (
-            address(W.table.ptr), np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
+            W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
             address(xn), address(ss_out), address(argmax_key)), stream=stream)
