@@ -43,6 +43,7 @@ class Features:
     tma: bool
     wgmma: bool
     cooperative_launch: bool
+    programmatic_launch: bool  # programmatic dependent launch (griddepcontrol; CUDA 12, sm_90+)
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,8 @@ class Target:
 # NVIDIA: minimum SM version (major*10+minor) for each feature; wgmma exists on sm_90 only (sm_90a instructions;
 # Blackwell replaced it with tcgen05). AMD: none of the NVIDIA-only features; bf16 from gfx11 (RDNA3 WMMA) and
 # CDNA2+; fp8 on RDNA4 (gfx12) and CDNA3 (gfx94x).
-_NVIDIA_FEATURE_MIN_SM = {"bf16": 80, "fp8": 89, "nvfp4": 100, "cp_async": 80, "tma": 90, "cooperative_launch": 60}
+_NVIDIA_FEATURE_MIN_SM = {"bf16": 80, "fp8": 89, "nvfp4": 100, "cp_async": 80, "tma": 90, "cooperative_launch": 60,
+                          "programmatic_launch": 90}
 _NVIDIA_MIN_SM = 75
 
 

@@ -197,7 +197,7 @@ def test_shared_memory_over_the_chip_limit(name, extra):
 @pytest.mark.parametrize("chip,feature", [
     ("sm_75", "bf16"), ("sm_75", "cp_async"), ("sm_86", "fp8"), ("sm_89", "nvfp4"), ("sm_90", "nvfp4"),
     ("sm_89", "tma"), ("sm_120", "wgmma"), ("sm_121", "wgmma"), ("gfx1100", "fp8"), ("gfx1151", "tma"),
-    ("gfx1100", "wgmma"), ("gfx1151", "nvfp4"),
+    ("gfx1100", "wgmma"), ("gfx1151", "nvfp4"), ("sm_89", "programmatic_launch"), ("gfx1100", "programmatic_launch"),
 ])
 def test_feature_the_arch_lacks_is_refused(chip, feature):
     raw = copy.deepcopy(RAW[chip])

@@ -140,6 +140,17 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
   for (int i = 0; i < 8; ++i) out[i] = lg_to_float(e[i]);
 }
 
+// Programmatic dependent launch (features.programmatic_launch): a kernel launched with the programmatic
+// stream-serialization attribute may start while the previous kernel of its stream drains. It reads only data that
+// no earlier kernel writes (weights) before lg_grid_dependency_wait(), which returns once the previous grid has
+// completed and its writes are visible; lg_launch_dependents() lets the next such kernel start. Every thread of a
+// kernel so launched must wait before it exits (completion is then transitive along the stream). Without the
+// feature both are no-ops and launches are ordinary.
+__device__ __forceinline__ void lg_launch_dependents() {
+}
+__device__ __forceinline__ void lg_grid_dependency_wait() {
+}
+
 #define GEMM_THREADS 128
 #define GEMM_CLUSTER 1  // CTAs along M sharing each W tile (TMA multicast)
 #define GEMM_CREWS 1  // consumer crews, each on its own tiles (2: pingpong warpgroups)

@@ -139,6 +139,17 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) out[i] = lg_to_float(e[i]);
 }
+
+// Programmatic dependent launch (features.programmatic_launch): a kernel launched with the programmatic
+// stream-serialization attribute may start while the previous kernel of its stream drains. It reads only data that
+// no earlier kernel writes (weights) before lg_grid_dependency_wait(), which returns once the previous grid has
+// completed and its writes are visible; lg_launch_dependents() lets the next such kernel start. Every thread of a
+// kernel so launched must wait before it exits (completion is then transitive along the stream). Without the
+// feature both are no-ops and launches are ordinary.
+__device__ __forceinline__ void lg_launch_dependents() {
+}
+__device__ __forceinline__ void lg_grid_dependency_wait() {
+}
 // No tensor-core op (simt): the same fragments, exchanged through shuffles, multiplied with FMAs. Lane (g, t) needs
 // rows g and g + 8 of A (held by lanes 4 g .. 4 g + 3) and columns 2t, 2t + 1 of B (lanes 8 t .. 8 t + 7).
 __device__ __forceinline__ float lg_mma_lo(unsigned pair) {
@@ -362,6 +373,7 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
   const unsigned ones[4] = {qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f)};
   typename Q::Raw cur, next;
   if (part < blocks) Q::load(cur, tile + (size_t)part * TB, lane);
+  lg_grid_dependency_wait();  // the first weights are on their way; A may come from the previous kernel
   for (int b = part; b < blocks; b += parts) {
     if (b + parts < blocks) Q::load(next, tile + (size_t)(b + parts) * TB, lane);
 #pragma unroll
@@ -440,6 +452,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   __shared__ float red[QG_WARPS][NT * 4][LG_WARP_SIZE];
   __shared__ float row_part[8 * NT][QG_WARPS];
   __shared__ float squares[8 * NT][16 * QG_WARPS + 1];
+  lg_launch_dependents();
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
   const int tiles_per_block = QG_WARPS / parts, m0 = 8 * NT * blockIdx.y;
   // Which matrix tile local tile j is: segment tile_seg(j) (-1: none), its row tile tile_local(j).
@@ -497,6 +510,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       }
     }
   }
+  lg_grid_dependency_wait();  // (warps without a tile) before reading ss or writing anything
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

@@ -71,6 +71,17 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) out[i] = lg_to_float(e[i]);
 }
+
+// Programmatic dependent launch (features.programmatic_launch): a kernel launched with the programmatic
+// stream-serialization attribute may start while the previous kernel of its stream drains. It reads only data that
+// no earlier kernel writes (weights) before lg_grid_dependency_wait(), which returns once the previous grid has
+// completed and its writes are visible; lg_launch_dependents() lets the next such kernel start. Every thread of a
+// kernel so launched must wait before it exits (completion is then transitive along the stream). Without the
+// feature both are no-ops and launches are ordinary.
+__device__ __forceinline__ void lg_launch_dependents() {
+}
+__device__ __forceinline__ void lg_grid_dependency_wait() {
+}
 __device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
@@ -262,6 +273,7 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
   const unsigned ones[4] = {qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f)};
   typename Q::Raw cur, next;
   if (part < blocks) Q::load(cur, tile + (size_t)part * TB, lane);
+  lg_grid_dependency_wait();  // the first weights are on their way; A may come from the previous kernel
   for (int b = part; b < blocks; b += parts) {
     if (b + parts < blocks) Q::load(next, tile + (size_t)(b + parts) * TB, lane);
 #pragma unroll
@@ -340,6 +352,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   __shared__ float red[QG_WARPS][NT * 4][LG_WARP_SIZE];
   __shared__ float row_part[8 * NT][QG_WARPS];
   __shared__ float squares[8 * NT][16 * QG_WARPS + 1];
+  lg_launch_dependents();
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
   const int tiles_per_block = QG_WARPS / parts, m0 = 8 * NT * blockIdx.y;
   // Which matrix tile local tile j is: segment tile_seg(j) (-1: none), its row tile tile_local(j).
@@ -397,6 +410,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       }
     }
   }
+  lg_grid_dependency_wait();  // (warps without a tile) before reading ss or writing anything
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

@@ -222,9 +222,11 @@ class Function:
         self.module, self.name, self.handle = module, name, handle
 
     def launch(self, grid, block, args: Sequence = (), *, smem: int = 0, stream: Stream | None = None,
-               cooperative: bool = False) -> None:
+               cooperative: bool = False, programmatic: bool = False) -> None:
         """Launch on ``stream`` (default stream if None). ``cooperative`` uses cuLaunchCooperativeKernel (all blocks
-        co-resident; required for grid-wide barriers)."""
+        co-resident; required for grid-wide barriers). ``programmatic`` (features.programmatic_launch) lets the
+        kernel start before the previous one in the stream has finished: it must call lg_grid_dependency_wait()
+        before it touches what that kernel writes (common/prelude.cuh.j2)."""
         driver = _driver()
         gx, gy, gz = _dim3(grid)
         bx, by, bz = _dim3(block)
@@ -236,7 +238,20 @@ class Function:
         _storage, pointers = pack_args(args)
         params = pointers.ctypes.data if len(pointers) else 0
         handle = stream.handle if stream else 0
-        if cooperative:
+        if programmatic:
+            if cooperative or not target.features.programmatic_launch:
+                raise DeviceError(f"{self.name}: a programmatic launch needs features.programmatic_launch "
+                                  f"({target.name}) and no cooperative launch")
+            attribute = driver.CUlaunchAttribute()
+            attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attribute.value.programmaticStreamSerializationAllowed = 1
+            config = driver.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+            config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+            config.sharedMemBytes, config.hStream = smem, handle
+            config.attrs, config.numAttrs = [attribute], 1
+            _check(f"cuLaunchKernelEx({self.name})", driver.cuLaunchKernelEx(config, self.handle, params, 0))
+        elif cooperative:
             result = driver.cuLaunchCooperativeKernel(self.handle, gx, gy, gz, bx, by, bz, smem, handle, params)
             _check(f"cuLaunchCooperativeKernel({self.name})", result)
         else:

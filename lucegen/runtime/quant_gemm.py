@@ -206,7 +206,8 @@ class QuantGemm:
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
-            address(xn), address(ss_out), address(argmax_key)), stream=stream)
+            address(xn), address(ss_out), address(argmax_key)), stream=stream,
+            programmatic=self.target.features.programmatic_launch)
 
     def rows_f32(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
                  ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0) -> None:
