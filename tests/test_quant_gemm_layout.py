@@ -68,5 +68,6 @@ def test_bad_matrices_are_refused():
 def test_plan_depends_on_the_matrix_only():
     assert plan_parts(15520, 132) == 1  # the 27B lm_head: one warp per tile
     assert plan_parts(320, 132) == 8  # a 5120-row residual: split K over the block's 8 warps
-    assert plan_parts(1088, 132, most=4) == 4
+    assert plan_parts(1030, 132) == 4  # the 27B DeltaNet in-projection
+    assert plan_parts(1088, 132, most=4) == 2  # the gate/up pair (its tiles counted once)
     assert all(plan_parts(t, 132) in (1, 2, 4, 8) for t in range(1, 5000, 37))

@@ -1,6 +1,8 @@
-"""Time the quantised GEMM on the 27B's matrix shapes: GB/s of weights per launch and rows (M) per launch.
+"""Time the quantised GEMM on the 27B's matrix shapes: GB/s of weights per launch and rows (M) per launch. The
+launches cycle through copies of each matrix (over 200 MB in all), so the weights come from DRAM as in a decode
+step, not from the L2. ``--parts`` also times the given K splits (QuantGemm.parts overridden) beside the planned one.
 
-    python3 tools/quant_gemm_bench.py [M ...]
+    python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import sys
 
 import numpy as np
 
+from lucegen.families.quant_gemm import WARPS
 from lucegen.model.gguf_io import random_k_blocks
 from lucegen.model.quant import TYPES
 from lucegen.runtime.device import Device
@@ -25,7 +28,7 @@ SHAPES = {  # name: (segments [(type, rows)], K, epilogue)
 }
 
 
-def main(ms):
+def main(ms, sweep=()):
     dev = Device.open()
     qg = QuantGemm(dev, dev.target, H, 1e-6)
     rng = np.random.default_rng(0)
@@ -33,8 +36,14 @@ def main(ms):
     start, end = dev.event(), dev.event()
     for name, (segs, K, ep) in SHAPES.items():
         raw = [(t, random_k_blocks(rng, t, r * K // TYPES[t][1], 0.02), r, 0) for t, r in segs]
-        W = qg.matrix(raw, K, pair=ep == "swiglu")
-        for M in ms:
+        copies = [qg.matrix(raw, K, pair=ep == "swiglu")]
+        while len(copies) * copies[0].weight_bytes < 200e6:
+            copies.append(qg.matrix(raw, K, pair=ep == "swiglu"))
+        W = copies[0]
+        planned = QuantGemm.parts(qg, W)
+        for M, parts in [(M, p) for M in ms for p in [planned] + [p for p in sweep if p != planned]
+                         if not (ep == "swiglu" and p > WARPS // 2)]:  # a pair needs two tiles a block
+            qg.parts = lambda _W, parts=parts: parts
             a = dev.upload(np.full((M, K), 0x3F80, np.uint16))
             N = W.rows
             out = dev.alloc(M * max(N, H) * 4)
@@ -43,17 +52,17 @@ def main(ms):
             w = dev.upload(np.zeros(N, np.float32))
             ss = dev.alloc(4 * M * 1024)
 
-            def launch():
+            def launch(W):
                 if ep == "rows_f32":
                     qg.rows_f32(a.ptr, K, W, None, M, N, K, 0, 0, M, out.ptr, N, stream=st)
                 elif ep == "swiglu":
                     qg.swiglu(a.ptr, K, W, None, M, 2 * N, K, 0, 0, M, out.ptr, N, stream=st)
                 else:
                     qg.residual(a.ptr, K, W, None, M, N, K, x.ptr, N, w.ptr, xn.ptr, N, ss.ptr, M, stream=st)
-            reps = 20
+            reps = 10 * len(copies)
             st.begin_capture()  # a graph of reps launches: the launches' host cost stays out of the timing
-            for _ in range(reps):
-                launch()
+            for i in range(reps):
+                launch(copies[i % len(copies)])
             graph = st.end_capture()
             graph.launch(st)
             start.record(st)
@@ -62,12 +71,19 @@ def main(ms):
             end.synchronize()
             ms_each = start.elapsed_ms(end) / reps
             print(f"{name:34s} M={M:3d}  {ms_each * 1e3:8.1f} us  {W.weight_bytes / ms_each / 1e6:7.0f} GB/s  "
-                  f"parts={qg.parts(W)}", flush=True)
+                  f"parts={parts}{' (planned)' if parts == planned else ''}", flush=True)
             graph.destroy()
             for b in (a, out, x, xn, w, ss):
                 b.free()
-        W.free()
+        for c in copies:
+            c.free()
 
 
 if __name__ == "__main__":
-    main([int(m) for m in sys.argv[1:]] or [1, 8, 16, 23, 32])
+    args = sys.argv[1:]
+    sweep = ()
+    if "--parts" in args:
+        i = args.index("--parts")
+        sweep = tuple(int(p) for p in args[i + 1].split(","))
+        del args[i : i + 2]
+    main([int(m) for m in args] or [1, 8, 16, 23, 32], sweep)

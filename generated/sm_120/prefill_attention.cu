@@ -101,9 +101,10 @@ __device__ __forceinline__ void attn_sincos(float x, float* s, float* c) {
 __device__ __forceinline__ float attn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // ------------------------------------------------------------------------------------------------ prepare
-// Reference.gated_attention minus the projections, for token t at position pos = pos0 + t (one block per token;
-// with `depth`, a DDTree verify batch: slot t sits at position pos0 + depth[t] but still writes cache row pos0 + t;
-// with `pos0_at`, pos0 is read from device memory there, so that a captured graph serves every step):
+// Reference.gated_attention minus the projections, for token t at position pos = pos0 + t (grid (T, NH + NKV + 1):
+// one block per token and q head, k head, or the token's V rows; with `depth`, a DDTree verify batch: slot t sits at
+// position pos0 + depth[t] but still writes cache row pos0 + t; with `pos0_at`, pos0 is read from device memory
+// there, so that a captured graph serves every step):
 //   q_h = rms_norm_1p(proj[t, h*2HD : h*2HD+HD], q_norm), k_g = rms_norm_1p(proj[t, NH*2HD + g*HD ...], k_norm),
 //   then apply_rope on the first RD dims (rotate_half; angle = pos * inv_freq[i % (RD/2)]).
 //   cache k[g][row] = k_g, v[g][row] = proj[t, NH*2HD + NKV*HD + g*HD ...] (kv dtype), row = pos0 + t;
@@ -113,29 +114,39 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
                           const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
                           bf16_t* __restrict__ kv, int max_context, bf16_t* __restrict__ q_ws, int n_tokens,
                           int pos0, const int* __restrict__ depth, const int* __restrict__ pos0_at) {
-  __shared__ float normed[(ATTN_NH + ATTN_NKV) * ATTN_HD];
-  if (pos0_at) pos0 = *pos0_at;
-  const int t = blockIdx.x, row_pos = pos0 + t, pos = depth ? pos0 + depth[t] : row_pos;
-  const float* row = proj + (size_t)t * ATTN_NIN;
-  const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
   constexpr int NWARPS = 8;
-  for (int hh = warp; hh < ATTN_NH + ATTN_NKV; hh += NWARPS) {  // one warp per q head, then per k head
-    const float* src = hh < ATTN_NH ? row + hh * 2 * ATTN_HD : row + ATTN_NH * 2 * ATTN_HD + (hh - ATTN_NH) * ATTN_HD;
-    const float* w = hh < ATTN_NH ? q_norm : k_norm;
-    float sum_sq = 0.0f;
-    for (int d = lane; d < ATTN_HD; d += LG_WARP_SIZE) sum_sq += src[d] * src[d];
-    const float r = rsqrtf(lg_warp_sum(sum_sq) / ATTN_HD + 9.999999974752427e-07f);
-    for (int d = lane; d < ATTN_HD; d += LG_WARP_SIZE) normed[hh * ATTN_HD + d] = src[d] * r * (1.0f + w[d]);
+  __shared__ float normed[ATTN_HD];
+  __shared__ float warp_sums[NWARPS];
+  if (pos0_at) pos0 = *pos0_at;
+  const int t = blockIdx.x, hh = blockIdx.y, row_pos = pos0 + t, pos = depth ? pos0 + depth[t] : row_pos;
+  const float* row = proj + (size_t)t * ATTN_NIN;
+  if (hh == ATTN_NH + ATTN_NKV) {  // the token's V rows, as they are
+    const float* v_src = row + ATTN_NH * 2 * ATTN_HD + ATTN_NKV * ATTN_HD;
+    for (int i = threadIdx.x; i < ATTN_NKV * ATTN_HD; i += 256) {
+      const int g = i / ATTN_HD, d = i % ATTN_HD;
+      kv[(((size_t)(ATTN_NKV + g)) * max_context + row_pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v_src[i]);
+    }
+    return;
   }
+  const float* src = hh < ATTN_NH ? row + hh * 2 * ATTN_HD : row + ATTN_NH * 2 * ATTN_HD + (hh - ATTN_NH) * ATTN_HD;
+  const float* w = hh < ATTN_NH ? q_norm : k_norm;
+  float sum_sq = 0.0f;  // thread-strided, then the warps' sums in warp order
+  for (int d = threadIdx.x; d < ATTN_HD; d += 256) sum_sq += src[d] * src[d];
+  sum_sq = lg_warp_sum(sum_sq);
+  if (lg_lane_id() == 0) warp_sums[threadIdx.x / LG_WARP_SIZE] = sum_sq;
   __syncthreads();
-  for (int i = threadIdx.x; i < (ATTN_NH + ATTN_NKV) * ATTN_HD; i += 256) {
-    const int hh = i / ATTN_HD, d = i % ATTN_HD;
-    float v = normed[i];
+  sum_sq = 0.0f;
+  for (int i = 0; i < NWARPS; ++i) sum_sq += warp_sums[i];
+  const float r = rsqrtf(sum_sq / ATTN_HD + 9.999999974752427e-07f);
+  for (int d = threadIdx.x; d < ATTN_HD; d += 256) normed[d] = src[d] * r * (1.0f + w[d]);
+  __syncthreads();
+  for (int d = threadIdx.x; d < ATTN_HD; d += 256) {
+    float v = normed[d];
     if (d < ATTN_RD) {  // x * cos + rotate_half(x) * sin
       constexpr int HALF = ATTN_RD / 2;
       float sn, cs;
       attn_sincos((float)pos * inv_freq[d % HALF], &sn, &cs);
-      const float partner = d < HALF ? -normed[i + HALF] : normed[i - HALF];
+      const float partner = d < HALF ? -normed[d + HALF] : normed[d - HALF];
       v = v * cs + partner * sn;
     }
     if (hh < ATTN_NH) {
@@ -144,11 +155,6 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
     } else {
       kv[(((size_t)(hh - ATTN_NH)) * max_context + row_pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v);
     }
-  }
-  const float* v_src = row + ATTN_NH * 2 * ATTN_HD + ATTN_NKV * ATTN_HD;
-  for (int i = threadIdx.x; i < ATTN_NKV * ATTN_HD; i += 256) {
-    const int g = i / ATTN_HD, d = i % ATTN_HD;
-    kv[(((size_t)(ATTN_NKV + g)) * max_context + row_pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v_src[i]);
   }
 }
 

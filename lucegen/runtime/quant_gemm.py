@@ -113,10 +113,14 @@ def tile_unpack(packed: np.ndarray, type_name: str, rows: int, cols: int) -> np.
 
 
 def plan_parts(tiles: int, compute_units: int, most: int = WARPS) -> int:
-    """Warps per row tile (each summing every parts-th block of K): the fewest that give every compute unit four
-    blocks' worth of warps. Depends on the matrix alone, never on the row count (batch invariance)."""
+    """Warps per row tile (each summing every parts-th block of K): the fewest that give every compute unit two
+    blocks' worth of warps (a pair counts its gate/up tiles once). Fewer parts mean longer runs of K per warp (its
+    first load's latency paid once), more fill the chip; measured on the 27B shapes (tools/quant_gemm_bench.py
+    --parts, H100): the in-projection (1030 tiles) 28.7 -> 25.4 us at one row and 79 -> 66 us at 23 rows going
+    from four blocks' worth (8 parts) to two (4). Depends on the matrix alone, never on the row count (batch
+    invariance)."""
     parts = 1
-    while parts < most and tiles * parts < 4 * WARPS * compute_units:
+    while parts < most and tiles * parts < 2 * WARPS * compute_units:
         parts *= 2
     return parts
 
@@ -174,7 +178,9 @@ class QuantGemm:
         return QuantMatrix(self.device, segments, K, pair=pair)
 
     def parts(self, W: QuantMatrix) -> int:
-        return plan_parts(W.tiles, self.target.compute_units, most=WARPS // 2 if W.pair else WARPS)
+        if W.pair:
+            return plan_parts(W.tiles // 2, self.target.compute_units, most=WARPS // 2)
+        return plan_parts(W.tiles, self.target.compute_units)
 
     def ss_parts(self, W: QuantMatrix) -> int:
         """The RMSNorm partial sums a residual launch over ``W`` leaves per row (its grid width)."""

@@ -6,7 +6,7 @@
             workspace=ws.ptr, stream=s)
 
 ``run`` queues two kernels on ``stream`` (no host sync, no allocation: capturable in a CUDA graph):
-``prefill_attention_prepare`` (one block per token: q/k RMSNorm (1+w), partial RoPE, k and v of positions
+``prefill_attention_prepare`` (one block per token and head: q/k RMSNorm (1+w), partial RoPE, k and v of positions
 pos0 .. pos0+T-1 into the cache, q into the workspace as [NKV][T][GROUP][HD]) and ``prefill_attention`` (causal GQA
 flash attention over cache positions 0 .. pos0+t, times sigmoid(gate), into ``out`` [T, NH*HD]).
 """
@@ -65,7 +65,8 @@ class AttentionKernels:
         if T < 1 or pos0 < 0 or pos0 + T > max_context:
             raise LucegenError(f"prefill attention: positions {pos0} .. {pos0 + T - 1} do not fit a cache of "
                                f"max_context {max_context}")
-        self.prepare_fn.launch(T, PREPARE_THREADS,
+        heads = self.pf["NH"] + self.pf["NKV"] + 1  # q heads, k heads, the V rows
+        self.prepare_fn.launch((T, heads), PREPARE_THREADS,
                                (address(proj), address(q_norm), address(k_norm), address(inv_freq), address(kv),
                                 np.int32(max_context), address(workspace), np.int32(T), np.int32(pos0),
                                 address(depth), address(pos0_at)),
