@@ -71,3 +71,16 @@ def test_plan_depends_on_the_matrix_only():
     assert plan_parts(1030, 132) == 4  # the 27B DeltaNet in-projection
     assert plan_parts(1088, 132, most=4) == 2  # the gate/up pair (its tiles counted once)
     assert all(plan_parts(t, 132) in (1, 2, 4, 8) for t in range(1, 5000, 37))
+
+
+@pytest.mark.parametrize("name", ["sm_86", "sm_90", "sm_120", "gfx1100"])
+def test_programmatic_launch_follows_the_descriptor(name):
+    """griddepcontrol is emitted exactly where the descriptor claims programmatic dependent launch (sm_90+); the
+    descriptor refuses the claim elsewhere (tests/test_target.py)."""
+    from lucegen import codegen
+    from lucegen.target import load_target
+
+    target = load_target(name)
+    source = codegen.render_family(target, codegen.family("quant_gemm"))
+    assert ("griddepcontrol.wait" in source) == target.features.programmatic_launch
+    assert target.features.programmatic_launch == (name in ("sm_90", "sm_120"))
