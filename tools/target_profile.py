@@ -1,11 +1,16 @@
-"""Where a target's decode step and verify pass go, per kernel (torch's CUPTI profiler sees every launch).
+"""Where a target's decode step and verify pass go, per kernel (torch's CUPTI profiler sees every launch of the
+captured graphs). ``--timeline`` also prints one decode step's kernels in order: time, the gap before each (negative
+where a programmatic launch overlaps its predecessor), grid and registers.
 
-    python3 tools/target_profile.py MODEL [--steps 8] [--slots 23]
+    python3 tools/target_profile.py MODEL [--steps 8] [--slots 23] [--timeline]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import tempfile
 
 import numpy as np
 
@@ -15,6 +20,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--slots", type=int, default=23)
+    ap.add_argument("--timeline", action="store_true")
     args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -37,6 +43,27 @@ def main() -> None:
             run()
         print(name)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18))
+        if args.timeline and name == "decode step":
+            timeline(prof, args.steps)
+
+
+def timeline(prof, steps: int) -> None:
+    """The kernels of the middle step of ``steps`` profiled decode steps, in order, and the mean step time."""
+    path = os.path.join(tempfile.mkdtemp(), "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = sorted((e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    per_step = len(events) // steps
+    span = (events[-1]["ts"] + events[-1]["dur"] - events[0]["ts"]) / steps
+    print(f"{per_step} kernels per step, step {span:.1f} us (kernel times add up to "
+          f"{sum(e['dur'] for e in events) / steps:.1f} us)")
+    prev_end = None
+    for e in events[per_step * (steps // 2): per_step * (steps // 2 + 1)]:
+        a = e.get("args", {})
+        gap = 0.0 if prev_end is None else e["ts"] - prev_end
+        print(f"{e['dur']:8.1f} {gap:6.1f}  {e['name'][:40]:40} grid={a.get('grid')} "
+              f"regs={a.get('registers per thread')}")
+        prev_end = e["ts"] + e["dur"]
 
 
 if __name__ == "__main__":

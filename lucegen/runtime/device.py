@@ -217,6 +217,16 @@ def pack_args(args: Iterable) -> tuple[np.ndarray, np.ndarray]:
     return storage, pointers
 
 
+def _launch_config(grid, block, smem: int, stream=0, attributes=()):
+    """A CUlaunchConfig (cuLaunchKernelEx, the occupancy queries) of a 3-D grid and block."""
+    config = _driver().CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes, config.hStream = smem, stream
+    config.attrs, config.numAttrs = list(attributes), len(attributes)
+    return config
+
+
 class Function:
     def __init__(self, module: "Module", name: str, handle):
         self.module, self.name, self.handle = module, name, handle
@@ -245,11 +255,7 @@ class Function:
             attribute = driver.CUlaunchAttribute()
             attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             attribute.value.programmaticStreamSerializationAllowed = 1
-            config = driver.CUlaunchConfig()
-            config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
-            config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
-            config.sharedMemBytes, config.hStream = smem, handle
-            config.attrs, config.numAttrs = [attribute], 1
+            config = _launch_config((gx, gy, gz), (bx, by, bz), smem, handle, [attribute])
             _check(f"cuLaunchKernelEx({self.name})", driver.cuLaunchKernelEx(config, self.handle, params, 0))
         elif cooperative:
             result = driver.cuLaunchCooperativeKernel(self.handle, gx, gy, gz, bx, by, bz, smem, handle, params)
@@ -277,11 +283,7 @@ class Function:
         """Occupancy of a kernel compiled with ``__cluster_dims__(cluster, 1, 1)``: how many of its clusters the
         whole device holds at once (cluster CTAs share a GPC, so this can be less than SMs / cluster)."""
         driver = _driver()
-        config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
-        config.blockDimX, config.blockDimY, config.blockDimZ = block_threads, 1, 1
-        config.sharedMemBytes = smem
-        config.numAttrs = 0
+        config = _launch_config((cluster, 1, 1), (block_threads, 1, 1), smem)
         result = driver.cuOccupancyMaxActiveClusters(self.handle, config)
         return int(_check(f"cuOccupancyMaxActiveClusters({self.name})", result))
 
