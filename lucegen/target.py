@@ -22,6 +22,7 @@ from typing import Any
 
 from . import TARGETS_DIR
 from .errors import DescriptorError
+from .model.kv_cache import kv_format
 
 VENDORS = ("nvidia", "amd")
 #: Element types a descriptor may list, with the C type a template uses for each and its size in bytes.
@@ -137,6 +138,7 @@ class Target:
     regs_per_thread_max: int
     mem_bandwidth_gbs: float
     l2_bytes: int
+    memory_bytes: int  # device memory the GPU can allocate (unified-memory chips: its share)
     compute_dtype: str
     dtypes: tuple[str, ...]
     kv_cache_type: str
@@ -195,7 +197,7 @@ class Target:
             "prefill": dataclasses.asdict(self.prefill),
             "ddtree_budget": self.ddtree.budget,
             "kv_cache_type": self.kv_cache_type,
-            "kv_cache_ctype": DTYPES[self.kv_cache_type][0],
+            "kv_cache_ctype": kv_format(self.kv_cache_type).ctype,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -426,6 +428,11 @@ def _check_consistency(t: Target, path) -> None:
         fail("compute_dtype", f"{t.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
     if t.compute_dtype not in t.dtypes:
         fail("compute_dtype", f"{t.compute_dtype} is not in dtypes {list(t.dtypes)}")
+    # the megakernel's cache and every target's default; the quantised formats are a load-time choice of the
+    # quantised GGUF target (QuantDecoder(kv_cache=...), `--kv-cache`)
+    if t.kv_cache_type not in COMPUTE_DTYPES:
+        fail("kv_cache_type", f"{t.kv_cache_type!r} is not one of {', '.join(COMPUTE_DTYPES)} (q8_0 / q4_0 are "
+                              "chosen at load: --kv-cache)")
     if t.kv_cache_type not in t.dtypes:
         fail("kv_cache_type", f"{t.kv_cache_type!r} is not in dtypes {list(t.dtypes)}")
 

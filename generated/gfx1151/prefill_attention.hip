@@ -53,6 +53,8 @@ __device__ __forceinline__ float fminf(float a, float b) { return __builtin_fmin
 __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
 __device__ __forceinline__ float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 __device__ __forceinline__ float sqrtf(float x) { return __builtin_sqrtf(x); }
+__device__ __forceinline__ float roundf(float x) { return __builtin_roundf(x); }  // half away from zero
+__device__ __forceinline__ float truncf(float x) { return __builtin_truncf(x); }
 __device__ __forceinline__ float expf(float x) { return __builtin_expf(x); }
 __device__ __forceinline__ float exp2f(float x) { return __builtin_exp2f(x); }
 __device__ __forceinline__ float logf(float x) { return __builtin_logf(x); }
@@ -99,6 +101,15 @@ __device__ __forceinline__ unsigned lg_float_bits(float v) { return __builtin_bi
 template <typename T> __device__ __forceinline__ unsigned lg_bits16(T x) { return __builtin_bit_cast(unsigned short, x); }
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) {
   __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+// a * b and a + b each rounded to nearest, never contracted into one fused multiply-add
+__device__ __forceinline__ float lg_mul_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a * b;
+}
+__device__ __forceinline__ float lg_add_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a + b;
 }
 
 #define LG_WARP_SIZE 32
@@ -150,6 +161,36 @@ __device__ __forceinline__ void lg_launch_dependents() {
 }
 __device__ __forceinline__ void lg_grid_dependency_wait() {
 }
+#define KV_HD 256
+typedef bf16_t kv_elem_t;
+
+// A layer's cache for reading: its rows, and their scales (quantised formats).
+struct KvReader {
+  const kv_elem_t* rows;
+};
+__device__ __forceinline__ KvReader kv_reader(const kv_elem_t* kv, int max_context) {
+  return {kv};
+}
+
+// x[i] = value d0 + i of cache row `row`, i < N (N divides 32, d0 a multiple of N: one quantised block).
+template <int N>
+__device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int d0, float (&x)[N]) {
+  const kv_elem_t* p = kv.rows + row * KV_HD + d0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = lg_to_float(p[i]);
+}
+
+// Cache row `row`, value d: x. Called by 32 consecutive lanes together with d = d0 + lane (d0 a multiple of 32), all
+// of them active: a quantised block is one 32-lane group.
+__device__ __forceinline__ void kv_store_group(kv_elem_t* __restrict__ kv, int max_context, size_t row, int d, float x) {
+  kv[row * KV_HD + d] = lg_from_float<kv_elem_t>(x);
+}
+
+// Unit u of a row (u < KV_ROW_UNITS): row dst = row src, one unit per call.
+#define KV_ROW_UNITS KV_HD
+__device__ __forceinline__ void kv_copy_unit(kv_elem_t* __restrict__ kv, int max_context, size_t dst, size_t src, int u) {
+  kv[dst * KV_HD + u] = kv[src * KV_HD + u];
+}
 #define ATTN_HD 256
 #define ATTN_NH 8
 #define ATTN_NKV 2
@@ -172,7 +213,7 @@ __device__ __forceinline__ float attn_sigmoid(float x) { return 1.0f / (1.0f + e
 // there, so that a captured graph serves every step):
 //   q_h = rms_norm_1p(proj[t, h*2HD : h*2HD+HD], q_norm), k_g = rms_norm_1p(proj[t, NH*2HD + g*HD ...], k_norm),
 //   then apply_rope on the first RD dims (rotate_half; angle = pos * inv_freq[i % (RD/2)]).
-//   cache k[g][row] = k_g, v[g][row] = proj[t, NH*2HD + NKV*HD + g*HD ...] (kv dtype), row = pos0 + t;
+//   cache k[g][row] = k_g, v[g][row] = proj[t, NH*2HD + NKV*HD + g*HD ...] (KV format bf16), row = pos0 + t;
 //   q_ws[g][t][r] = q_{g*GROUP + r} (compute dtype): the query rows of one kv head are contiguous for the MMA tiles.
 extern "C" __global__ void __launch_bounds__(256)
 prefill_attention_prepare(const float* __restrict__ proj, const float* __restrict__ q_norm,
@@ -187,9 +228,9 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
   const float* row = proj + (size_t)t * ATTN_NIN;
   if (hh == ATTN_NH + ATTN_NKV) {  // the token's V rows, as they are
     const float* v_src = row + ATTN_NH * 2 * ATTN_HD + ATTN_NKV * ATTN_HD;
-    for (int i = threadIdx.x; i < ATTN_NKV * ATTN_HD; i += 256) {
+    for (int i = threadIdx.x; i < ATTN_NKV * ATTN_HD; i += 256) {  // whole warps: HD % 32 == 0
       const int g = i / ATTN_HD, d = i % ATTN_HD;
-      kv[(((size_t)(ATTN_NKV + g)) * max_context + row_pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v_src[i]);
+      kv_store_group(kv, max_context, (size_t)(ATTN_NKV + g) * max_context + row_pos, d, v_src[i]);
     }
     return;
   }
@@ -218,7 +259,7 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
       const int g = hh / ATTN_GROUP, r = hh % ATTN_GROUP;
       q_ws[(((size_t)g * n_tokens + t) * ATTN_GROUP + r) * ATTN_HD + d] = lg_from_float<bf16_t>(v);
     } else {
-      kv[(((size_t)(hh - ATTN_NH)) * max_context + row_pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v);
+      kv_store_group(kv, max_context, (size_t)(hh - ATTN_NH) * max_context + row_pos, d, v);
     }
   }
 }
@@ -236,9 +277,9 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
   if (r >= n_tokens * ATTN_GROUP) return;
   const int t = r / ATTN_GROUP, h = g * ATTN_GROUP + r % ATTN_GROUP, pos = pos0 + t;
   const bf16_t* q_row = q_ws + ((size_t)g * n_tokens * ATTN_GROUP + r) * ATTN_HD;
-  const bf16_t* k_base = kv + (size_t)g * max_context * ATTN_HD;
-  const bf16_t* v_base = kv + (size_t)(ATTN_NKV + g) * max_context * ATTN_HD;
-  float q[EPL], acc[EPL];
+  const size_t k_head = (size_t)g * max_context, v_head = (size_t)(ATTN_NKV + g) * max_context;
+  const KvReader reader = kv_reader(kv, max_context);
+  float q[EPL], acc[EPL], x[EPL];
 #pragma unroll
   for (int e = 0; e < EPL; ++e) {
     q[e] = lg_to_float(q_row[lane * EPL + e]) * ATTN_SCALE_LOG2;
@@ -247,14 +288,16 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
   float m = lg_neg_inf(), l = 0.0f;
   for (int j = 0; j <= pos; ++j) {
     float s = 0.0f;
+    kv_load_run<EPL>(reader, k_head + j, lane * EPL, x);
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) s += q[e] * lg_to_float(k_base[(size_t)j * ATTN_HD + lane * EPL + e]);
+    for (int e = 0; e < EPL; ++e) s += q[e] * x[e];
     s = lg_warp_sum(s);
     const float m_new = fmaxf(m, s);
     const float corr = exp2f(m - m_new), p = exp2f(s - m_new);
     l = l * corr + p;
+    kv_load_run<EPL>(reader, v_head + j, lane * EPL, x);
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) acc[e] = acc[e] * corr + p * lg_to_float(v_base[(size_t)j * ATTN_HD + lane * EPL + e]);
+    for (int e = 0; e < EPL; ++e) acc[e] = acc[e] * corr + p * x[e];
     m = m_new;
   }
   const float* gate = proj + (size_t)t * ATTN_NIN + h * 2 * ATTN_HD + ATTN_HD;

@@ -53,6 +53,8 @@ __device__ __forceinline__ float fminf(float a, float b) { return __builtin_fmin
 __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
 __device__ __forceinline__ float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 __device__ __forceinline__ float sqrtf(float x) { return __builtin_sqrtf(x); }
+__device__ __forceinline__ float roundf(float x) { return __builtin_roundf(x); }  // half away from zero
+__device__ __forceinline__ float truncf(float x) { return __builtin_truncf(x); }
 __device__ __forceinline__ float expf(float x) { return __builtin_expf(x); }
 __device__ __forceinline__ float exp2f(float x) { return __builtin_exp2f(x); }
 __device__ __forceinline__ float logf(float x) { return __builtin_logf(x); }
@@ -99,6 +101,15 @@ __device__ __forceinline__ unsigned lg_float_bits(float v) { return __builtin_bi
 template <typename T> __device__ __forceinline__ unsigned lg_bits16(T x) { return __builtin_bit_cast(unsigned short, x); }
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) {
   __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+// a * b and a + b each rounded to nearest, never contracted into one fused multiply-add
+__device__ __forceinline__ float lg_mul_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a * b;
+}
+__device__ __forceinline__ float lg_add_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a + b;
 }
 
 #define LG_WARP_SIZE 32

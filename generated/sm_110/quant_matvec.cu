@@ -34,6 +34,9 @@ __device__ __forceinline__ unsigned lg_float_bits(float v) { return __float_as_u
 __device__ __forceinline__ unsigned lg_bits16(fp16_t x) { return __half_as_ushort(x); }
 __device__ __forceinline__ unsigned lg_bits16(bf16_t x) { return __bfloat16_as_ushort(x); }
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) { atomicMax(p, v); }
+// a * b and a + b each rounded to nearest, never contracted into one fused multiply-add
+__device__ __forceinline__ float lg_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float lg_add_rn(float a, float b) { return __fadd_rn(a, b); }
 
 #define LG_WARP_SIZE 32
 #define LG_LOG2_WARP_SIZE 5

@@ -34,6 +34,9 @@ __device__ __forceinline__ unsigned lg_float_bits(float v) { return __float_as_u
 __device__ __forceinline__ unsigned lg_bits16(fp16_t x) { return __half_as_ushort(x); }
 __device__ __forceinline__ unsigned lg_bits16(bf16_t x) { return __bfloat16_as_ushort(x); }
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) { atomicMax(p, v); }
+// a * b and a + b each rounded to nearest, never contracted into one fused multiply-add
+__device__ __forceinline__ float lg_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float lg_add_rn(float a, float b) { return __fadd_rn(a, b); }
 
 #define LG_WARP_SIZE 32
 #define LG_LOG2_WARP_SIZE 5
@@ -85,6 +88,36 @@ __device__ __forceinline__ void lg_launch_dependents() {
 }
 __device__ __forceinline__ void lg_grid_dependency_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+#define KV_HD 256
+typedef bf16_t kv_elem_t;
+
+// A layer's cache for reading: its rows, and their scales (quantised formats).
+struct KvReader {
+  const kv_elem_t* rows;
+};
+__device__ __forceinline__ KvReader kv_reader(const kv_elem_t* kv, int max_context) {
+  return {kv};
+}
+
+// x[i] = value d0 + i of cache row `row`, i < N (N divides 32, d0 a multiple of N: one quantised block).
+template <int N>
+__device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int d0, float (&x)[N]) {
+  const kv_elem_t* p = kv.rows + row * KV_HD + d0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = lg_to_float(p[i]);
+}
+
+// Cache row `row`, value d: x. Called by 32 consecutive lanes together with d = d0 + lane (d0 a multiple of 32), all
+// of them active: a quantised block is one 32-lane group.
+__device__ __forceinline__ void kv_store_group(kv_elem_t* __restrict__ kv, int max_context, size_t row, int d, float x) {
+  kv[row * KV_HD + d] = lg_from_float<kv_elem_t>(x);
+}
+
+// Unit u of a row (u < KV_ROW_UNITS): row dst = row src, one unit per call.
+#define KV_ROW_UNITS KV_HD
+__device__ __forceinline__ void kv_copy_unit(kv_elem_t* __restrict__ kv, int max_context, size_t dst, size_t src, int u) {
+  kv[dst * KV_HD + u] = kv[src * KV_HD + u];
 }
 #define TV_NT 256
 #define TV_NW 8
@@ -286,9 +319,9 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
   const int pos0 = *pos0_at, n_keys = pos0 + depth[s] + 1;
   const bf16_t* q_row = q_ws + (((size_t)g * n_slots + s) * TV_GROUP + r) * TV_HD;
-  const bf16_t* k_base = kv + (size_t)g * max_context * TV_HD;
-  const bf16_t* v_base = kv + (size_t)(TV_NKV + g) * max_context * TV_HD;
-  float q[EPL], acc[EPL];
+  const size_t k_head = (size_t)g * max_context, v_head = (size_t)(TV_NKV + g) * max_context;
+  const KvReader reader = kv_reader(kv, max_context);
+  float q[EPL], acc[EPL], x[EPL];
 #pragma unroll
   for (int e = 0; e < EPL; ++e) {
     q[e] = lg_to_float(q_row[lane * EPL + e]);
@@ -297,16 +330,16 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
   float m = lg_neg_inf(), l = 0.0f;
   for (int j = warp; j < n_keys; j += TV_AT_WARPS) {
     const size_t row = j < pos0 ? (size_t)j : (size_t)pos0 + anc[(size_t)s * anc_stride + j - pos0];
-    const bf16_t* kr = k_base + row * TV_HD + lane * EPL;
-    const bf16_t* vr = v_base + row * TV_HD + lane * EPL;
     float dot = 0.0f;
+    kv_load_run<EPL>(reader, k_head + row, lane * EPL, x);
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) dot += q[e] * lg_to_float(kr[e]);
+    for (int e = 0; e < EPL; ++e) dot += q[e] * x[e];
     dot = lg_warp_sum(dot) * 0.0625f;
     const float mn = fmaxf(m, dot), corr = expf(m - mn), p = expf(dot - mn);
     l = l * corr + p;
+    kv_load_run<EPL>(reader, v_head + row, lane * EPL, x);
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) acc[e] = acc[e] * corr + p * lg_to_float(vr[e]);
+    for (int e = 0; e < EPL; ++e) acc[e] = acc[e] * corr + p * x[e];
     m = mn;
   }
 #pragma unroll
@@ -401,14 +434,18 @@ tree_commit_deltanet(const float* __restrict__ states, size_t states_layer_strid
     conv[l * WINDOW + i] = wsrc[i];
 }
 
-// For every attention layer (blockIdx.y) and K/V row element: the accepted path's entries, written at cache rows
-// pos0 + slot by the verify, move to pos0 + depth: row pos0 + d = row pos0 + path[d] for d = 1 .. n (path[0] is the
-// root, already in place). path[d] >= d, so copying in increasing d never overwrites a row still to be read.
+// For every attention layer (blockIdx.y, caches `layer_bytes` apart) and unit of a K/V row (kv_cache.cuh: values, or
+// code words and scales): the accepted path's entries, written at cache rows pos0 + slot by the verify, move to
+// pos0 + depth: row pos0 + d = row pos0 + path[d] for d = 1 .. n (path[0] is the root, already in place).
+// path[d] >= d, so copying in increasing d never overwrites a row still to be read. The grid covers at least
+// 2 NKV KV_ROW_UNITS threads per layer.
 extern "C" __global__ void __launch_bounds__(TV_NT)
-tree_commit_kv(bf16_t* __restrict__ kv, int max_context, const int* __restrict__ path, int n, int pos0) {
+tree_commit_kv(bf16_t* __restrict__ kv_all, size_t layer_bytes, int max_context, const int* __restrict__ path,
+               int n, int pos0) {
   const int i = blockIdx.x * TV_NT + threadIdx.x;
-  if (i >= 2 * TV_NKV * TV_HD) return;
-  const int head = i / TV_HD, e = i % TV_HD;  // head: K heads then V heads
-  bf16_t* base = kv + ((size_t)blockIdx.y * 2 * TV_NKV + head) * max_context * TV_HD + e;
-  for (int d = 1; d <= n; ++d) base[(size_t)(pos0 + d) * TV_HD] = base[(size_t)(pos0 + path[d]) * TV_HD];
+  if (i >= 2 * TV_NKV * KV_ROW_UNITS) return;
+  const int head = i / KV_ROW_UNITS, u = i % KV_ROW_UNITS;  // head: K heads then V heads
+  kv_elem_t* kv = reinterpret_cast<kv_elem_t*>(reinterpret_cast<unsigned char*>(kv_all) + blockIdx.y * layer_bytes);
+  const size_t head_row = (size_t)head * max_context + pos0;
+  for (int d = 1; d <= n; ++d) kv_copy_unit(kv, max_context, head_row + d, head_row + path[d], u);
 }

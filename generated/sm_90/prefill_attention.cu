@@ -34,6 +34,9 @@ __device__ __forceinline__ unsigned lg_float_bits(float v) { return __float_as_u
 __device__ __forceinline__ unsigned lg_bits16(fp16_t x) { return __half_as_ushort(x); }
 __device__ __forceinline__ unsigned lg_bits16(bf16_t x) { return __bfloat16_as_ushort(x); }
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) { atomicMax(p, v); }
+// a * b and a + b each rounded to nearest, never contracted into one fused multiply-add
+__device__ __forceinline__ float lg_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float lg_add_rn(float a, float b) { return __fadd_rn(a, b); }
 
 #define LG_WARP_SIZE 32
 #define LG_LOG2_WARP_SIZE 5
@@ -86,6 +89,36 @@ __device__ __forceinline__ void lg_launch_dependents() {
 __device__ __forceinline__ void lg_grid_dependency_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
+#define KV_HD 256
+typedef bf16_t kv_elem_t;
+
+// A layer's cache for reading: its rows, and their scales (quantised formats).
+struct KvReader {
+  const kv_elem_t* rows;
+};
+__device__ __forceinline__ KvReader kv_reader(const kv_elem_t* kv, int max_context) {
+  return {kv};
+}
+
+// x[i] = value d0 + i of cache row `row`, i < N (N divides 32, d0 a multiple of N: one quantised block).
+template <int N>
+__device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int d0, float (&x)[N]) {
+  const kv_elem_t* p = kv.rows + row * KV_HD + d0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = lg_to_float(p[i]);
+}
+
+// Cache row `row`, value d: x. Called by 32 consecutive lanes together with d = d0 + lane (d0 a multiple of 32), all
+// of them active: a quantised block is one 32-lane group.
+__device__ __forceinline__ void kv_store_group(kv_elem_t* __restrict__ kv, int max_context, size_t row, int d, float x) {
+  kv[row * KV_HD + d] = lg_from_float<kv_elem_t>(x);
+}
+
+// Unit u of a row (u < KV_ROW_UNITS): row dst = row src, one unit per call.
+#define KV_ROW_UNITS KV_HD
+__device__ __forceinline__ void kv_copy_unit(kv_elem_t* __restrict__ kv, int max_context, size_t dst, size_t src, int u) {
+  kv[dst * KV_HD + u] = kv[src * KV_HD + u];
+}
 #define ATTN_HD 256
 #define ATTN_NH 8
 #define ATTN_NKV 2
@@ -107,7 +140,7 @@ __device__ __forceinline__ float attn_sigmoid(float x) { return 1.0f / (1.0f + e
 // there, so that a captured graph serves every step):
 //   q_h = rms_norm_1p(proj[t, h*2HD : h*2HD+HD], q_norm), k_g = rms_norm_1p(proj[t, NH*2HD + g*HD ...], k_norm),
 //   then apply_rope on the first RD dims (rotate_half; angle = pos * inv_freq[i % (RD/2)]).
-//   cache k[g][row] = k_g, v[g][row] = proj[t, NH*2HD + NKV*HD + g*HD ...] (kv dtype), row = pos0 + t;
+//   cache k[g][row] = k_g, v[g][row] = proj[t, NH*2HD + NKV*HD + g*HD ...] (KV format bf16), row = pos0 + t;
 //   q_ws[g][t][r] = q_{g*GROUP + r} (compute dtype): the query rows of one kv head are contiguous for the MMA tiles.
 extern "C" __global__ void __launch_bounds__(256)
 prefill_attention_prepare(const float* __restrict__ proj, const float* __restrict__ q_norm,
@@ -122,9 +155,9 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
   const float* row = proj + (size_t)t * ATTN_NIN;
   if (hh == ATTN_NH + ATTN_NKV) {  // the token's V rows, as they are
     const float* v_src = row + ATTN_NH * 2 * ATTN_HD + ATTN_NKV * ATTN_HD;
-    for (int i = threadIdx.x; i < ATTN_NKV * ATTN_HD; i += 256) {
+    for (int i = threadIdx.x; i < ATTN_NKV * ATTN_HD; i += 256) {  // whole warps: HD % 32 == 0
       const int g = i / ATTN_HD, d = i % ATTN_HD;
-      kv[(((size_t)(ATTN_NKV + g)) * max_context + row_pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v_src[i]);
+      kv_store_group(kv, max_context, (size_t)(ATTN_NKV + g) * max_context + row_pos, d, v_src[i]);
     }
     return;
   }
@@ -153,7 +186,7 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
       const int g = hh / ATTN_GROUP, r = hh % ATTN_GROUP;
       q_ws[(((size_t)g * n_tokens + t) * ATTN_GROUP + r) * ATTN_HD + d] = lg_from_float<bf16_t>(v);
     } else {
-      kv[(((size_t)(hh - ATTN_NH)) * max_context + row_pos) * ATTN_HD + d] = lg_from_float<bf16_t>(v);
+      kv_store_group(kv, max_context, (size_t)(hh - ATTN_NH) * max_context + row_pos, d, v);
     }
   }
 }
@@ -219,12 +252,18 @@ __device__ __forceinline__ void attn_load_tile(E* dst, const E* src, int row0, i
   }
 }
 
+// cache rows head_row + row0 .. of one head as a [BKV][ATTN_ROW] compute-type tile (rows >= row_end zero-filled)
+__device__ __forceinline__ void attn_load_kv_tile(bf16_t* dst, const KvReader& reader, size_t head_row, int row0,
+                                                  int row_end) {
+  attn_load_tile<ATTN_BKV>(dst, reader.rows + head_row * ATTN_HD, row0, row_end);
+}
+
 extern "C" __global__ void __launch_bounds__(ATTN_NW * 32)
 prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
                   int max_context, bf16_t* __restrict__ out, int n_tokens, int pos0) {
   extern __shared__ __align__(16) unsigned char attn_smem[];
   bf16_t* sq = reinterpret_cast<bf16_t*>(attn_smem);
-  bf16_t* sk = reinterpret_cast<bf16_t*>(sq + ATTN_BQ * ATTN_ROW);  // [STAGES][BKV][ROW]
+  bf16_t* sk = sq + ATTN_BQ * ATTN_ROW;  // [STAGES][BKV][ROW]
   bf16_t* sv = sk + 2 * ATTN_BKV * ATTN_ROW;
   const int n_rows = n_tokens * ATTN_GROUP;
   const int tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) query tiles start first
@@ -239,12 +278,12 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
   for (int i = 0; i < 2; ++i) pos_r[i] = pos0 + min(row0 + warp * 16 + qd + 8 * i, last_row) / ATTN_GROUP;
   const int warp_max_pos = pos0 + min(row0 + warp * 16 + 15, last_row) / ATTN_GROUP;
   const int warp_min_pos = pos0 + min(row0 + warp * 16, last_row) / ATTN_GROUP;
-  const bf16_t* k_base = kv + (size_t)g * max_context * ATTN_HD;
-  const bf16_t* v_base = kv + (size_t)(ATTN_NKV + g) * max_context * ATTN_HD;
+  const size_t k_head = (size_t)g * max_context, v_head = (size_t)(ATTN_NKV + g) * max_context;
+  const KvReader reader = kv_reader(kv, max_context);
 
   attn_load_tile<ATTN_BQ>(sq, q_ws + (size_t)g * n_rows * ATTN_HD, row0, n_rows);
-  attn_load_tile<ATTN_BKV>(sk, k_base, 0, max_pos + 1);
-  attn_load_tile<ATTN_BKV>(sv, v_base, 0, max_pos + 1);
+  attn_load_kv_tile(sk, reader, k_head, 0, max_pos + 1);
+  attn_load_kv_tile(sv, reader, v_head, 0, max_pos + 1);
   attn_copy_commit();
 
   float o[ATTN_HD / 8][4];
@@ -258,8 +297,8 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
     const bf16_t* ks = sk + (j & 1) * ATTN_BKV * ATTN_ROW;
     const bf16_t* vs = sv + (j & 1) * ATTN_BKV * ATTN_ROW;
     if (j + 1 < n_kv_tiles) {  // fill the other stage (freed by the barrier that ended iteration j - 1)
-      attn_load_tile<ATTN_BKV>(sk + ((j + 1) & 1) * ATTN_BKV * ATTN_ROW, k_base, key0 + ATTN_BKV, max_pos + 1);
-      attn_load_tile<ATTN_BKV>(sv + ((j + 1) & 1) * ATTN_BKV * ATTN_ROW, v_base, key0 + ATTN_BKV, max_pos + 1);
+      attn_load_kv_tile(sk + ((j + 1) & 1) * ATTN_BKV * ATTN_ROW, reader, k_head, key0 + ATTN_BKV, max_pos + 1);
+      attn_load_kv_tile(sv + ((j + 1) & 1) * ATTN_BKV * ATTN_ROW, reader, v_head, key0 + ATTN_BKV, max_pos + 1);
       attn_copy_commit();
       attn_copy_wait<1>();
     } else {

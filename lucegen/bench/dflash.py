@@ -42,10 +42,11 @@ REFERENCE_AL, REFERENCE_BUDGET = 8.31, 22
 
 def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repeats: int = 10, budgets=BUDGETS,
                  acceptance_lengths=ACCEPTANCE_LENGTHS, target=None, seed: int = 0, draft=None,
-                 top_k: int = 8) -> dict:
+                 top_k: int = 8, kv_cache: str | None = None) -> dict:
     from ..runtime import ddtree
     from ..runtime.dflash import ControlledDrafter, OracleDrafter, SpecDecoder
     from ..runtime.draft import DFlashDrafter
+    from ..runtime.memory_plan import MemoryPlan
     from ..runtime.megakernel import MegakernelDecoder
     from ..runtime.prefill.runner import Prefiller
     from ..runtime.quant_target import open_target
@@ -53,9 +54,11 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
 
     depth = max(acceptance_lengths)
     max_budget = max(max(budgets), depth)
-    dec = open_target(model, target=target, max_context=prompt_tokens + 2 * gen_tokens + max_budget + 2)
+    dec = open_target(model, target=target, max_context=prompt_tokens + 2 * gen_tokens + max_budget + 2,
+                      kv_cache=kv_cache)
     network = DFlashDrafter(dec, draft, k=top_k, rows=max(64, max_budget + 1)) if draft else None
     pre, ver = Prefiller(dec, draft=network), TreeVerifier(dec, budget=max_budget, draft=network)
+    plan = MemoryPlan.of_engine(dec, ver, network)
     cfg, dev = dec.config, dec.device
     prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).astype(np.int32)
 
@@ -134,11 +137,13 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
     result = {"target": dec.target.name, "device": dev.name, "model": cfg.name, "prompt_tokens": prompt_tokens,
               "gen_tokens": gen_tokens, "repeats": repeats, "ar": ar_kind, "ar_ms_per_token": ar_step,
               "ar_tok_s": 1e3 / ar_step, "weights_gb": getattr(dec, "weight_bytes", 0) / 1e9,
+              "kv_cache": dec.kv_format.name,
               "verify_ar_ms_per_token": verify_ar_step,
               "verify_ar_tok_s": 1e3 / verify_ar_step, "verify": verify_rows, "spec": spec_rows,
               "draft": (f"DFlash {network.config.name} (runs every step, top-{top_k}; proposals from the oracle)"
                         if network else "oracle (no draft network: its cost is not included)"),
-              "draft_forward_ms": draft_ms, "projection": projection(verify_rows, spec_rows, ar_step)}
+              "draft_forward_ms": draft_ms, "projection": projection(verify_rows, spec_rows, ar_step),
+              "memory_plan": plan.format()}
     for part in (ver, pre, network, dec):
         if part:
             part.close()
@@ -162,7 +167,7 @@ def projection(verify_rows, spec_rows, ar_step: float) -> dict | None:
 
 def format_table(r: dict) -> str:
     lines = [f"device / target  {r['device']} / {r['target']}   model {r['model']}   tg{r['gen_tokens']} after "
-             f"{r['prompt_tokens']} prompt tokens   drafter: {r['draft']}",
+             f"{r['prompt_tokens']} prompt tokens   KV cache {r['kv_cache']}   drafter: {r['draft']}",
              *([f"draft forward    {r['draft_forward_ms']:.3f} ms (one block + top-k, wall)"]
                if r.get("draft_forward_ms") is not None else []),
              f"AR ({r['ar']})  {r['ar_tok_s']:.1f} tok/s ({r['ar_ms_per_token']:.3f} ms/token; weights "
@@ -184,4 +189,6 @@ def format_table(r: dict) -> str:
         lines.append(f"PROJECTION at the reference's HumanEval AL {p['al']} (budget {p['budget']} verify + the AL "
                      f"{p['from_al_row']:.0f} row's draft/tree/commit; {p['source']}): {p['tok_s']:.0f} tok/s, "
                      f"{p['vs_ar']:.2f}x AR, {p['step_ms']:.3f} ms per step")
+    if r.get("memory_plan"):
+        lines.append(r["memory_plan"])
     return "\n".join(lines)

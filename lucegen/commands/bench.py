@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..atomic import atomic_write
 from ..errors import LucegenError
+from ..model.kv_cache import FORMATS as KV_FORMATS
 
 
 def register(subparsers) -> None:
@@ -51,6 +52,8 @@ def register(subparsers) -> None:
     s.add_argument("--draft", type=Path, default=None, help="DFlash draft directory: the network runs every step "
                    "(its cost counts) while the oracle's proposals set the acceptance")
     s.add_argument("--top-k", type=int, default=8, help="draft candidates per position (default 8)")
+    s.add_argument("--kv-cache", choices=tuple(KV_FORMATS), default=None,
+                   help="the quantised target's KV cache format (default: the descriptor's kv_cache_type)")
     s.add_argument("--target", default=None, help="descriptor (default: the one matching the GPU)")
     s.add_argument("--json", type=Path, default=None, help="write the results here")
     s.set_defaults(func=run_dflash)
@@ -114,7 +117,7 @@ def run_dflash(args) -> int:
         raise LucegenError(f"--budgets must be non-negative, got {list(budgets)}")
     result = bench_dflash(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
                           repeats=args.repeats, budgets=budgets, target=args.target, draft=args.draft,
-                          top_k=args.top_k)
+                          top_k=args.top_k, kv_cache=args.kv_cache)
     print(format_table(result))
     if args.json:
         atomic_write(args.json, json.dumps(result, indent=2).encode())

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import LucegenError
+from ..model.kv_cache import FORMATS as KV_FORMATS
 
 
 def register(subparsers) -> None:
@@ -31,6 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--budget", type=int, default=None, help="tree nodes per verify (default: the descriptor's)")
     p.add_argument("--top-k", type=int, default=8, help="draft candidates per position (default 8)")
     p.add_argument("--chain", action="store_true", help="verify the draft's top-1 chain instead of a tree")
+    p.add_argument("--kv-cache", choices=tuple(KV_FORMATS), default=None,
+                   help="KV cache format of a quantised target (with --draft; default: the descriptor's "
+                        "kv_cache_type); q8_0 / q4_0 hold a longer context in the same memory")
     p.set_defaults(func=run)
 
 
@@ -47,6 +51,9 @@ def run(args) -> int:
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise LucegenError("--prompt encodes to no tokens")
+    if args.kv_cache and not args.draft:
+        raise LucegenError("--kv-cache needs --draft (the quantised target's option; the megakernel keeps the "
+                           "descriptor's kv_cache_type)")
     if args.draft and args.prefill != "kernels":
         raise LucegenError("--draft needs --prefill kernels (the draft's context comes from the prefill)")
     need = len(prompt) + args.max_tokens
@@ -68,7 +75,8 @@ def run(args) -> int:
     if args.draft:  # the verify passes' target: quantised for a K-quant GGUF, else the megakernel's weights
         from ..runtime.quant_target import open_target
 
-        decoder = open_target(checkpoint, target=args.target, max_context=max_context, device=device)
+        decoder = open_target(checkpoint, target=args.target, max_context=max_context, device=device,
+                              kv_cache=args.kv_cache)
     else:
         decoder = MegakernelDecoder(checkpoint, target=args.target, max_context=max_context, device=device)
     generated: list[int] = []
@@ -109,6 +117,7 @@ def speculative(decoder, args, prompt, emit) -> str:
     """Prefill with the draft attached, then speculative steps until --max-tokens; returns a stats phrase."""
     from ..runtime.dflash import SpecDecoder
     from ..runtime.draft import DFlashDrafter
+    from ..runtime.memory_plan import MemoryPlan
     from ..runtime.prefill.runner import Prefiller
     from ..runtime.tree_verify import TreeVerifier
 
@@ -116,6 +125,7 @@ def speculative(decoder, args, prompt, emit) -> str:
     prefiller = Prefiller(decoder, draft=draft)
     verifier = TreeVerifier(decoder, budget=args.budget, draft=draft)
     spec = SpecDecoder(verifier, draft, tree=not args.chain)
+    print(MemoryPlan.of_engine(decoder, verifier, draft).format(), file=sys.stderr)
     prefiller.prefill(prompt)
     left = args.max_tokens
 

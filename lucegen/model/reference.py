@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import FULL, ModelConfig
+from .kv_cache import kv_format, stored
 
 try:
     import numba
@@ -245,12 +246,14 @@ class Reference:
     where a tensor-core prefill (and HF's BF16 model) rounds it: the hidden state entering each projection as
     round(x * (1 + w)) * rsqrt(mean x^2 + eps) (the norm's row scale applied after the rounding, as the prefill
     GEMM epilogue does), the gated-norm and gated-attention outputs, the SwiGLU activation, and the KV cache entries.
-    The default ``"f32"`` rounds nothing."""
+    The default ``"f32"`` rounds nothing. ``kv_cache`` (a format of lucegen/model/kv_cache.py) stores the KV cache
+    entries in that format instead (q8_0 / q4_0: quantised and back)."""
 
-    def __init__(self, config: ModelConfig, checkpoint, gemm_inputs: str = "f32"):
+    def __init__(self, config: ModelConfig, checkpoint, gemm_inputs: str = "f32", kv_cache: str | None = None):
         if gemm_inputs not in ("f32", "bf16", "fp16"):
             raise ValueError(f"gemm_inputs must be f32, bf16 or fp16, got {gemm_inputs!r}")
         self.gemm_inputs = gemm_inputs
+        self.kv_format = None if kv_cache is None else kv_format(kv_cache)
         self.config = config
         source = _DictWeights(checkpoint) if isinstance(checkpoint, Mapping) else checkpoint
         self.w: dict[str, np.ndarray] = {}
@@ -279,6 +282,10 @@ class Reference:
 
     def _round(self, x: np.ndarray) -> np.ndarray:
         return x if self.gemm_inputs == "f32" else round_to(x, self.gemm_inputs)
+
+    def _stored(self, kv_rows: np.ndarray) -> np.ndarray:
+        """KV cache rows [..., head_dim] as the cache holds them."""
+        return self._round(kv_rows) if self.kv_format is None else stored(self.kv_format, kv_rows)
 
     def _norm_in(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """rms_norm_1p(x, w) as a projection input (see the class docstring for the rounded variant)."""
@@ -339,7 +346,7 @@ class Reference:
         k = rms_norm_1p(k, self.w[p + "k_norm.weight"], c.rms_norm_eps)
         q = apply_rope(q, positions, self.inv_freq)
         k = apply_rope(k, positions, self.inv_freq)
-        cache.append(self._round(k.transpose(1, 0, 2)), self._round(v.transpose(1, 0, 2)))
+        cache.append(self._stored(k.transpose(1, 0, 2)), self._stored(v.transpose(1, 0, 2)))
 
         keys, values = cache.k, cache.v  # [kv_heads, L, hd], key j sits at position j
         group = c.num_attention_heads // c.num_kv_heads

@@ -64,6 +64,8 @@ class Buffer:
         if self.ptr:
             _check("cuMemFree", _driver().cuMemFree(self.ptr))
             self.ptr = 0
+            if self._device is not None:
+                self._device.allocated -= self.nbytes
 
     def __enter__(self) -> "Buffer":
         return self
@@ -362,6 +364,7 @@ class Device:
 
     def __init__(self, target: Target, handle, context, name: str):
         self.target, self.handle, self.context, self.name = target, handle, context, name
+        self.allocated = 0  # bytes of the live buffers from alloc (the memory plan's ledger)
 
     @classmethod
     def open(cls, target: Target | str | None = None) -> "Device":
@@ -399,7 +402,13 @@ class Device:
         if nbytes <= 0:
             raise DeviceError(f"cannot allocate {nbytes} bytes")
         ptr = _check(f"cuMemAlloc({nbytes})", _driver().cuMemAlloc(nbytes))
+        self.allocated += nbytes
         return Buffer(int(ptr), nbytes, self)
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory (cuMemGetInfo)."""
+        free, total = _check("cuMemGetInfo", _driver().cuMemGetInfo())
+        return int(free), int(total)
 
     def upload(self, array: np.ndarray, buffer: Buffer | None = None) -> Buffer:
         """Copy a host array to the device (into ``buffer`` if given, else a new one)."""

@@ -213,7 +213,7 @@ class DFlashDrafter:
         self.capture = d.alloc(2 * R * c.fc_in_features)
         self.ctx_x, self.ctx_xn, self.ctx_ss = d.alloc(4 * R * H), d.alloc(2 * R * H), d.alloc(4 * ss_parts * R)
         self.ctx_kv = d.alloc(4 * R * L * 2 * c.kv_dim)
-        self.cache = d.alloc(2 * L * 2 * c.kv_dim * self.ring)
+        self.cache = d.alloc(self.ring_bytes_per_token() * self.ring)
         self.x, self.xn, self.ss = d.alloc(4 * B * H), d.alloc(2 * B * H), d.alloc(4 * block_ss_parts * B)
         self.proj = d.alloc(4 * B * (c.q_dim + 2 * c.kv_dim))
         self.q_ws, self.block_kv = d.alloc(2 * B * c.q_dim), d.alloc(2 * 2 * B * c.kv_dim)
@@ -248,6 +248,10 @@ class DFlashDrafter:
             b = getattr(self, name, None)
             if isinstance(b, Buffer):
                 b.free()
+
+    def ring_bytes_per_token(self) -> int:
+        """Device bytes of one ring position: k and v of every draft layer (the compute dtype)."""
+        return 2 * self.config.num_layers * 2 * self.config.kv_dim
 
     def reset(self) -> None:
         """Forget the context (the decoder was reset)."""

@@ -19,7 +19,9 @@ import numpy as np
 
 from .. import codegen
 from ..errors import CheckpointError, DeviceError, LucegenError
+from ..model import kv_cache
 from ..model.config import ModelConfig
+from ..model.kv_cache import KvFormat
 from ..target import Target
 from . import packing
 from .device import Buffer, Device
@@ -65,7 +67,24 @@ class RunResult:
 
 class SequenceState:
     """What every target decoder (megakernel, quantised) does with its sequence state: the device buffers ``conv``,
-    ``recurrent`` and ``kv`` (layouts of ``packing.plan_layout``), ``position`` and ``next_token``."""
+    ``recurrent`` and ``kv`` (layouts of ``packing.plan_layout``; the KV cache in ``kv_format``, one attention
+    layer every ``kv_layer_bytes``: lucegen/model/kv_cache.py), ``position`` and ``next_token``."""
+
+    kv_format: KvFormat
+    token_buffers = 0  # int32 arrays of max_context entries the decoder holds besides the state
+
+    @property
+    def kv_layer_bytes(self) -> int:
+        c = self.config
+        return self.kv_format.layer_bytes(c.num_kv_heads, c.head_dim, self.max_context)
+
+    def kv_choices(self) -> tuple[str, ...]:
+        """The KV cache formats this decoder can hold (the megakernel: the descriptor's float type)."""
+        return (self.kv_format.name,)
+
+    def kv_bytes(self) -> int:
+        """The whole KV cache (every attention layer; at least 1 byte)."""
+        return max(1, self.layout.n_at * self.kv_layer_bytes)
 
     def snapshot(self) -> dict:
         """A device-side copy of the sequence state (for benchmarks that replay from the same point)."""
@@ -96,14 +115,8 @@ class SequenceState:
             kd2 = 2 * c.linear_key_dim
             conv = np.concatenate([conv[:, :kd2], conv[:, kd2:][:, v_head_order(c, c.linear_value_head_dim, False)]], 1)
             rec = rec[:, v_head_order(c, 1, False)]
-        kv_bits = self.device.download(self.kv, np.uint16, (max(lay.n_at, 1), 2, c.num_kv_heads, self.max_context,
-                                                          c.head_dim))
-        if self.device.target.kv_cache_type == "bf16":
-            from ..model.dtypes import bf16_bits_to_f32
-
-            kv = bf16_bits_to_f32(kv_bits)
-        else:
-            kv = kv_bits.view(np.float16).astype(np.float32)
+        kv = kv_cache.decode_layers(self.kv_format, self.device.download(self.kv, np.uint8, self.kv.nbytes),
+                                    max(lay.n_at, 1), c.num_kv_heads, c.head_dim, self.max_context)
         layers = []
         for l in lay.layers:
             if l.kind == 0:
@@ -114,6 +127,7 @@ class SequenceState:
 
 
 class MegakernelDecoder(SequenceState):
+    token_buffers = 2  # tokens_in, tokens_out
     def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None,
                  profile: bool = False, tuning: dict | None = None, params: dict | None = None):
         from ..compile import compile_source
@@ -129,6 +143,7 @@ class MegakernelDecoder(SequenceState):
         self.target = t
         if t.compute_dtype not in ("bf16", "fp16"):
             raise DeviceError(f"{t.name}: the megakernel needs compute_dtype bf16 or fp16, not {t.compute_dtype}")
+        self.kv_format = kv_cache.kv_format(t.kv_cache_type)  # a float type (the descriptor's validation)
         self.params = params or packing.kernel_params(self.config, t, profile=profile, **(tuning or {}))
         check_kernel_matches(self.params, self.config)
         if not isinstance(max_context, int) or max_context < 1:
@@ -166,7 +181,7 @@ class MegakernelDecoder(SequenceState):
         self.wvec = d.alloc(lay.wvec_floats * 4)
         self.conv = d.alloc(lay.conv_state_floats() * 4)
         self.recurrent = d.alloc(lay.recurrent_floats() * 4)
-        self.kv = d.alloc(lay.kv_elems(self.max_context) * 2)
+        self.kv = d.alloc(self.kv_bytes())
         self.scratch = d.alloc(lay.scratch_floats * 8)  # tagged words: (epoch << 32) | float bits
         self.barrier = d.alloc(256)
         self.argmax = d.alloc(16)

@@ -29,6 +29,7 @@ from ..errors import CheckpointError, DeviceError, LucegenError
 from ..families.quant_gemm import GEMM_TYPES
 from ..families.quant_matvec import BLOCK_THREADS, QUANT_TYPES
 from ..model.gguf_io import GGUFCheckpoint, load_gguf, v_head_order
+from ..model.kv_cache import kv_format
 from . import packing
 from .device import Buffer, Device, address
 from .megakernel import SequenceState
@@ -78,13 +79,18 @@ class QuantDecoder(SequenceState):
 
     v_heads = "tiled"
 
-    def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None):
+    def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None,
+                 kv_cache: str | None = None):
         self.checkpoint = model if isinstance(model, GGUFCheckpoint) else load_gguf(Path(model))
         self.config = c = self.checkpoint.config
         self.layout = packing.plan_layout(c)
         self._check_types()  # before the device: a file this path cannot read is refused on any machine
+        if kv_cache is not None:
+            kv_format(kv_cache).check_head_dim(c.head_dim, f"model {c.name}")
         self.device = device or Device.open(target)
         self.target = self.device.target
+        self.kv_format = kv_format(kv_cache or self.target.kv_cache_type)
+        self.kv_format.check_head_dim(c.head_dim, f"model {c.name}")
         if self.target.compute_dtype not in ("bf16", "fp16"):
             raise DeviceError(f"{self.target.name}: the quantised target needs compute_dtype bf16 or fp16")
         if not isinstance(max_context, int) or max_context < 1:
@@ -141,7 +147,7 @@ class QuantDecoder(SequenceState):
         d.memset(self.wvec)
         self.conv = d.alloc(lay.conv_state_floats() * 4)
         self.recurrent = d.alloc(lay.recurrent_floats() * 4)
-        self.kv = d.alloc(lay.kv_elems(self.max_context) * 2)
+        self.kv = d.alloc(self.kv_bytes())
 
     def _upload(self) -> None:
         ck, shapes = self.checkpoint, self.config.tensor_shapes()
@@ -163,6 +169,10 @@ class QuantDecoder(SequenceState):
         self.ss_parts = self.qgemm.ss_parts(residual)
         self.part_columns = 16 * (8 // self.qgemm.parts(residual))
 
+    def kv_choices(self) -> tuple[str, ...]:
+        """The descriptor's float type and the quantised formats."""
+        return (self.target.kv_cache_type, "q8_0", "q4_0")
+
     # ------------------------------------------------------------------------------------------ the contract
     def layer_params(self) -> dict:
         """The prefill / verify ``pf`` for this model: DeltaNet heads tiled, the quantised residual's partial sums."""
@@ -170,6 +180,7 @@ class QuantDecoder(SequenceState):
 
         pf = prefill_params(self.config, self.target, self.v_heads)
         pf["ss_parts"] = self.ss_parts
+        pf["kv"], pf["kv_ctype"] = self.kv_format.name, self.kv_format.ctype
         return pf
 
     def layer_weights(self, pf: dict, *, batch_invariant: bool = False) -> QuantWeights:
@@ -193,13 +204,23 @@ class QuantDecoder(SequenceState):
                 setattr(self, name, None)
 
 
-def open_target(model, *, target=None, max_context: int = 2048, device: Device | None = None):
+def open_target(model, *, target=None, max_context: int = 2048, device: Device | None = None,
+                kv_cache: str | None = None):
     """The decoder for ``model`` (a path or a loaded checkpoint): :class:`QuantDecoder` for a GGUF whose matrices are
-    in the quantised GEMM's block types (its first down projection decides), else the BF16 megakernel decoder."""
+    in the quantised GEMM's block types (its first down projection decides), else the BF16 megakernel decoder.
+    ``kv_cache`` (lucegen/model/kv_cache.py; default: the descriptor's kv_cache_type) is the quantised target's
+    choice; the megakernel keeps its cache in the descriptor's float type."""
     from .megakernel import MegakernelDecoder
 
     if isinstance(model, (str, Path)) and Path(model).suffix == ".gguf" and Path(model).is_file():
         model = load_gguf(Path(model))
     if isinstance(model, GGUFCheckpoint) and model.dtype("layers.0.mlp.down_proj.weight") in GEMM_TYPES:
-        return QuantDecoder(model, target=target, max_context=max_context, device=device)
-    return MegakernelDecoder(model, target=target, max_context=max_context, device=device)
+        return QuantDecoder(model, target=target, max_context=max_context, device=device, kv_cache=kv_cache)
+    if kv_cache is not None and kv_format(kv_cache).quantised:
+        raise LucegenError(f"KV cache {kv_cache}: quantised KV caches are for a quantised GGUF target (Q4_K_M and "
+                           "the like); the BF16 megakernel decoder keeps its cache in bf16 or fp16")
+    dec = MegakernelDecoder(model, target=target, max_context=max_context, device=device)
+    if kv_cache is not None and kv_cache != dec.kv_format.name:
+        raise LucegenError(f"KV cache {kv_cache}: the megakernel decoder on {dec.target.name} keeps its cache in "
+                           f"the descriptor's kv_cache_type {dec.kv_format.name}")
+    return dec

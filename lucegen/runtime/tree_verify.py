@@ -226,7 +226,8 @@ class TreeVerifier:
             c = self.config
             self.device.upload(path, self.path)
             self.commit_kv_fn.launch((-(-2 * c.num_kv_heads * c.head_dim // THREADS), lay.n_at), THREADS,
-                                     (address(dec.kv.ptr), np.int32(dec.max_context), address(self.path.ptr),
+                                     (address(dec.kv.ptr), np.uint64(dec.kv_layer_bytes), np.int32(dec.max_context),
+                                      address(self.path.ptr),
                                       np.int32(path.size - 1), np.int32(dec.position)), stream=st)
         st.synchronize()
         dec.position += int(path.size)

@@ -33,6 +33,49 @@ def test_spec_decoding_is_lossless(seed, length, corrupt):
     print(check_lossless("tiny-q", seed, length, 96, corrupt))
 
 
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kv=st.sampled_from(["q8_0", "q4_0"]), length=st.integers(1, 300), seed=st.integers(0, 2**16),
+       budget=st.integers(0, BUDGET))
+def test_quantised_kv_cache_slots_match_their_paths(kv, length, seed, budget):
+    """The KV cache in q8_0 / q4_0 (lucegen/model/kv_cache.py): every slot against the Reference holding the same
+    format, and the cache after a commit against the Reference's (one code of slack: tests/gpu/gpu_models.py)."""
+    check_slots(f"tiny-q/{kv}", length, seed, budget)
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kv=st.sampled_from(["q8_0", "q4_0"]), seed=st.integers(0, 2**16), length=st.integers(1, 200),
+       corrupt=st.frozensets(st.integers(1, 95), max_size=12))
+def test_spec_decoding_is_lossless_with_a_quantised_kv_cache(kv, seed, length, corrupt):
+    print(kv, check_lossless(f"tiny-q/{kv}", seed, length, 96, corrupt))
+
+
+def test_memory_plan_matches_what_the_engine_allocates():
+    """The plan's per-token and per-slot bytes against the device's ledger: the same engine built at two contexts
+    and two budgets (same prefill segment) allocates exactly what the plan says the difference costs."""
+    from lucegen.runtime.memory_plan import MemoryPlan
+    from lucegen.runtime.prefill.runner import Prefiller
+    from lucegen.runtime.quant_target import QuantDecoder
+    from lucegen.runtime.tree_verify import TreeVerifier
+
+    dev = gpu_device()
+
+    def build(max_context, budget):
+        base = dev.allocated
+        dec = QuantDecoder(gguf_file("tiny-q"), device=dev, max_context=max_context, kv_cache="q4_0")
+        parts = (Prefiller(dec, segment=64), TreeVerifier(dec, budget=budget))
+        return dec, parts, dev.allocated - base
+
+    dec, (pre, ver), small = build(256, 4)
+    plan = MemoryPlan.of_engine(dec, ver)
+    for part in (ver, pre, dec):
+        part.close()
+    dec, parts, big = build(1280, 20)
+    for part in (*parts, dec):
+        part.close()
+    assert big - small == plan.bytes_at(1280, 21, "q4_0") - plan.bytes_at(256, 5, "q4_0")
+    print(plan.format())
+
+
 def test_device_decode_is_greedy():
     dec, _, ver = engine("tiny-q")
     prompt = np.random.default_rng(3).integers(0, dec.config.vocab_size, 37)
@@ -55,3 +98,9 @@ def test_spec_decoding_is_lossless_27b():
     """The 27B shape (`lucegen init-weights --preset qwen3.5-27b --format gguf --quant q4_k_m`): random, oracle and
     corrupted drafts, chain and tree, token for token against one-slot greedy."""
     print(check_lossless("27b", 5, 16, 40, frozenset({2, 9, 10, 23})))
+
+
+@pytest.mark.skipif(not os.environ.get("LUCEGEN_27B_GGUF"), reason="set LUCEGEN_27B_GGUF to a Qwen3.5-27B Q4_K_M GGUF")
+def test_spec_decoding_is_lossless_27b_q4_0_kv():
+    """The same with the KV cache in q4_0 (head_dim 256: eight values a lane in the tree attention)."""
+    print(check_lossless("27b/q4_0", 5, 16, 40, frozenset({2, 9, 10, 23})))

@@ -41,18 +41,26 @@ QUANTISED = {"tiny-q", "27b"}  # GGUF Q4_K_M, loaded by QuantDecoder (tests/gpu/
 BUDGET = 24
 
 
+def model_of(preset: str) -> tuple[str, str | None]:
+    """A preset names a model and, for a quantised target, optionally its KV cache format: "tiny-q/q4_0"."""
+    model, _, kv = preset.partition("/")
+    return model, kv or None
+
+
 @functools.cache
 def engine(preset: str, max_context: int = 640):
     from lucegen.runtime.megakernel import MegakernelDecoder
     from lucegen.runtime.prefill.runner import Prefiller
     from lucegen.runtime.tree_verify import TreeVerifier
 
+    preset, kv = model_of(preset)
     if preset in QUANTISED:
         from lucegen.runtime.quant_target import QuantDecoder
 
         path = os.environ["LUCEGEN_27B_GGUF"] if preset == "27b" else gguf_file(PRESETS[preset])
-        dec = QuantDecoder(path, device=gpu_device(), max_context=max_context)
+        dec = QuantDecoder(path, device=gpu_device(), max_context=max_context, kv_cache=kv)
         return dec, Prefiller(dec), TreeVerifier(dec, budget=BUDGET)
+    assert kv is None, "the megakernel decoder keeps the descriptor's KV cache type"
     path = os.environ.get("LUCEGEN_08B_DIR") if preset == "0.8b" else None
     ckpt = load_checkpoint(path or str(checkpoint_dir(PRESETS[preset])))
     dec = MegakernelDecoder(ckpt, device=gpu_device(), max_context=max_context)
@@ -62,7 +70,7 @@ def engine(preset: str, max_context: int = 640):
 @functools.cache
 def reference(preset: str) -> Reference:
     dec = engine(preset)[0]
-    return Reference(dec.config, dec.checkpoint, gemm_inputs=dec.target.compute_dtype)
+    return Reference(dec.config, dec.checkpoint, gemm_inputs=dec.target.compute_dtype, kv_cache=dec.kv_format.name)
 
 
 def start(preset: str, prompt) -> int:
@@ -100,7 +108,7 @@ def check_slots(preset: str, length: int, seed: int, budget: int) -> None:
     tree = random_tree(rng, vocab, budget)
     argmax, logits = ver.verify(tree, root, logits=True)
     assert np.array_equal(argmax, logits.argmax(axis=1)), "the device argmax is the argmax of its logits"
-    tol, cos_min, state_tol = BOUNDS[preset]["rounded"]
+    tol, cos_min, state_tol = BOUNDS[model_of(preset)[0]]["rounded"]
     tokens = tree.verify_tokens(root)
     paths = [[]] + [tree.path(i) for i in range(tree.n_nodes)]
     for slot, path in enumerate(paths):
@@ -117,7 +125,7 @@ def check_slots(preset: str, length: int, seed: int, budget: int) -> None:
     ver.commit(tree, nodes, int(argmax[slot]))
     assert dec.position == pos0 + 1 + len(nodes) and dec.next_token == int(argmax[slot])
     ref.forward(tokens[[0] + [n + 1 for n in nodes]], state, logits="none")
-    worst = state_errors(dec.download_state(), state)
+    worst = state_errors(dec.download_state(), state, dec.kv_format)
     bad = {k: v for k, v in worst.items() if v[0] > state_tol}
     assert not bad, f"states off after the commit (relative error, layer): {bad}"
 

@@ -41,9 +41,9 @@ class AttentionKernels:
         if pf["NH"] % pf["NKV"]:
             raise LucegenError(f"model {pf['model_name']}: num_attention_heads {pf['NH']} is not a multiple of "
                                f"num_kv_heads {pf['NKV']}")
-        if pf["instruction"] != "simt" and pf["kv_ctype"] != pf["ctype"]:
-            raise LucegenError(f"{target.name}: prefill attention needs kv_cache_type = compute_dtype "
-                               f"({pf['ctype']}), got {pf['kv_ctype']}")
+        if pf["instruction"] != "simt" and pf["kv_ctype"] not in (pf["ctype"], "unsigned char"):
+            raise LucegenError(f"{target.name}: prefill attention needs the KV cache in compute_dtype "
+                               f"({pf['ctype']}) or quantised, got {pf['kv']}")
         self.device, self.target, self.pf = device, target, pf
         source = codegen.render(target, TEMPLATE, pf=pf)
         self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE))

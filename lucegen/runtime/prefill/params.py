@@ -9,6 +9,7 @@ import math
 
 from ...errors import CheckpointError
 from ...model.config import ModelConfig
+from ...model.kv_cache import kv_format
 from ...target import DTYPES, Target
 from ..packing import _f32_literal
 
@@ -84,7 +85,9 @@ def prefill_params(config: ModelConfig, target: Target, v_heads: str = "grouped"
         "attn_scale": _f32_literal(c.head_dim ** -0.5),
         "dtype": target.compute_dtype,
         "ctype": DTYPES[target.compute_dtype][0],
-        "kv_ctype": DTYPES[target.kv_cache_type][0],
+        # the KV cache format (lucegen/model/kv_cache.py) and its storage element
+        "kv": target.kv_cache_type,
+        "kv_ctype": kv_format(target.kv_cache_type).ctype,
         # the warp-level MMA of flash attention and the other mma.sync users (wgmma targets: m16n8k16, which
         # every sm_90 has) and the GEMM mainloop's own instruction (the descriptor's [matmul] instruction)
         "instruction": "mma_m16n8k16" if mm.instruction.startswith("wgmma") else mm.instruction,

@@ -50,9 +50,9 @@ def wvec_at(dec, float_offset: int) -> int:
 
 
 def kv_layer(dec, layer) -> int:
-    """Device address of attention ``layer``'s KV cache ([2][NKV][max_context][HD]) in the decoder's state."""
-    c = dec.config
-    return dec.kv.ptr + 2 * layer.slot * 2 * c.num_kv_heads * dec.max_context * c.head_dim
+    """Device address of attention ``layer``'s KV cache (rows [2][NKV][max_context] in the decoder's ``kv_format``)
+    in the decoder's state."""
+    return dec.kv.ptr + layer.slot * dec.kv_layer_bytes
 
 
 def conv_layer(dec, layer) -> int:
