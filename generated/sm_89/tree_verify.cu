@@ -133,7 +133,7 @@ __device__ __forceinline__ void kv_copy_unit(kv_elem_t* __restrict__ kv, int max
 #define TV_NKV 2
 #define TV_HD 256
 #define TV_GROUP 4
-#define TV_AT_WARPS 4
+#define TV_AT_WARPS 16
 #define TV_COLS_PER_BLOCK 8
 
 __device__ __forceinline__ float tv_fma(float a, float b, float c) { return fmaf(a, b, c); }
