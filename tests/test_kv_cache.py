@@ -64,7 +64,9 @@ def test_blocks_mean_what_ggml_means(seed, scale, fmt):
     step = np.repeat(np.abs(scales.astype(np.float32)), 32, axis=-1)
     slack = np.abs(x) * 2e-3 + 1e-30
     assert np.all(np.abs(y - x) <= np.where(np.abs(x) < 7.5 * step, 0.5 * step, step) + slack)
-    assert np.all(y[0, 0, :32] == 0.0) and np.all(y[0, 1, 32:64] == np.float32(-1.5)) or fmt is Q8
+    assert np.all(y[0, 0, :32] == 0.0)
+    if fmt is Q4:  # the block's largest magnitude is code 0 exactly (q8_0's 127 d rounds through the fp16 scale)
+        assert np.all(y[0, 1, 32:64] == np.float32(-1.5))
     # quantising what the cache holds gives it back
     np.testing.assert_array_equal(kv_cache.stored(fmt, y), y)
 

@@ -95,10 +95,6 @@ class Layout:
     def recurrent_floats(self) -> int:
         return max(1, self.n_dn * self.recurrent_state_floats)
 
-    def kv_elems(self, max_context: int) -> int:
-        c = self.config
-        return max(1, self.n_at * 2 * c.num_kv_heads * max_context * c.head_dim)
-
 
 def in_rows(config: ModelConfig, kind: int) -> int:
     c = config

@@ -85,12 +85,11 @@ class QuantDecoder(SequenceState):
         self.config = c = self.checkpoint.config
         self.layout = packing.plan_layout(c)
         self._check_types()  # before the device: a file this path cannot read is refused on any machine
-        if kv_cache is not None:
+        if kv_cache is not None:  # the descriptor's default is a float type: any head_dim
             kv_format(kv_cache).check_head_dim(c.head_dim, f"model {c.name}")
         self.device = device or Device.open(target)
         self.target = self.device.target
         self.kv_format = kv_format(kv_cache or self.target.kv_cache_type)
-        self.kv_format.check_head_dim(c.head_dim, f"model {c.name}")
         if self.target.compute_dtype not in ("bf16", "fp16"):
             raise DeviceError(f"{self.target.name}: the quantised target needs compute_dtype bf16 or fp16")
         if not isinstance(max_context, int) or max_context < 1:
