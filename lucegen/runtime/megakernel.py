@@ -128,6 +128,7 @@ class SequenceState:
 
 class MegakernelDecoder(SequenceState):
     token_buffers = 2  # tokens_in, tokens_out
+
     def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None,
                  profile: bool = False, tuning: dict | None = None, params: dict | None = None):
         from ..compile import compile_source
