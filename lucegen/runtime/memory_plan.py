@@ -27,22 +27,17 @@ import dataclasses
 
 from ..model import kv_cache
 from ..target import Target, list_targets, load_target
+from .prefill.runner import Activations, Prefiller
+from .tree_verify import TreeVerifier, slot_buffer_bytes
 
 GIB = 2**30
-INT_ENTRIES_PER_TOKEN = 2  # int32: the prefiller's token ids, the verifier's greedy history (+ the decoder's own)
 
 
 def slot_bytes(decoder, pf: dict) -> int:
-    """Device bytes one verify slot costs (tree_verify.TreeVerifier._allocate and prefill.runner.Activations), less
-    the layout rows' share (:meth:`MemoryPlan.verify_bytes`)."""
-    c, lay = decoder.config, decoder.layout
-    states = 4 * max(1, lay.n_dn) * (lay.recurrent_state_floats + lay.conv_window_floats)
-    logits = 4 * c.vocab_size
-    activations = (4 * c.hidden_size + 2 * c.hidden_size + 4 * pf["ss_parts"] + 4 * max(pf["NIN_DN"], pf["NIN_AT"])
-                   + 2 * max(pf["VD"], c.num_attention_heads * c.head_dim) + 2 * c.intermediate_size)
-    token_mix = 4 * (2 * pf["KD"] + 2 * pf["VD"] + 2 * pf["NV"]) + 2 * pf["NH"] * pf["HD"]  # ws, q_ws
-    indices = 4 * (3 + 2)  # tokens, path, argmax; the layout's parent and depth
-    return states + logits + activations + token_mix + indices
+    """Device bytes one verify slot costs: TreeVerifier's slot buffers, its Activations row, the tree layout's
+    parent and depth entries (the path table's square term is :func:`verify_bytes`'s)."""
+    return (sum(slot_buffer_bytes(decoder, pf).values()) + sum(Activations.row_bytes(decoder.config, pf).values())
+            + 4 * 2)
 
 
 def token_bytes(decoder, kv_format: kv_cache.KvFormat, draft=None) -> int:
@@ -50,7 +45,8 @@ def token_bytes(decoder, kv_format: kv_cache.KvFormat, draft=None) -> int:
     c = decoder.config
     kv = decoder.layout.n_at * 2 * c.num_kv_heads * kv_format.row_bytes(c.head_dim)
     ring = draft.ring_bytes_per_token() if draft is not None and draft.ring == decoder.max_context else 0
-    return kv + ring + 4 * (INT_ENTRIES_PER_TOKEN + decoder.token_buffers)
+    ints = Prefiller.token_buffers + TreeVerifier.token_buffers + decoder.token_buffers
+    return kv + ring + 4 * ints
 
 
 def verify_bytes(slots: int, per_slot: int) -> int:

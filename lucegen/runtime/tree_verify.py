@@ -39,6 +39,19 @@ ATTENTION_WARPS = 16  # TV_AT_WARPS: a one-slot pass at a 16K context is latency
 COMMIT_BLOCKS = 64
 
 
+def slot_buffer_bytes(decoder, pf: dict) -> dict[str, int]:
+    """Bytes per verify slot of each of :class:`TreeVerifier`'s slot-sized buffers (besides its
+    :class:`Activations` rows and the tree layout, whose path table grows with the square of the slots): the
+    token-mix workspace, every DeltaNet layer's state and conv window, the attention's roped queries, the slot's
+    token, path entry, logits row and argmax."""
+    c, lay = decoder.config, decoder.layout
+    return {"ws": 4 * (2 * pf["KD"] + 2 * pf["VD"] + 2 * pf["NV"]),
+            "states": 4 * max(1, lay.n_dn) * lay.recurrent_state_floats,
+            "windows": 4 * max(1, lay.n_dn) * lay.conv_window_floats,
+            "q_ws": 2 * pf["NH"] * pf["HD"],  # prefill.attention.AttentionKernels.workspace_bytes(1)
+            "tokens": 4, "path": 4, "logits": 4 * c.vocab_size, "argmax": 4}
+
+
 def tree_layout(tree: ddtree.Tree) -> np.ndarray:
     """The per-slot arrays the kernels read, as one int32 upload for S = 1 + n slots: parent [S] (-1 for the root),
     depth [S] (root 0), then the path table anc [S][S] (anc[s][d] = the slot at depth d on the way to s)."""
@@ -56,6 +69,8 @@ class TreeVerifier:
     """Verify passes of up to ``1 + budget`` slots into a :class:`MegakernelDecoder`'s weights and state (the
     descriptor's ``[ddtree] budget`` by default). With a ``draft`` (a DFlashDrafter) every pass also captures each
     slot's hidden states after the draft's tapped layers, for :meth:`DFlashDrafter.committed`."""
+
+    token_buffers = 1  # int32 arrays of max_context entries it holds: the greedy history
 
     def __init__(self, decoder, *, budget: int | None = None, graphs: bool = True, draft=None):
         self.dec, self.draft = decoder, draft
@@ -91,20 +106,15 @@ class TreeVerifier:
 
     # ------------------------------------------------------------------------------------------ memory
     def _allocate(self) -> None:
-        c, pf, S, d, lay = self.config, self.pf, self.slots, self.device, self.dec.layout
+        c, pf, S, d = self.config, self.pf, self.slots, self.device
         self.acts = Activations(d, c, pf, S)
-        ws = S * (2 * pf["KD"] + 2 * pf["VD"] + 2 * pf["NV"])
-        self.ws = d.alloc(4 * ws)
-        self.states = d.alloc(4 * max(1, lay.n_dn) * S * lay.recurrent_state_floats)
-        self.windows = d.alloc(4 * max(1, lay.n_dn) * S * lay.conv_window_floats)
-        self.q_ws = d.alloc(max(1, self.attention.workspace_bytes(S)))
-        self.tokens = d.alloc(4 * S)
+        per_slot = slot_buffer_bytes(self.dec, pf)
+        assert per_slot["q_ws"] * S == self.attention.workspace_bytes(S)  # the table restates the kernels' need
+        for name, size in per_slot.items():
+            setattr(self, name, d.alloc(S * size))
         self.pos0 = d.alloc(4)
-        self.layout_buf = d.alloc(4 * (2 + S) * S)
-        self.path = d.alloc(4 * S)
-        self.history = d.alloc(4 * self.dec.max_context)
-        self.logits = d.alloc(4 * S * c.vocab_size)
-        self.argmax = d.alloc(4 * S)
+        self.layout_buf = d.alloc(4 * (2 + S) * S)  # parent [S], depth [S], the path table [S][S]
+        self.history = d.alloc(4 * self.token_buffers * self.dec.max_context)
 
     def close(self) -> None:
         for g in list(getattr(self, "_graphs", {}).values()) + [getattr(self, "_decode_graph", None)]:

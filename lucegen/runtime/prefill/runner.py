@@ -72,15 +72,18 @@ class Activations:
 
     NAMES = ("x", "xn", "ss", "proj", "mix", "act")
 
-    def __init__(self, device, config, pf: dict, rows: int):
+    @staticmethod
+    def row_bytes(config, pf: dict) -> dict[str, int]:
+        """Bytes per row of each buffer (what lucegen.runtime.memory_plan counts per verify slot)."""
         c, esz = config, 2  # compute dtype bytes
+        return {"x": 4 * c.hidden_size, "xn": esz * c.hidden_size, "ss": 4 * pf["ss_parts"],
+                "proj": 4 * max(pf["NIN_DN"], pf["NIN_AT"]),
+                "mix": esz * max(pf["VD"], c.num_attention_heads * c.head_dim), "act": esz * c.intermediate_size}
+
+    def __init__(self, device, config, pf: dict, rows: int):
         self.rows = rows
-        self.x = device.alloc(rows * c.hidden_size * 4)
-        self.xn = device.alloc(rows * c.hidden_size * esz)
-        self.ss = device.alloc(pf["ss_parts"] * rows * 4)
-        self.proj = device.alloc(rows * max(pf["NIN_DN"], pf["NIN_AT"]) * 4)
-        self.mix = device.alloc(rows * max(pf["VD"], c.num_attention_heads * c.head_dim) * esz)
-        self.act = device.alloc(rows * c.intermediate_size * esz)
+        for name, size in self.row_bytes(config, pf).items():
+            setattr(self, name, device.alloc(rows * size))
 
     def free(self) -> None:
         for name in self.NAMES:
@@ -188,6 +191,8 @@ class Prefiller:
     ``draft`` (:class:`lucegen.runtime.draft.DFlashDrafter`) every segment's tapped hidden states also become the
     draft's context."""
 
+    token_buffers = 1  # int32 arrays of max_context entries it holds: the prompt's token ids
+
     def __init__(self, decoder, *, segment: int | None = None, graphs: bool = True, draft=None):
         self.dec, self.draft = decoder, draft
         self.device, self.target, self.config = decoder.device, decoder.target, decoder.config
@@ -215,7 +220,7 @@ class Prefiller:
         # split-K partial sums of the residual GEMMs (only short segments split: see gemm.plan_residual)
         self.ws_resid_bytes = self.gemm.residual_workspace_bytes(min(s, 2048), c.hidden_size)
         self.ws_resid = d.alloc(max(1, self.ws_resid_bytes))
-        self.tokens = d.alloc(max(1, self.dec.max_context) * 4)
+        self.tokens = d.alloc(4 * self.token_buffers * max(1, self.dec.max_context))
         self.logits = d.alloc(c.vocab_size * 4)
         self.argmax = d.alloc(16)
 
