@@ -43,7 +43,7 @@ def slot_bytes(decoder, pf: dict) -> int:
 def token_bytes(decoder, kv_format: kv_cache.KvFormat, draft=None) -> int:
     """Device bytes one context position costs in ``kv_format``."""
     c = decoder.config
-    kv = decoder.layout.n_at * 2 * c.num_kv_heads * kv_format.row_bytes(c.head_dim)
+    kv = decoder.layout.n_at * kv_format.layer_bytes(c.num_kv_heads, c.head_dim, 1)
     ring = draft.ring_bytes_per_token() if draft is not None and draft.ring == decoder.max_context else 0
     ints = Prefiller.token_buffers + TreeVerifier.token_buffers + decoder.token_buffers
     return kv + ring + 4 * ints

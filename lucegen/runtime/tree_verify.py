@@ -29,7 +29,7 @@ from ..compile import compile_source
 from ..errors import LucegenError
 from . import ddtree
 from .device import Buffer, address
-from .prefill.attention import AttentionKernels
+from .prefill.attention import AttentionKernels, query_workspace_bytes
 from .prefill.runner import Activations, conv_layer, enqueue_layers, kv_layer, recurrent_layer, wvec_at
 
 TEMPLATE = "dflash/tree_verify.cu.j2"
@@ -48,7 +48,7 @@ def slot_buffer_bytes(decoder, pf: dict) -> dict[str, int]:
     return {"ws": 4 * (2 * pf["KD"] + 2 * pf["VD"] + 2 * pf["NV"]),
             "states": 4 * max(1, lay.n_dn) * lay.recurrent_state_floats,
             "windows": 4 * max(1, lay.n_dn) * lay.conv_window_floats,
-            "q_ws": 2 * pf["NH"] * pf["HD"],  # prefill.attention.AttentionKernels.workspace_bytes(1)
+            "q_ws": query_workspace_bytes(pf, 1),
             "tokens": 4, "path": 4, "logits": 4 * c.vocab_size, "argmax": 4}
 
 
@@ -108,9 +108,7 @@ class TreeVerifier:
     def _allocate(self) -> None:
         c, pf, S, d = self.config, self.pf, self.slots, self.device
         self.acts = Activations(d, c, pf, S)
-        per_slot = slot_buffer_bytes(self.dec, pf)
-        assert per_slot["q_ws"] * S == self.attention.workspace_bytes(S)  # the table restates the kernels' need
-        for name, size in per_slot.items():
+        for name, size in slot_buffer_bytes(self.dec, pf).items():
             setattr(self, name, d.alloc(S * size))
         self.pos0 = d.alloc(4)
         self.layout_buf = d.alloc(4 * (2 + S) * S)  # parent [S], depth [S], the path table [S][S]

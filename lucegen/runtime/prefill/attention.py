@@ -34,6 +34,11 @@ def launch_geometry(pf: dict, T: int, warp_size: int = 32) -> tuple[tuple[int, i
     return (-(-rows // pf["block_q"]), pf["NKV"]), (pf["block_q"] // 16) * 32, pf["attn_smem"]
 
 
+def query_workspace_bytes(pf: dict, T: int) -> int:
+    """The workspace of T tokens: their roped queries in the compute dtype, [NKV][T][NH/NKV][HD]."""
+    return T * pf["NH"] * pf["HD"] * 2
+
+
 class AttentionKernels:
     """The prefill attention kernels of one model shape (``pf``) on ``device``."""
 
@@ -54,8 +59,7 @@ class AttentionKernels:
             self.attend_fn.set_max_dynamic_smem(smem)
 
     def workspace_bytes(self, T: int) -> int:
-        """The roped queries in the compute dtype: [NKV][T][NH/NKV][HD]."""
-        return T * self.pf["NH"] * self.pf["HD"] * 2
+        return query_workspace_bytes(self.pf, T)
 
     def prepare(self, *, proj: int, T: int, pos0: int, q_norm: int, k_norm: int, inv_freq: int, kv: int,
                 max_context: int, workspace: int, depth: int = 0, pos0_at: int = 0, stream=None) -> None:
