@@ -60,3 +60,11 @@ def test_draft_needs_the_prefill_kernels(tiny_dir, tmp_path, capsys):
     code, err = run_cli(["run", "--model", str(tiny_dir), "--prompt", "hello", "--draft", str(tmp_path),
                          "--prefill", "megakernel"], capsys)
     assert code == 2 and "--draft needs --prefill kernels" in err
+
+
+@pytest.mark.parametrize("command", [["run", "--prompt", "hello"], ["bench", "dflash"]])
+@pytest.mark.parametrize("extra", [[], ["--draft", "D"]])
+def test_draft_ring_needs_a_draft_and_a_positive_size(tiny_dir, capsys, command, extra):
+    ring = "0" if extra else "64"  # without a draft even a good size is refused; with one, 0 is
+    code, err = run_cli(command + ["--model", str(tiny_dir)] + extra + ["--draft-ring", ring], capsys)
+    assert code == 2 and f"--draft-ring needs --draft and at least 1 position, got {ring}" in err

@@ -53,8 +53,11 @@ def plan(fixed_gib: float) -> MemoryPlan:
 
 def test_what_fits_where():
     rtx3090, h100 = load_target("sm_86"), load_target("sm_90")
-    # the 3090 (24 GB, budget 64: 65 slots of 151 MiB) cannot hold a 17 GiB engine at all
-    assert plan(17.0).max_context(rtx3090, "q4_0") == 0
+    # the 3090 (24 GB) holds a 17 GiB engine at its budget of 22 (23 slots of 151 MiB), and not at 64 (65 slots)
+    assert rtx3090.ddtree.budget == 22
+    fits = plan(17.0).max_context(rtx3090, "q4_0")
+    assert fits == (24 * GIB - GIB // 2 - 17 * GIB - 23 * 151 * 2**20 - 4 * 23 * 23) // 18440 > 128 * 1024
+    assert plan(17.0).bytes_at(0, 65, "q4_0") > rtx3090.memory_bytes
     p = plan(66.0)  # an H100 with 66 GiB taken: about 3.9 GiB left for the context
     fits = {kv: p.max_context(h100, kv) for kv in ("bf16", "q8_0", "q4_0")}
     assert 0 < fits["bf16"] < fits["q8_0"] < fits["q4_0"] <= 262144

@@ -42,7 +42,7 @@ REFERENCE_AL, REFERENCE_BUDGET = 8.31, 22
 
 def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repeats: int = 10, budgets=BUDGETS,
                  acceptance_lengths=ACCEPTANCE_LENGTHS, target=None, seed: int = 0, draft=None,
-                 top_k: int = 8, kv_cache: str | None = None) -> dict:
+                 top_k: int = 8, kv_cache: str | None = None, draft_ring: int | None = None) -> dict:
     from ..runtime import ddtree
     from ..runtime.dflash import ControlledDrafter, OracleDrafter, SpecDecoder
     from ..runtime.draft import DFlashDrafter
@@ -56,7 +56,8 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
     max_budget = max(max(budgets), depth)
     dec = open_target(model, target=target, max_context=prompt_tokens + 2 * gen_tokens + max_budget + 2,
                       kv_cache=kv_cache)
-    network = DFlashDrafter(dec, draft, k=top_k, rows=max(64, max_budget + 1)) if draft else None
+    ring = None if draft_ring is None else min(draft_ring, dec.max_context)
+    network = DFlashDrafter(dec, draft, k=top_k, ring=ring, rows=max(64, max_budget + 1)) if draft else None
     pre, ver = Prefiller(dec, draft=network), TreeVerifier(dec, budget=max_budget, draft=network)
     plan = MemoryPlan.of_engine(dec, ver, network)
     cfg, dev = dec.config, dec.device
@@ -140,7 +141,8 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
               "kv_cache": dec.kv_format.name,
               "verify_ar_ms_per_token": verify_ar_step,
               "verify_ar_tok_s": 1e3 / verify_ar_step, "verify": verify_rows, "spec": spec_rows,
-              "draft": (f"DFlash {network.config.name} (runs every step, top-{top_k}; proposals from the oracle)"
+              "draft": (f"DFlash {network.config.name} (runs every step, top-{top_k}, a context ring of {network.ring}; "
+                         "proposals from the oracle)"
                         if network else "oracle (no draft network: its cost is not included)"),
               "draft_forward_ms": draft_ms, "projection": projection(verify_rows, spec_rows, ar_step),
               "memory_plan": plan.format()}

@@ -52,6 +52,8 @@ def register(subparsers) -> None:
     s.add_argument("--draft", type=Path, default=None, help="DFlash draft directory: the network runs every step "
                    "(its cost counts) while the oracle's proposals set the acceptance")
     s.add_argument("--top-k", type=int, default=8, help="draft candidates per position (default 8)")
+    s.add_argument("--draft-ring", type=int, default=None,
+                   help="the draft's context ring: the last N positions (default: the whole context)")
     s.add_argument("--kv-cache", choices=tuple(KV_FORMATS), default=None,
                    help="the quantised target's KV cache format (default: the descriptor's kv_cache_type)")
     s.add_argument("--target", default=None, help="descriptor (default: the one matching the GPU)")
@@ -115,9 +117,11 @@ def run_dflash(args) -> int:
     budgets = tuple(args.budgets or BUDGETS)
     if any(b < 0 for b in budgets):
         raise LucegenError(f"--budgets must be non-negative, got {list(budgets)}")
+    if args.draft_ring is not None and (not args.draft or args.draft_ring < 1):
+        raise LucegenError(f"--draft-ring needs --draft and at least 1 position, got {args.draft_ring}")
     result = bench_dflash(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
                           repeats=args.repeats, budgets=budgets, target=args.target, draft=args.draft,
-                          top_k=args.top_k, kv_cache=args.kv_cache)
+                          top_k=args.top_k, kv_cache=args.kv_cache, draft_ring=args.draft_ring)
     print(format_table(result))
     if args.json:
         atomic_write(args.json, json.dumps(result, indent=2).encode())

@@ -32,6 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--budget", type=int, default=None, help="tree nodes per verify (default: the descriptor's)")
     p.add_argument("--top-k", type=int, default=8, help="draft candidates per position (default 8)")
     p.add_argument("--chain", action="store_true", help="verify the draft's top-1 chain instead of a tree")
+    p.add_argument("--draft-ring", type=int, default=None,
+                   help="the draft attends to the last N context positions, kept in a ring of N rows per draft layer "
+                        "(default: the whole context); bounds the draft's memory at long contexts")
     p.add_argument("--kv-cache", choices=tuple(KV_FORMATS), default=None,
                    help="KV cache format of a quantised target (with --draft; default: the descriptor's "
                         "kv_cache_type); q8_0 / q4_0 hold a longer context in the same memory")
@@ -54,6 +57,8 @@ def run(args) -> int:
     if args.kv_cache and not args.draft:
         raise LucegenError("--kv-cache needs --draft (the quantised target's option; the megakernel keeps the "
                            "descriptor's kv_cache_type)")
+    if args.draft_ring is not None and (not args.draft or args.draft_ring < 1):
+        raise LucegenError(f"--draft-ring needs --draft and at least 1 position, got {args.draft_ring}")
     if args.draft and args.prefill != "kernels":
         raise LucegenError("--draft needs --prefill kernels (the draft's context comes from the prefill)")
     need = len(prompt) + args.max_tokens
@@ -121,7 +126,8 @@ def speculative(decoder, args, prompt, emit) -> str:
     from ..runtime.prefill.runner import Prefiller
     from ..runtime.tree_verify import TreeVerifier
 
-    draft = DFlashDrafter(decoder, args.draft, k=args.top_k)
+    ring = None if args.draft_ring is None else min(args.draft_ring, decoder.max_context)
+    draft = DFlashDrafter(decoder, args.draft, k=args.top_k, ring=ring)
     prefiller = Prefiller(decoder, draft=draft)
     verifier = TreeVerifier(decoder, budget=args.budget, draft=draft)
     spec = SpecDecoder(verifier, draft, tree=not args.chain)
