@@ -1,8 +1,10 @@
 """Time the quantised GEMM on the 27B's matrix shapes: GB/s of weights per launch and rows (M) per launch. The
 launches cycle through copies of each matrix (over 200 MB in all), so the weights come from DRAM as in a decode
 step, not from the L2. ``--parts`` also times the given K splits (QuantGemm.parts overridden) beside the planned one.
+``--tiles`` times Q4_K matrices of those many 16-row tiles instead of the 27B's (an in-projection-like one, K = 5120,
+and a down-like one, K = 17408): how the grid's fill of the chip (waves of resident blocks) sets the bandwidth.
 
-    python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8]
+    python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528]
 """
 
 from __future__ import annotations
@@ -86,4 +88,10 @@ if __name__ == "__main__":
         i = args.index("--parts")
         sweep = tuple(int(p) for p in args[i + 1].split(","))
         del args[i : i + 2]
+    if "--tiles" in args:
+        i = args.index("--tiles")
+        tiles = [int(t) for t in args[i + 1].split(",")]
+        del args[i : i + 2]
+        SHAPES = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
+                  for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in tiles}
     main([int(m) for m in args] or [1, 8, 16, 23, 32], sweep)
