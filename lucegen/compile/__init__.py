@@ -63,14 +63,15 @@ def compile_source(
     if use_cache and (hit := cache.load(key)) is not None:
         meta, binary = hit
         kernels = tuple(KernelInfo(**k) for k in meta["kernels"])
-        return CompiledModule(name, target.name, arch, binary, kernels, meta["log"], compiler, opts, cached=True)
+        return CompiledModule(name, target.name, arch, binary, kernels, meta["log"], compiler, opts, cached=True,
+                              source=source)
     try:
         binary, log, kernels = backend.compile(arch, filename, source, opts)
     except CompilerRejected as exc:
         raise CompileError(format_failure(template or name, target.name, compiler, filename, source, exc.log)) from None
     if use_cache:
         cache.store(key, {"kernels": [dataclasses.asdict(k) for k in kernels], "log": log}, binary)
-    return CompiledModule(name, target.name, arch, binary, kernels, log, compiler, opts, cached=False)
+    return CompiledModule(name, target.name, arch, binary, kernels, log, compiler, opts, cached=False, source=source)
 
 
 # NVRTC: "file.cu(12): error: ..."; clang: "file.hip:12:5: error: ..."

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class CompiledModule:
     compiler: str
     options: tuple[str, ...]
     cached: bool
+    source: str = field(default="", repr=False)  # the translation unit it was compiled from
 
     def kernel(self, name: str) -> KernelInfo:
         for info in self.kernels:

@@ -1,6 +1,6 @@
 """Just enough ELF64 reading to size the kernels in a cubin or an AMDGPU code object: function symbols and their
-sizes (code bytes), and for cubins the per-kernel registers, stack frame and static shared memory that NVIDIA's
-.nv.info / .nv.shared.<kernel> sections record."""
+sizes (code bytes), and for cubins the per-kernel registers, stack frame, static shared memory and parameter sizes
+that NVIDIA's .nv.info / .nv.shared.<kernel> sections record."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ SHT_SYMTAB = 2
 EIFMT_SVAL = 0x04
 EIATTR_REGCOUNT = 0x2F  # payload: u32 symbol index, u32 registers
 EIATTR_FRAME_SIZE = 0x11  # payload: u32 symbol index, u32 bytes of local-memory stack frame
+EIATTR_KPARAM_INFO = 0x17  # payload: u32 index, u16 ordinal, u16 offset, u32 flags (bits 18..31: the size)
 #: Bytes of system-reserved shared memory that cubins for sm_90+ add to every kernel's .nv.shared.<kernel> section
 #: (they carry a .nv.shared.reserved.* section when they do).
 RESERVED_SHARED = 1024
@@ -58,6 +59,21 @@ def _symbols(image: bytes, endian: str, sections: list[Section]):
     return out
 
 
+def _records(image: bytes, section: Section):
+    """(attribute, payload) of each record of an .nv.info section: a sized record (EIFMT_SVAL) is 4 bytes then its
+    payload; every other format is 4 bytes with its value (if any) in the last two, returned as the payload."""
+    pos, end = section.offset, section.offset + section.size
+    while pos + 4 <= end:
+        fmt, attr = image[pos], image[pos + 1]
+        if fmt == EIFMT_SVAL:
+            size = int.from_bytes(image[pos + 2 : pos + 4], "little")
+            yield attr, image[pos + 4 : pos + 4 + size]
+            pos += 4 + size
+        else:
+            yield attr, image[pos + 2 : pos + 4]
+            pos += 4
+
+
 def function_sizes(image: bytes) -> dict[str, int]:
     """{function symbol name: size in bytes} from the ELF's .symtab; empty if the image is not ELF64."""
     endian, sections = _parse(image)
@@ -81,16 +97,28 @@ def cubin_resources(image: bytes) -> dict[str, tuple[int, int, int]]:
     for sec in sections:
         if sec.name != ".nv.info":
             continue
-        pos, end = sec.offset, sec.offset + sec.size
-        while pos + 2 <= end:
-            fmt, attr = image[pos], image[pos + 1]
-            if fmt == EIFMT_SVAL:
-                size, = struct.unpack_from(endian + "H", image, pos + 2)
-                if attr in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE) and size == 8:
-                    index, value = struct.unpack_from(endian + "II", image, pos + 4)
-                    if index < len(symbols):
-                        (regs if attr == EIATTR_REGCOUNT else frame)[symbols[index][0]] = value
-                pos += 4 + size
-            else:
-                pos += 2 if fmt == 0x01 else 4
+        for attr, payload in _records(image, sec):
+            if attr in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE) and len(payload) == 8:
+                index, value = struct.unpack_from(endian + "II", payload)
+                if index < len(symbols):
+                    (regs if attr == EIATTR_REGCOUNT else frame)[symbols[index][0]] = value
     return {k: (regs.get(k, 0), frame.get(k, 0), shared.get(k, 0)) for k in kernels}
+
+
+def cubin_parameters(image: bytes) -> dict[str, tuple[int, ...]]:
+    """{kernel: the byte size of each parameter, in order} from a cubin's .nv.info.<kernel> sections (what
+    cuLaunchKernel copies from each kernelParams pointer)."""
+    endian, sections = _parse(image)
+    if endian is None:
+        return {}
+    out = {}
+    for sec in sections:
+        if not sec.name.startswith(".nv.info."):
+            continue
+        params: dict[int, int] = {}
+        for attr, payload in _records(image, sec):
+            if attr == EIATTR_KPARAM_INFO and len(payload) == 12:
+                _index, ordinal, _offset, flags = struct.unpack_from(endian + "IHHI", payload)
+                params[ordinal] = flags >> 18
+        out[sec.name[len(".nv.info.") :]] = tuple(params[i] for i in sorted(params))
+    return out

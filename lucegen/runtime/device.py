@@ -163,21 +163,26 @@ class TensorMap(ByValue):
         super().__init__(raw)
 
 
-def tensor_map_2d(ptr: int, rows: int, cols: int, row_stride_bytes: int, box_rows: int, box_cols: int,
-                  dtype: str = "bf16") -> TensorMap:
-    """The TMA descriptor of a row-major [rows][cols] matrix of 2-byte elements at ``ptr`` (rows ``row_stride_bytes``
-    apart), loaded as [box_rows][box_cols] boxes with the 128-byte swizzle (box_cols * 2 must be 128); elements
-    outside the matrix load as zeros."""
-    driver = _driver()
-    kinds = {"bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-             "fp16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}
-    if dtype not in kinds:
-        raise DeviceError(f"tensor_map_2d: dtype {dtype!r} is not one of {sorted(kinds)}")
+def check_tensor_map_2d(ptr: int, row_stride_bytes: int, box_rows: int, box_cols: int, dtype: str) -> None:
+    """What :func:`tensor_map_2d` requires of its arguments (one clear error each)."""
+    if dtype not in ("bf16", "fp16"):
+        raise DeviceError(f"tensor_map_2d: dtype {dtype!r} is not one of ['bf16', 'fp16']")
     if box_cols * 2 != 128 or not 1 <= box_rows <= 256:
         raise DeviceError(f"tensor_map_2d: box {box_rows}x{box_cols} does not fit the 128-byte swizzle")
     if int(ptr) % 16 or row_stride_bytes % 16:
         raise DeviceError(f"tensor_map_2d: address {int(ptr):#x} and row stride {row_stride_bytes} must be "
                           f"multiples of 16 bytes")
+
+
+def tensor_map_2d(ptr: int, rows: int, cols: int, row_stride_bytes: int, box_rows: int, box_cols: int,
+                  dtype: str = "bf16") -> TensorMap:
+    """The TMA descriptor of a row-major [rows][cols] matrix of 2-byte elements at ``ptr`` (rows ``row_stride_bytes``
+    apart), loaded as [box_rows][box_cols] boxes with the 128-byte swizzle (box_cols * 2 must be 128); elements
+    outside the matrix load as zeros."""
+    check_tensor_map_2d(ptr, row_stride_bytes, box_rows, box_cols, dtype)
+    driver = _driver()
+    kinds = {"bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             "fp16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
     err, tmap = driver.cuTensorMapEncodeTiled(
         kinds[dtype], 2, int(ptr), [u64(cols), u64(rows)], [u64(row_stride_bytes)], [u32(box_cols), u32(box_rows)],
