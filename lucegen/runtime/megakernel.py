@@ -34,14 +34,6 @@ def _sub(buffer: Buffer, offset_bytes: int) -> Buffer:
     return Buffer(buffer.ptr + offset_bytes, buffer.nbytes - offset_bytes, None)
 
 
-def _copy_d2d(dst: Buffer, src: Buffer) -> None:
-    from cuda.bindings import driver
-
-    (err,) = driver.cuMemcpyDtoD(dst.ptr, src.ptr, min(dst.nbytes, src.nbytes))
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise DeviceError(f"cuMemcpyDtoD failed: {err}")
-
-
 def check_kernel_matches(params: dict, config: ModelConfig) -> None:
     """Refuse a kernel rendered for other shapes than the model's (before any launch)."""
     want = {"H": config.hidden_size, "I": config.intermediate_size, "V": config.vocab_size, "L": config.num_layers,
@@ -92,12 +84,12 @@ class SequenceState:
         for name in ("conv", "recurrent", "kv"):
             src = getattr(self, name)
             copies[name] = dst = self.device.alloc(src.nbytes)
-            _copy_d2d(dst, src)
+            self.device.copy_async(dst.ptr, src.ptr, src.nbytes)  # the default stream: after the decoder's launches
         return {"buffers": copies, "position": self.position, "next_token": self.next_token}
 
     def restore(self, snap: dict) -> None:
         for name, src in snap["buffers"].items():
-            _copy_d2d(getattr(self, name), src)
+            self.device.copy_async(getattr(self, name).ptr, src.ptr, src.nbytes)
         self.position, self.next_token = snap["position"], snap["next_token"]
 
     def download_state(self) -> dict:
