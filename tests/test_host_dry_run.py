@@ -1,0 +1,181 @@
+"""The runtime's host code on a CPU: engines built, prefilled, decoded and verified on tests/host_device.py's
+HostDevice, which compiles the real kernels and checks every launch's arguments against the compiled kernel (count,
+kind, size, addresses inside live allocations) without running it. The GPU tests check what the kernels compute;
+these check, in CI, the host's side of each kernel's contract on the paths the GPU tests take, and that closing an
+engine frees what it allocated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lucegen.errors import DeviceError
+from lucegen.model.config import ModelConfig
+from lucegen.runtime import device as device_module
+from lucegen.target import load_target
+from tests.host_device import HostDevice, kernel_kinds
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """The tiny-q preset as a Q4_K_M GGUF, its DFlash draft, and the tiny preset's BF16 checkpoint."""
+    from lucegen.model.dflash import DFlashConfig, write_dflash_checkpoint
+    from lucegen.model.gguf_io import write_gguf_checkpoint
+    from lucegen.model.init_weights import write_hf_checkpoint
+
+    root = tmp_path_factory.mktemp("dry-run")
+    write_gguf_checkpoint(ModelConfig.preset("tiny-q"), root / "tiny-q.gguf", quant="q4_k_m", seed=0, progress=False)
+    write_dflash_checkpoint(DFlashConfig.preset("dflash-tiny-q"), root / "draft-q", seed=0, progress=False)
+    write_hf_checkpoint(ModelConfig.preset("tiny"), root / "tiny", seed=0, progress=False)
+    write_dflash_checkpoint(DFlashConfig.preset("dflash-tiny"), root / "draft", seed=0, progress=False)
+    return root
+
+
+def stand_in(buffer, dtype, shape):
+    """Downloads for a run that goes on: argmax keys of token 5 (key = ~token in the low word), each row of int32
+    token ids 0, 1, 2, ... (distinct top-k candidates), zeros otherwise."""
+    if np.dtype(dtype) == np.uint64:
+        return np.full(shape, 0xFFFFFFFA, np.uint64)
+    if np.dtype(dtype) == np.int32 and np.ndim(np.empty(shape)) == 2:
+        return np.tile(np.arange(shape[1], dtype=np.int32), (shape[0], 1))
+    return np.zeros(shape, dtype)
+
+
+def host(chip: str) -> HostDevice:
+    dev = HostDevice(load_target(chip))
+    dev.reply = stand_in
+    return dev
+
+
+def kernels(dev: HostDevice) -> set[str]:
+    return {name for name, *_ in dev.launches}
+
+
+@pytest.mark.parametrize("chip", ["sm_90", "sm_86"])
+def test_speculative_engine_on_a_quantised_target(models, chip):
+    """QuantDecoder + DFlashDrafter (a ring shorter than the context) + Prefiller + TreeVerifier + SpecDecoder: a
+    prefill over several segments, speculative steps, the memory plan; then everything closed frees everything."""
+    from lucegen.runtime.dflash import SpecDecoder
+    from lucegen.runtime.draft import DFlashDrafter
+    from lucegen.runtime.memory_plan import MemoryPlan
+    from lucegen.runtime.prefill.runner import Prefiller
+    from lucegen.runtime.quant_target import QuantDecoder
+    from lucegen.runtime.tree_verify import TreeVerifier
+
+    dev = host(chip)
+    dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=256)
+    draft = DFlashDrafter(dec, models / "draft-q", k=4, ring=48, rows=64)
+    pre = Prefiller(dec, draft=draft)
+    ver = TreeVerifier(dec, budget=8, draft=draft)
+    spec = SpecDecoder(ver, draft)
+    plan = MemoryPlan.of_engine(dec, ver, draft)
+    assert "memory plan" in plan.format([load_target(chip)])
+    pre.prefill(np.arange(100, dtype=np.int32) % dec.config.vocab_size)
+    spec.generate(12)
+    launched = kernels(dev)
+    assert any(k.startswith("quant_gemm_nt") for k in launched)
+    assert {"draft_capture", "draft_context_store", "draft_attention", "tree_delta_rule"} <= launched
+    for part in (spec, ver, pre, draft, dec):
+        if hasattr(part, "close"):
+            part.close()
+    assert dev.allocated == 0, f"{dev.allocated} bytes left allocated: {sorted(dev.live.values())}"
+
+
+def test_megakernel_decoder_prefill_and_chain_verify(models):
+    """MegakernelDecoder (BF16) + the prefill kernels + a DFlash draft + chain verify, then the megakernel's own
+    decode loop from the committed state."""
+    from lucegen.runtime.dflash import SpecDecoder
+    from lucegen.runtime.draft import DFlashDrafter
+    from lucegen.runtime.megakernel import MegakernelDecoder
+    from lucegen.runtime.packing import KERNEL_NAME
+    from lucegen.runtime.prefill.runner import Prefiller
+    from lucegen.runtime.tree_verify import TreeVerifier
+
+    dev = host("sm_90")
+    dec = MegakernelDecoder(models / "tiny", device=dev, max_context=128)
+    draft = DFlashDrafter(dec, models / "draft", k=2)
+    pre = Prefiller(dec, draft=draft)
+    ver = TreeVerifier(dec, budget=4, draft=draft)
+    pre.prefill(np.arange(20, dtype=np.int32))
+    SpecDecoder(ver, draft, tree=False).generate(6)
+    dec.generate(4, lambda ids: None, chunk=2)
+    assert {KERNEL_NAME, "prefill_embed", "tree_commit_deltanet", "draft_topk_merge"} <= kernels(dev)
+    assert dev.launches[-1][:2] == (KERNEL_NAME, (dev.target.megakernel.blocks,))
+    for part in (ver, pre, draft, dec):
+        part.close()
+    assert dev.allocated == 0, f"{dev.allocated} bytes left allocated"
+
+
+def test_cli_run_and_bench_with_a_bounded_draft_ring(models, monkeypatch, capsys):
+    """`lucegen run --draft ... --draft-ring N` and `lucegen bench dflash ... --draft-ring N` end to end on the
+    host device: the ring is clamped to the context and the memory plan is printed."""
+    from lucegen.cli import main
+
+    devices = []
+
+    def open_host(cls, target=None):
+        devices.append(host(target or "sm_90"))
+        return devices[-1]
+
+    monkeypatch.setattr(device_module.Device, "open", classmethod(open_host))
+    gguf, draft = str(models / "tiny-q.gguf"), str(models / "draft-q")
+    assert main(["run", "--model", gguf, "--draft", draft, "--prompt", "def f(x):", "--max-tokens", "8",
+                 "--budget", "4", "--draft-ring", "100000"]) == 0
+    err = capsys.readouterr().err
+    assert "memory plan" in err and "speculative steps" in err
+    assert main(["bench", "dflash", "--model", gguf, "--draft", draft, "--prompt-tokens", "8", "--gen-tokens", "16",
+                 "--repeats", "1", "--budgets", "0", "4", "--draft-ring", "16"]) == 0
+    assert "a context ring of 16;" in capsys.readouterr().out
+    run, bench = devices
+    assert run.allocated == 0 and any(k.startswith("quant_gemm") for k in kernels(bench))
+
+
+def test_cli_megakernel_run_and_benches(models, monkeypatch, capsys):
+    """`lucegen run` (the megakernel), `lucegen bench decode --no-hf` and `bench prefill --no-hf --no-gemm` on the
+    host device: every launch of those paths checked, and the tables printed."""
+    from lucegen.cli import main
+
+    devices = []
+
+    def open_host(cls, target=None):
+        devices.append(host(target or "sm_90"))
+        return devices[-1]
+
+    monkeypatch.setattr(device_module.Device, "open", classmethod(open_host))
+    tiny = str(models / "tiny")
+    assert main(["run", "--model", tiny, "--prompt", "hello there", "--max-tokens", "6", "--chunk", "2"]) == 0
+    assert main(["bench", "decode", "--model", tiny, "--no-hf", "--prompt-tokens", "4", "--gen-tokens", "8",
+                 "--repeats", "1"]) == 0
+    assert main(["bench", "prefill", "--model", tiny, "--no-hf", "--no-gemm", "--tokens", "40", "--repeats",
+                 "1"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s" in out
+    assert len(devices) == 3 and all(d.launches for d in devices)
+
+
+def test_the_checks_can_fail(models):
+    """A launch with a float where the kernel takes an int, with a freed buffer, or one argument short is refused."""
+    from lucegen import codegen
+    from lucegen.runtime.quant_gemm import QuantGemm
+
+    dev = HostDevice(load_target("sm_90"))
+    qg = QuantGemm(dev, dev.target, 64, 1e-6)
+    fn = qg.functions[1]
+    kinds = kernel_kinds(codegen.render_family(dev.target, codegen.family("quant_gemm")))["quant_gemm_nt1"]
+    assert kinds[:4] == ("struct", "int32", "address", "int32")
+    good = [device_module.ByValue(bytes(fn.sizes[0])), np.int32(1), device_module.address(0), np.int32(64)]
+    good += [np.int32(0) if k == "int32" else np.float32(0) if k == "float" else device_module.address(0)
+             for k in kinds[4:]]
+    fn.launch((1, 1), 256, good)
+    with pytest.raises(DeviceError, match="argument 1 is float"):
+        fn.launch((1, 1), 256, good[:1] + [np.float32(1)] + good[2:])
+    with pytest.raises(DeviceError, match="arguments for"):
+        fn.launch((1, 1), 256, good[:-1])
+    buf = dev.alloc(64)
+    freed = device_module.address(buf.ptr)
+    fn.launch((1, 1), 256, good[:2] + [freed] + good[3:])
+    buf.free()
+    with pytest.raises(DeviceError, match="no live allocation"):
+        fn.launch((1, 1), 256, good[:2] + [freed] + good[3:])
+    with pytest.raises(DeviceError, match="threads exceed"):
+        fn.launch((1, 1), 4096, good)
