@@ -142,7 +142,8 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
               "verify_ar_ms_per_token": verify_ar_step,
               "verify_ar_tok_s": 1e3 / verify_ar_step, "verify": verify_rows, "spec": spec_rows,
               "draft": (f"DFlash {network.config.name} (runs every step, top-{top_k}, a context ring of "
-                        f"{network.ring}; proposals from the oracle)" if network else "oracle (no draft network: its cost is not included)"),
+                        f"{network.ring}; proposals from the oracle)"
+                        if network else "oracle (no draft network: its cost is not included)"),
               "draft_forward_ms": draft_ms, "projection": projection(verify_rows, spec_rows, ar_step),
               "memory_plan": plan.format()}
     for part in (ver, pre, network, dec):
