@@ -84,3 +84,21 @@ def test_programmatic_launch_follows_the_descriptor(name):
     source = codegen.render_family(target, codegen.family("quant_gemm"))
     assert ("griddepcontrol.wait" in source) == target.features.programmatic_launch
     assert target.features.programmatic_launch == (name in ("sm_90", "sm_120"))
+
+
+def test_grid_of_the_27b_launches():
+    """Blocks across the output (the residual's RMSNorm partial sums per row) and columns per block, as the launcher
+    computes them for the 27B's matrices on the H100's descriptor."""
+    import types
+
+    from lucegen.runtime.quant_gemm import QuantGemm
+    from lucegen.target import load_target
+    from tests.host_device import HostDevice
+
+    qg = QuantGemm(HostDevice(load_target("sm_90")), load_target("sm_90"), 5120, 1e-6)
+    shapes = {"down": (320, False, 320, 16), "in-projection": (1030, False, 515, 32),
+              "gate/up": (2176, True, 544, 32), "lm_head": (15520, False, 1940, 128)}
+    for name, (tiles, pair, blocks, columns) in shapes.items():
+        W = types.SimpleNamespace(tiles=tiles, pair=pair)
+        assert (qg.grid_width(W), qg.block_columns(W)) == (blocks, columns), name
+        assert qg.ss_parts(W) == blocks

@@ -40,7 +40,7 @@ from ..model.dflash import DFlashConfig, load_dflash_directory
 from ..model.dflash_reference import draft_inv_freq
 from ..target import DTYPES, Target
 from .device import Buffer, address
-from .packing import _checked, _f32_literal, _matrix_bits
+from .packing import checked_shape, f32_literal, matrix_bits
 from .prefill.gemm import GemmKernels
 from .prefill.params import prefill_params
 
@@ -68,7 +68,7 @@ def draft_params(config: DFlashConfig, target: Target) -> dict:
     return {
         "draft_name": c.name, "H": c.hidden_size, "TAPS": len(c.target_layer_ids), "NH": c.num_attention_heads,
         "NKV": c.num_kv_heads, "HD": c.head_dim, "B": c.block_size, "L": c.num_layers,
-        "EPS": _f32_literal(c.rms_norm_eps), "attn_scale": _f32_literal(c.head_dim ** -0.5),
+        "EPS": f32_literal(c.rms_norm_eps), "attn_scale": f32_literal(c.head_dim ** -0.5),
         "ctype": DTYPES[target.compute_dtype][0], "TOPK_MAX": TOPK_MAX,
     }
 
@@ -120,10 +120,10 @@ def draft_pieces(layout: DraftLayout, checkpoint, dtype: str):
     shapes = c.tensor_shapes()
 
     def mat(name):
-        return _checked(checkpoint, name, shapes[name], _matrix_bits(checkpoint, name, dtype))
+        return checked_shape(checkpoint, name, shapes[name], matrix_bits(checkpoint, name, dtype))
 
     def norm(name):  # zero-centred: the kernels apply (1 + w)
-        w = _checked(checkpoint, name, shapes[name], np.ascontiguousarray(checkpoint.f32(name), np.float32))
+        w = checked_shape(checkpoint, name, shapes[name], np.ascontiguousarray(checkpoint.f32(name), np.float32))
         return (w - np.float32(1)).astype(np.float32)
 
     yield "wmat", layout.mat["fc"], mat("fc.weight")
@@ -327,7 +327,7 @@ class DFlashDrafter:
         self.head.embed(tokens, B, self.x.ptr, self.xn.ptr, self.ss.ptr, B, st, norm=self._vec(("in_norm", 0)))
         for l in range(L):
             next_norm = self._vec(("in_norm", l + 1)) if l + 1 < L else self._vec("final_norm")
-            in_parts = self.head.embed_ss_parts if l == 0 else ss_parts  # who wrote ss: the embedding, or a residual
+            in_parts = self.head.input_ss_parts(l, ss_parts)
             self.gemm.rows_f32(self.xn.ptr, H, self._mat(("qkv", l)), H, B, nqkv, H, self.ss.ptr, in_parts, B,
                                self.proj.ptr, nqkv, stream=st)
             self.prepare_fn.launch(B, THREADS, (address(self.proj.ptr), address(self._vec("q_norm") + 4 * l * c.head_dim),

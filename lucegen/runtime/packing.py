@@ -161,7 +161,7 @@ def plan_layout(config: ModelConfig) -> Layout:
 
 
 # ---------------------------------------------------------------------------------------------- template params
-def _f32_literal(x: float) -> str:
+def f32_literal(x: float) -> str:
     """A C float literal that parses to exactly float32(x)."""
     return repr(float(np.float32(x)))
 
@@ -226,9 +226,9 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         "NH": c.num_attention_heads, "NKV": c.num_kv_heads, "HD": c.head_dim, "RD": c.rotary_dim,
         "NK": c.linear_num_key_heads, "NV": c.linear_num_value_heads, "DK": c.linear_key_head_dim,
         "DV": c.linear_value_head_dim, "CK": c.conv_kernel,
-        "EPS": _f32_literal(c.rms_norm_eps),
-        "q_scale": _f32_literal(1.0 / np.sqrt(c.linear_key_head_dim)),
-        "attn_scale": _f32_literal(c.head_dim ** -0.5),
+        "EPS": f32_literal(c.rms_norm_eps),
+        "q_scale": f32_literal(1.0 / np.sqrt(c.linear_key_head_dim)),
+        "attn_scale": f32_literal(c.head_dim ** -0.5),
         "n_dn": lay.n_dn, "n_at": lay.n_at,
         "blocks": blocks,
         "smem_floats": smem_floats,
@@ -257,16 +257,17 @@ def phases_per_step(config: ModelConfig) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- packing
-def _matrix_bits(checkpoint, name: str, dtype: str) -> np.ndarray:
+def matrix_bits(checkpoint, name: str, dtype: str) -> np.ndarray:
     """A checkpoint tensor as uint16 bits of ``dtype`` (bf16: exact for BF16 checkpoints; fp16: rounded)."""
     if dtype == "bf16":
         return np.ascontiguousarray(checkpoint.bf16(name), dtype=np.uint16)
     if dtype == "fp16":
         return np.ascontiguousarray(checkpoint.f32(name).astype(np.float16)).view(np.uint16)
-    raise CheckpointError(f"the decode megakernel packs weights as bf16 or fp16, not {dtype}")
+    raise CheckpointError(f"weights are packed as bf16 or fp16 bits, not {dtype}")
 
 
-def _checked(checkpoint, name: str, shape: tuple[int, ...], array: np.ndarray) -> np.ndarray:
+def checked_shape(checkpoint, name: str, shape: tuple[int, ...], array: np.ndarray) -> np.ndarray:
+    """``array`` (checkpoint tensor ``name``) if it has ``shape``; else one error naming the file and the tensor."""
     if tuple(array.shape) != tuple(shape):
         raise CheckpointError(f"{getattr(checkpoint, 'path', 'checkpoint')}: {name}: shape {tuple(array.shape)}, "
                               f"expected {tuple(shape)}")
@@ -281,10 +282,10 @@ def pack_pieces(layout: Layout, checkpoint, dtype: str, matrices: bool = True) -
     shapes = c.tensor_shapes()
 
     def mat(name):
-        return _checked(checkpoint, name, shapes[name], _matrix_bits(checkpoint, name, dtype))
+        return checked_shape(checkpoint, name, shapes[name], matrix_bits(checkpoint, name, dtype))
 
     def vec(name):
-        return _checked(checkpoint, name, shapes[name], np.ascontiguousarray(checkpoint.f32(name), np.float32))
+        return checked_shape(checkpoint, name, shapes[name], np.ascontiguousarray(checkpoint.f32(name), np.float32))
 
     yield "wvec", layout.final_norm, vec("norm.weight")
     rd = c.rotary_dim

@@ -182,9 +182,18 @@ class QuantGemm:
             return plan_parts(W.tiles // 2, self.target.compute_units, most=WARPS // 2)
         return plan_parts(W.tiles, self.target.compute_units)
 
+    def block_columns(self, W: QuantMatrix) -> int:
+        """Output columns per block of a launch over ``W`` (a pair: of each matrix): its WARPS / parts row tiles of
+        TILE_ROWS rows (the parts of a tile's K are its warps)."""
+        return WARPS // self.parts(W) * TILE_ROWS // (2 if W.pair else 1)
+
+    def grid_width(self, W: QuantMatrix) -> int:
+        """Blocks across the output columns of a launch over ``W``."""
+        return -(-W.tiles * TILE_ROWS // (2 if W.pair else 1) // self.block_columns(W))
+
     def ss_parts(self, W: QuantMatrix) -> int:
-        """The RMSNorm partial sums a residual launch over ``W`` leaves per row (its grid width)."""
-        return math.ceil(W.tiles / (WARPS // self.parts(W)))
+        """The RMSNorm partial sums a residual launch over ``W`` leaves per row: one per block."""
+        return self.grid_width(W)
 
     @staticmethod
     def residual_workspace_bytes(M: int, N: int) -> int:
@@ -204,10 +213,8 @@ class QuantGemm:
         if ss and (ss_parts < 1 or ss_stride < M):
             raise LucegenError(f"quant_gemm_{kind}: ss needs ss_parts >= 1 and ss_stride >= M")
         parts = self.parts(W)
-        per_block = WARPS // parts
         nt = min(NT_MAX, math.ceil(M / 8))
-        grid_x = math.ceil(W.tiles / 2 / (per_block // 2)) if W.pair else math.ceil(W.tiles / per_block)
-        grid = (grid_x, math.ceil(M / (8 * nt)))
+        grid = (self.grid_width(W), math.ceil(M / (8 * nt)))
         self.functions[nt].launch(grid, self.threads, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),

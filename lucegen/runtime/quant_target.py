@@ -166,7 +166,7 @@ class QuantDecoder(SequenceState):
             self.weight_bytes += raw.size
         residual = self.matrices[self.layout.layers[0].down]
         self.ss_parts = self.qgemm.ss_parts(residual)
-        self.part_columns = 16 * (8 // self.qgemm.parts(residual))
+        self.part_columns = self.qgemm.block_columns(residual)  # the embedding's ss parts: as wide as a residual's
 
     def kv_choices(self) -> tuple[str, ...]:
         """The descriptor's float type and the quantised formats."""

@@ -11,7 +11,7 @@ from ...errors import CheckpointError
 from ...model.config import ModelConfig
 from ...model.kv_cache import kv_format
 from ...target import DTYPES, Target
-from ..packing import _f32_literal
+from ..packing import f32_literal
 
 
 def check_supported(config: ModelConfig, target: Target) -> None:
@@ -80,9 +80,9 @@ def prefill_params(config: ModelConfig, target: Target, v_heads: str = "grouped"
         "v_heads": v_heads,
         "NIN_DN": c.conv_dim + c.linear_value_dim + 2 * c.linear_num_value_heads,  # [qkv | z | a | b]
         "NIN_AT": c.q_proj_dim + 2 * c.kv_dim,  # [q_proj (per head query | gate) | k | v]
-        "EPS": _f32_literal(c.rms_norm_eps),
-        "q_scale": _f32_literal(1.0 / math.sqrt(c.linear_key_head_dim)),
-        "attn_scale": _f32_literal(c.head_dim ** -0.5),
+        "EPS": f32_literal(c.rms_norm_eps),
+        "q_scale": f32_literal(1.0 / math.sqrt(c.linear_key_head_dim)),
+        "attn_scale": f32_literal(c.head_dim ** -0.5),
         "dtype": target.compute_dtype,
         "ctype": DTYPES[target.compute_dtype][0],
         # the KV cache format (lucegen/model/kv_cache.py) and its storage element

@@ -114,6 +114,11 @@ class LayerWeights:
               norm: int | None = None) -> None:
         raise NotImplementedError
 
+    def input_ss_parts(self, layer: int, ss_parts: int) -> int:
+        """The RMSNorm partial sums per row that layer ``layer``'s input carries: the embedding's before the first
+        layer, a residual GEMM's (``ss_parts``) after every other."""
+        return self.embed_ss_parts if layer == 0 else ss_parts
+
     def first_norm(self) -> int:
         """Device address of the target's layer-0 input norm (the embedding's default norm)."""
         return wvec_at(self.dec, self.dec.layout.layers[0].in_norm)
@@ -173,8 +178,8 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
     for i, l in enumerate(layers):
         next_norm = layers[i + 1].in_norm if i + 1 < len(layers) else lay.final_norm
         n_in, k_out = (pf["NIN_DN"], pf["VD"]) if l.kind == 0 else (pf["NIN_AT"], at_out)
-        in_parts = weights.embed_ss_parts if i == 0 else ss_parts  # who wrote ss: the embedding, or a residual
-        gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, ss, in_parts, seg, proj, n_in, stream=stream)
+        gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, ss, weights.input_ss_parts(i, ss_parts), seg, proj, n_in,
+                      stream=stream)
         mix(l, T)
         gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
                       stream=stream, **resid_ws)
