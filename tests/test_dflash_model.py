@@ -169,9 +169,10 @@ def test_init_weights_cli_writes_draft(tmp_path, capsys):
     ck = load_checkpoint(tmp_path / "draft")
     assert isinstance(ck.config, DFlashConfig) and ck.config.mask_token_id == 511
     ck.config.check_target(ModelConfig.preset("tiny"))
-    assert main(["init-weights", "--preset", "dflash-tiny", "--format", "gguf", "--out", str(tmp_path / "g")]) == 2
-    assert capsys.readouterr().err.startswith("lucegen: error: --format gguf: draft presets are written as "
-                                              "safetensors only")
+    assert main(["init-weights", "--preset", "dflash-tiny", "--format", "safetensors", "--quant", "q8_0", "--out",
+                 str(tmp_path / "g")]) == 2
+    assert capsys.readouterr().err.startswith("lucegen: error: --quant q8_0: safetensors drafts are written in "
+                                              "BF16 only")
     assert main(["init-weights", "--preset", "tiny", "--out", str(tmp_path / "t")]) == 2
     assert "--format: required for model preset tiny" in capsys.readouterr().err
     (tmp_path / "file").write_text("x")

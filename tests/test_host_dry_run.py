@@ -20,12 +20,14 @@ from tests.host_device import HostDevice, kernel_kinds
 def models(tmp_path_factory):
     """The tiny-q preset as a Q4_K_M GGUF, its DFlash draft, and the tiny preset's BF16 checkpoint."""
     from lucegen.model.dflash import DFlashConfig, write_dflash_checkpoint
+    from lucegen.model.dflash_gguf import write_dflash_gguf
     from lucegen.model.gguf_io import write_gguf_checkpoint
     from lucegen.model.init_weights import write_hf_checkpoint
 
     root = tmp_path_factory.mktemp("dry-run")
     write_gguf_checkpoint(ModelConfig.preset("tiny-q"), root / "tiny-q.gguf", quant="q4_k_m", seed=0, progress=False)
     write_dflash_checkpoint(DFlashConfig.preset("dflash-tiny-q"), root / "draft-q", seed=0, progress=False)
+    write_dflash_gguf(DFlashConfig.preset("dflash-tiny-q"), root / "draft-q8.gguf", "q8_0", seed=0, progress=False)
     write_hf_checkpoint(ModelConfig.preset("tiny"), root / "tiny", seed=0, progress=False)
     write_dflash_checkpoint(DFlashConfig.preset("dflash-tiny"), root / "draft", seed=0, progress=False)
     return root
@@ -107,8 +109,8 @@ def test_megakernel_decoder_prefill_and_chain_verify(models):
 
 
 def test_cli_run_and_bench_with_a_bounded_draft_ring(models, monkeypatch, capsys):
-    """`lucegen run --draft ... --draft-ring N` and `lucegen bench dflash ... --draft-ring N` end to end on the
-    host device: the ring is clamped to the context and the memory plan is printed."""
+    """`lucegen run --draft D.gguf --draft-ring N` (a Q8_0 GGUF draft) and `lucegen bench dflash ... --draft-ring N`
+    end to end on the host device: the ring is clamped to the context and the memory plan is printed."""
     from lucegen.cli import main
 
     devices = []
@@ -119,8 +121,8 @@ def test_cli_run_and_bench_with_a_bounded_draft_ring(models, monkeypatch, capsys
 
     monkeypatch.setattr(device_module.Device, "open", classmethod(open_host))
     gguf, draft = str(models / "tiny-q.gguf"), str(models / "draft-q")
-    assert main(["run", "--model", gguf, "--draft", draft, "--prompt", "def f(x):", "--max-tokens", "8",
-                 "--budget", "4", "--draft-ring", "100000"]) == 0
+    assert main(["run", "--model", gguf, "--draft", str(models / "draft-q8.gguf"), "--prompt", "def f(x):",
+                 "--max-tokens", "8", "--budget", "4", "--draft-ring", "100000"]) == 0
     err = capsys.readouterr().err
     assert "memory plan" in err and "speculative steps" in err
     assert main(["bench", "dflash", "--model", gguf, "--draft", draft, "--prompt-tokens", "8", "--gen-tokens", "16",

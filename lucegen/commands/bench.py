@@ -49,8 +49,8 @@ def register(subparsers) -> None:
     s.add_argument("--repeats", type=int, default=10, help="timed passes per measurement (median reported)")
     s.add_argument("--budgets", type=int, nargs="+", default=None, help="tree budgets to time (default 0 1 8 16 22 "
                    "32 64)")
-    s.add_argument("--draft", type=Path, default=None, help="DFlash draft directory: the network runs every step "
-                   "(its cost counts) while the oracle's proposals set the acceptance")
+    s.add_argument("--draft", type=Path, default=None, help="DFlash draft (directory or .gguf): the network runs "
+                   "every step (its cost counts) while the oracle's proposals set the acceptance")
     s.add_argument("--top-k", type=int, default=8, help="draft candidates per position (default 8)")
     s.add_argument("--draft-ring", type=int, default=None,
                    help="the draft's context ring: the last N positions (default: the whole context)")

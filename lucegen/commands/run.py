@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("--chunk", type=int, default=16, help="decode steps per launch between streamed outputs")
     p.add_argument("--prefill", choices=("kernels", "megakernel"), default="kernels",
                    help="prompt path: the prefill kernels (default) or token by token through the megakernel")
-    p.add_argument("--draft", type=Path, default=None, help="DFlash draft directory: speculative decoding")
+    p.add_argument("--draft", type=Path, default=None, help="DFlash draft (HF directory or .gguf): speculative decoding")
     p.add_argument("--budget", type=int, default=None, help="tree nodes per verify (default: the descriptor's)")
     p.add_argument("--top-k", type=int, default=8, help="draft candidates per position (default 8)")
     p.add_argument("--chain", action="store_true", help="verify the draft's top-1 chain instead of a tree")

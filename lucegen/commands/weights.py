@@ -19,9 +19,10 @@ def register(subparsers) -> None:
         description="Write random weights with the real shapes and init statistics of a Qwen3.5 preset, in the "
                     "official HF layout (safetensors, BF16) or as a llama.cpp qwen35 GGUF, plus a tokenizer.")
     p.add_argument("--preset", required=True, choices=list(PRESETS) + list(DRAFT_PRESETS),
-                   help="model preset, or a DFlash draft preset (dflash-*: safetensors only)")
+                   help="model preset, or a DFlash draft preset (dflash-*)")
     p.add_argument("--format", choices=("safetensors", "gguf"),
-                   help="required for model presets; draft presets are written as safetensors")
+                   help="required for model presets; draft presets default to safetensors (gguf: lucebox-hub's "
+                        "draft layout, --quant bf16 or q8_0)")
     p.add_argument("--quant", choices=QUANTS, default=None,
                    help="GGUF tensor types: bf16 (default), f32, f16, q8_0, q4_0, or llama.cpp's q4_k_m recipe")
     p.add_argument("--out", required=True, type=Path,
@@ -64,17 +65,28 @@ def run(args) -> int:
 
 
 def run_draft(args) -> int:
-    """A random-weight DFlash draft: config.json + model.safetensors (BF16), the published draft's layout."""
+    """A random-weight DFlash draft: config.json + model.safetensors (BF16, the published draft's layout), or a GGUF
+    in lucebox-hub's draft layout with the matrices in BF16 or Q8_0 (lucegen/model/dflash_gguf.py)."""
     from ..model.dflash import DFlashConfig, write_dflash_checkpoint
+    from ..model.dflash_gguf import QUANTS as DRAFT_QUANTS, write_dflash_gguf
 
     config = DFlashConfig.preset(args.preset)
-    if args.format not in (None, "safetensors"):
-        raise CheckpointError(f"--format {args.format}: draft presets are written as safetensors only")
-    if args.quant not in (None, "bf16"):
-        raise CheckpointError(f"--quant {args.quant}: draft checkpoints are written in BF16 only")
-    seconds = write_dflash_checkpoint(config, args.out, seed=args.seed, progress=not args.quiet)
+    target = args.out
+    if args.format == "gguf":
+        if (args.quant or "bf16") not in DRAFT_QUANTS:
+            raise CheckpointError(f"--quant {args.quant}: a draft GGUF holds its matrices in "
+                                  f"{' or '.join(DRAFT_QUANTS)}")
+        if target.suffix != ".gguf":
+            target = target / f"{args.preset}-{args.quant or 'bf16'}.gguf"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        seconds = write_dflash_gguf(config, target, quant=args.quant or "bf16", seed=args.seed,
+                                    progress=not args.quiet)
+    else:
+        if args.quant not in (None, "bf16"):
+            raise CheckpointError(f"--quant {args.quant}: safetensors drafts are written in BF16 only")
+        seconds = write_dflash_checkpoint(config, target, seed=args.seed, progress=not args.quiet)
     if not args.quiet:
-        print(f"wrote {args.out} ({config.name}, {config.num_parameters() / 1e6:.0f} M parameters) "
+        print(f"wrote {target} ({config.name}, {config.num_parameters() / 1e6:.0f} M parameters) "
               f"in {seconds:.1f} s", file=sys.stderr)
-    print(args.out)
+    print(target)
     return 0

@@ -451,6 +451,18 @@ def write_dflash_checkpoint(config: DFlashConfig, out, seed: int = 0, progress: 
 
 
 # ------------------------------------------------------------------------------------------------ loading
+def load_dflash(path, vocab_size: int | None = None):
+    """A draft from its HF directory (config.json + safetensors) or a GGUF file (:mod:`lucegen.model.dflash_gguf`;
+    ``vocab_size``, the target's, for a GGUF that does not state it)."""
+    from .dflash_gguf import is_gguf, load_dflash_gguf
+
+    if is_gguf(path):
+        return load_dflash_gguf(path, vocab_size)
+    if Path(path).is_file():
+        raise CheckpointError(f"{path}: a DFlash draft is a directory (config.json + safetensors) or a GGUF file")
+    return load_dflash_directory(path)
+
+
 def load_dflash_directory(directory):
     """A draft's HF directory -> a :class:`~lucegen.model.checkpoint.SafetensorsCheckpoint` whose ``config`` is a
     :class:`DFlashConfig`; every tensor checked for presence, dtype and shape. Names may carry a ``model.`` prefix

@@ -36,7 +36,7 @@ import numpy as np
 from .. import codegen
 from ..compile import compile_source
 from ..errors import CheckpointError, LucegenError
-from ..model.dflash import DFlashConfig, load_dflash_directory
+from ..model.dflash import DFlashConfig, load_dflash
 from ..model.dflash_reference import draft_inv_freq
 from ..target import DTYPES, Target
 from .device import Buffer, address
@@ -170,7 +170,8 @@ class DFlashDrafter:
 
         self.dec = decoder
         self.device, self.target = decoder.device, decoder.target
-        self.checkpoint = draft if isinstance(draft, Checkpoint) else load_dflash_directory(draft)
+        self.checkpoint = (draft if isinstance(draft, Checkpoint)
+                           else load_dflash(draft, vocab_size=decoder.config.vocab_size))
         self.config = cfg = self.checkpoint.config
         if not isinstance(cfg, DFlashConfig):
             raise CheckpointError(f"{self.checkpoint.path}: not a DFlash draft")

@@ -1,0 +1,269 @@
+"""DFlash drafts as GGUF files, in the layout lucebox-hub's draft loader reads (architecture ``qwen35-dflash-draft``;
+``dflash-draft`` is read too).
+
+Tensors (numpy order, rows first; matrices in BF16, F16, F32 or Q8_0, norms in F32, stored as the draft's own
+weights, not 1 + w):
+
+    dflash.fc.weight [hidden, taps * hidden]     dflash.hidden_norm.weight [hidden]     output_norm.weight [hidden]
+    blk.<i>.attn_norm / ffn_norm / attn_q_norm / attn_k_norm .weight
+    blk.<i>.attn_q / attn_k / attn_v / attn_output / ffn_gate / ffn_up / ffn_down .weight
+
+Metadata, under ``<arch>.``: embedding_length, block_count, feed_forward_length, attention.head_count,
+attention.head_count_kv, attention.key_length, attention.layer_norm_rms_epsilon, rope.freq_base, context_length,
+dflash.block_size, dflash.target_layer_ids (int32 array; or dflash.n_target_layers to derive them),
+dflash.mask_token_id, vocab_size (the target's; a file without it takes the target's when loaded beside one),
+attention.sliding_window and attention.sliding_window_pattern (bool per layer) for sliding layers, and
+dflash.is_causal / input_embedding_scale / output_multiplier / final_logit_softcapping where not the default.
+
+``load_dflash_gguf(path)`` checks every tensor's presence, shape and type and returns a checkpoint under the
+safetensors names (:meth:`DFlashConfig.tensor_shapes`); ``write_dflash_gguf`` writes the random draft of
+:func:`lucegen.model.dflash.write_dflash_checkpoint` (the same values for the same seed) in BF16 or Q8_0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError
+from .checkpoint import Checkpoint
+from .dflash import FULL, SLIDING, DFlashConfig, build_target_layer_ids
+from .dtypes import f32_to_bf16_bits
+from .gguf_io import GGUFFile, GGUFTensor
+from .quant import READABLE, nbytes
+
+ARCH = "qwen35-dflash-draft"
+ARCHES = (ARCH, "dflash-draft")
+QUANTS = {"bf16": "BF16", "q8_0": "Q8_0"}  # init-weights --quant: the matrices' type (norms are F32)
+GLOBAL_NAMES = {"fc.weight": "dflash.fc.weight", "hidden_norm.weight": "dflash.hidden_norm.weight",
+                "norm.weight": "output_norm.weight"}
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+# other spellings lucebox-hub's loader accepts: GGUF name -> ours
+ALIASES = {"dflash_fc.weight": "dflash.fc.weight", "dflash_hidden_norm.weight": "dflash.hidden_norm.weight"}
+LAYER_ALIASES = {"post_attention_norm.weight": "ffn_norm.weight"}
+
+
+def draft_gguf_name(name: str) -> str:
+    """The GGUF name of draft tensor ``name`` (a safetensors name)."""
+    if name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[name]
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
+    if not m or m.group(2) not in LAYER_NAMES:
+        raise KeyError(name)
+    return f"blk.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
+
+
+def _canonical(gname: str) -> str:
+    if gname in ALIASES:
+        return ALIASES[gname]
+    m = re.fullmatch(r"(blk\.\d+\.)(.+)", gname)
+    return m.group(1) + LAYER_ALIASES.get(m.group(2), m.group(2)) if m else gname
+
+
+# ------------------------------------------------------------------------------------------------ config
+def config_from_draft_gguf(g: GGUFFile, vocab_size: int | None = None) -> DFlashConfig:
+    """The draft's config from the GGUF metadata (``vocab_size``: the target's, for a file that does not say)."""
+    meta, source = g.metadata, g.path
+    arch = meta.get("general.architecture")
+    if arch not in ARCHES:
+        raise CheckpointError(f"{source}: general.architecture {arch!r} is not a DFlash draft "
+                              f"(expected {' or '.join(ARCHES)})")
+
+    def get(key, kind, default=dataclasses.MISSING):
+        full = f"{arch}.{key}"
+        if full not in meta:
+            if default is dataclasses.MISSING:
+                raise CheckpointError(f"{source}: metadata {full!r} is missing")
+            return default
+        value = meta[full]
+        ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+              float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              bool: lambda v: isinstance(v, bool) or v in (0, 1), list: lambda v: isinstance(v, list)}[kind](value)
+        if not ok:
+            raise CheckpointError(f"{source}: metadata {full!r}: expected {kind.__name__}, got {value!r}")
+        if kind is float:  # stored as float32: the shortest decimal that rounds to it (1e-06, not 9.99e-07)
+            return float(str(np.float32(value)))
+        return kind(value) if kind is not list else value
+
+    num_layers = get("block_count", int)
+    ids = get("dflash.target_layer_ids", list, None)
+    n_target = get("dflash.n_target_layers", int, None)
+    if ids is None:
+        if n_target is None:
+            raise CheckpointError(f"{source}: metadata {arch}.dflash.target_layer_ids is missing (and no "
+                                  f"{arch}.dflash.n_target_layers to derive it from)")
+        ids = build_target_layer_ids(n_target, num_layers)
+    window = get("attention.sliding_window", int, None) or None
+    pattern = get("attention.sliding_window_pattern", list, [False] * num_layers)
+    if len(pattern) != num_layers:
+        raise CheckpointError(f"{source}: metadata {arch}.attention.sliding_window_pattern has {len(pattern)} "
+                              f"entries for {num_layers} layers")
+    vocab = get("vocab_size", int, vocab_size)
+    if vocab is None:
+        raise CheckpointError(f"{source}: metadata {arch}.vocab_size is missing: load the draft beside its target "
+                              "(whose vocabulary it shares)")
+    is_causal = get("dflash.is_causal", bool, None)
+    softcap = get("dflash.final_logit_softcapping", float, 0.0)
+    try:
+        return DFlashConfig(
+            hidden_size=get("embedding_length", int), num_layers=num_layers,
+            intermediate_size=get("feed_forward_length", int), vocab_size=vocab,
+            num_attention_heads=get("attention.head_count", int),
+            num_kv_heads=get("attention.head_count_kv", int), head_dim=get("attention.key_length", int),
+            rms_norm_eps=get("attention.layer_norm_rms_epsilon", float, 1e-6),
+            rope_theta=get("rope.freq_base", float), block_size=get("dflash.block_size", int),
+            mask_token_id=get("dflash.mask_token_id", int), target_layer_ids=tuple(int(i) for i in ids),
+            num_target_layers=n_target, layer_types=tuple(SLIDING if s else FULL for s in pattern),
+            sliding_window=window, is_causal=is_causal,
+            max_position_embeddings=get("context_length", int, 262144),
+            input_embedding_scale=get("dflash.input_embedding_scale", float, 1.0),
+            output_multiplier=get("dflash.output_multiplier", float, 1.0),
+            final_logit_softcapping=softcap or None, name=str(meta.get("general.name") or "custom"))
+    except CheckpointError as exc:  # DFlashConfig.validate names the field; add the file
+        raise CheckpointError(str(exc).replace("<config>", str(source), 1)) from None
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint
+class DFlashGGUFCheckpoint(Checkpoint):
+    """A draft GGUF under the safetensors names; ``gguf_tensor(name)`` gives a matrix's stored blocks."""
+
+    def __init__(self, path: Path, g: GGUFFile, config: DFlashConfig, where: dict[str, str]):
+        self.path, self.file, self.config, self.where = path, g, config, where
+
+    def names(self):
+        return list(self.where)
+
+    def _tensor(self, name) -> GGUFTensor:
+        if name not in self.where:
+            raise self._unknown(name)
+        return self.file.tensors[self.where[name]]
+
+    def shape(self, name):
+        return self._tensor(name).shape
+
+    def dtype(self, name):
+        return self._tensor(name).type_name
+
+    def gguf_tensor(self, name) -> tuple[GGUFTensor, np.ndarray]:
+        t = self._tensor(name)
+        return t, self.file.raw(t.name)
+
+    def f32(self, name):
+        return np.ascontiguousarray(self.file.values(self._tensor(name).name), np.float32)
+
+    def bf16(self, name):
+        t = self._tensor(name)
+        if t.type_name == "BF16":  # the stored bits
+            return np.ascontiguousarray(self.file.raw(t.name)).view(np.uint16).reshape(t.shape)
+        return f32_to_bf16_bits(self.f32(name))
+
+
+def load_dflash_gguf(path, vocab_size: int | None = None) -> DFlashGGUFCheckpoint:
+    """A draft GGUF, every tensor checked for presence, shape and a readable type; nothing unexpected."""
+    path = Path(path)
+    g = GGUFFile(path)
+    config = config_from_draft_gguf(g, vocab_size)
+    stored = {}
+    for gname in g.tensors:
+        canonical = _canonical(gname)
+        if canonical in stored:
+            raise CheckpointError(f"{path}: tensors {stored[canonical]!r} and {gname!r} are the same tensor")
+        stored[canonical] = gname
+    where = {}
+    for name, shape in config.tensor_shapes().items():
+        canonical = draft_gguf_name(name)
+        if canonical not in stored:
+            raise CheckpointError(f"{path}: missing draft tensor {canonical!r} ({name})")
+        t = g.tensors[stored.pop(canonical)]
+        if t.shape != shape:
+            raise CheckpointError(f"{path}: tensor {t.name!r}: shape {list(t.shape)}, the metadata implies "
+                                  f"{list(shape)}")
+        if t.type_name not in READABLE:
+            raise CheckpointError(f"{path}: tensor {t.name!r}: type {t.type_name} is not supported (readable: "
+                                  f"{', '.join(READABLE)})")
+        where[name] = t.name
+    if stored:
+        extra = sorted(stored.values())
+        raise CheckpointError(f"{path}: unexpected tensor {extra[0]!r} for a {config.num_layers}-layer DFlash draft")
+    return DFlashGGUFCheckpoint(path, g, config, where)
+
+
+def is_gguf(path) -> bool:
+    """Whether ``path`` is a file that starts with the GGUF magic."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            return path.is_file() and f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ writing
+def write_dflash_gguf(config: DFlashConfig, out, quant: str = "bf16", seed: int = 0, progress: bool = True) -> float:
+    """The random draft of ``write_dflash_checkpoint`` (same seed, same values) as a GGUF file ``out``: matrices in
+    ``quant`` (bf16: the same bits; q8_0: those values quantised), norms in F32. Written to a temp file, then
+    renamed. Returns seconds spent."""
+    import gguf
+
+    from ..atomic import atomic_path
+    from .dflash import init_tensor
+    from .dtypes import bf16_bits_to_f32
+    from .init_weights import Progress
+    from .quant import quantize
+
+    if quant not in QUANTS:
+        raise CheckpointError(f"a draft GGUF holds its matrices in {' or '.join(QUANTS)}, not {quant}")
+    out, c = Path(out), config
+    shapes = c.tensor_shapes()
+    kinds = {n: "F32" if len(s) == 1 else QUANTS[quant] for n, s in shapes.items()}
+    size = {n: nbytes(kinds[n], int(np.prod(s, dtype=np.int64))) for n, s in shapes.items()}
+    with atomic_path(out) as tmp:
+        w = gguf.GGUFWriter(tmp, ARCH)
+        w.add_name(c.name)
+        for key, value in (("embedding_length", c.hidden_size), ("block_count", c.num_layers),
+                           ("feed_forward_length", c.intermediate_size), ("attention.head_count", c.num_attention_heads),
+                           ("attention.head_count_kv", c.num_kv_heads), ("attention.key_length", c.head_dim),
+                           ("attention.value_length", c.head_dim), ("context_length", c.max_position_embeddings),
+                           ("dflash.block_size", c.block_size), ("dflash.mask_token_id", c.mask_token_id),
+                           ("vocab_size", c.vocab_size)):
+            w.add_uint32(f"{ARCH}.{key}", value)
+        w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+        w.add_float32(f"{ARCH}.rope.freq_base", c.rope_theta)
+        w.add_array(f"{ARCH}.dflash.target_layer_ids", [int(i) for i in c.target_layer_ids])
+        if c.num_target_layers is not None:
+            w.add_uint32(f"{ARCH}.dflash.n_target_layers", c.num_target_layers)
+        if SLIDING in c.layer_types:
+            w.add_uint32(f"{ARCH}.attention.sliding_window", c.sliding_window)
+            w.add_array(f"{ARCH}.attention.sliding_window_pattern", [t == SLIDING for t in c.layer_types])
+        if c.is_causal is not None:
+            w.add_bool(f"{ARCH}.dflash.is_causal", c.is_causal)
+        for key, value, default in (("input_embedding_scale", c.input_embedding_scale, 1.0),
+                                    ("output_multiplier", c.output_multiplier, 1.0),
+                                    ("final_logit_softcapping", c.final_logit_softcapping or 0.0, 0.0)):
+            if value != default:
+                w.add_float32(f"{ARCH}.dflash.{key}", value)
+        for name, shape in shapes.items():
+            w.add_tensor_info(draft_gguf_name(name), shape, np.dtype(np.float32), size[name],
+                              raw_dtype=gguf.GGMLQuantizationType[kinds[name]])
+        bar = Progress(sum(size.values()), f"writing {out}") if progress else None
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for name in shapes:
+            bits = init_tensor(c, name, seed)
+            data = bits if kinds[name] == "BF16" else quantize(bf16_bits_to_f32(bits), kinds[name])
+            w.write_tensor_data(np.ascontiguousarray(data))
+            if bar:
+                bar(data.nbytes)
+        w.close()
+    return bar.finish() if bar else 0.0
