@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lucegen.model.dflash import PRESETS as DRAFT_PRESETS
+from lucegen.model.config import ModelConfig
 from lucegen.model.dflash import DFlashConfig, init_tensor
 from lucegen.model.dflash_reference import DraftReference, log_softmax_topk, rms_norm
 from lucegen.model.dtypes import bf16_bits_to_f32
-from lucegen.runtime.draft import DraftLayout, draft_pieces
+from lucegen.runtime.draft import DraftLayout, draft_vectors
 
 CFG = DFlashConfig.preset("dflash-tiny")
 
@@ -144,6 +145,14 @@ def test_log_softmax_topk():
 
 
 def test_draft_layout_packs_every_tensor_once():
+    """Dense draft matrices (DenseDraftWeights, on tests/host_device.py's HostDevice: the uploads recorded) and the
+    draft's vectors (draft_vectors): each inside its buffer, matrices 256-byte aligned, no two overlapping, every
+    element once, the norms packed as w - 1."""
+    from lucegen.runtime.draft_weights import DenseDraftWeights
+    from lucegen.runtime.prefill.params import prefill_params
+    from lucegen.target import load_target
+    from tests.host_device import HostDevice
+
     cfg = CFG
 
     class Ckpt:
@@ -158,25 +167,29 @@ def test_draft_layout_packs_every_tensor_once():
             from lucegen.model.dtypes import f32_to_bf16_bits
             return f32_to_bf16_bits(self.tensors[name]).reshape(self.tensors[name].shape)
 
-    lay = DraftLayout(cfg)
-    wmat, wvec = np.zeros(lay.wmat_elems, np.int32), np.zeros(lay.wvec_floats, np.int32)
-    n_mat = n_vec = 0
-    for buffer, offset, array in draft_pieces(lay, Ckpt(), "bf16"):
-        target = wmat if buffer == "wmat" else wvec
-        assert offset + array.size <= target.size
-        target[offset : offset + array.size] += 1
-        if buffer == "wmat":
-            assert offset % 128 == 0, "matrices start 256-byte aligned"
-            n_mat += array.size
-        else:
-            n_vec += array.size
-    assert wmat.max() == 1 and wvec.max() == 1, "no two tensors overlap"
+    target = load_target("sm_90")
+    dev = HostDevice(target)
+    uploads = []
+    upload = dev.upload
+    dev.upload = lambda array, buffer=None: uploads.append((buffer.ptr, array.nbytes)) or upload(array, buffer)
+    pf = prefill_params(ModelConfig.preset("tiny"), target)
+    dense = DenseDraftWeights(dev, target, pf, Ckpt(), rows=64)
+    wmat = np.zeros(dense.wmat.nbytes // 2, np.int32)
+    for ptr, nbytes in uploads:
+        offset = (ptr - dense.wmat.ptr) // 2
+        assert offset % 128 == 0, "matrices start 256-byte aligned"
+        wmat[offset : offset + nbytes // 2] += 1
     shapes = cfg.tensor_shapes()
-    mats = sum(int(np.prod(s)) for s in shapes.values() if len(s) == 2)
-    assert n_mat == mats and n_vec == sum(s[0] for s in shapes.values() if len(s) == 1) + cfg.head_dim // 2
-    norms = dict((o, a) for b, o, a in draft_pieces(lay, Ckpt(), "bf16") if b == "wvec")
-    hn = norms[lay.vec["hidden_norm"]]
-    np.testing.assert_array_equal(hn + 1, Ckpt.tensors["hidden_norm.weight"])  # packed as w - 1, exactly
+    assert wmat.max() == 1 and wmat.sum() == sum(int(np.prod(s)) for s in shapes.values() if len(s) == 2)
+    assert dense.weight_bytes == 2 * wmat.sum()
+
+    lay = DraftLayout(cfg)
+    wvec = np.zeros(lay.wvec_floats, np.int32)
+    for offset, array in draft_vectors(lay, Ckpt()):
+        wvec[offset : offset + array.size] += 1
+    assert wvec.max() == 1 and wvec.sum() == sum(s[0] for s in shapes.values() if len(s) == 1) + cfg.head_dim // 2
+    norms = dict(draft_vectors(lay, Ckpt()))
+    np.testing.assert_array_equal(norms[lay.vec["hidden_norm"]] + 1, Ckpt.tensors["hidden_norm.weight"])
 
 
 @pytest.mark.parametrize("change, match", [

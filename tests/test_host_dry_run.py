@@ -53,12 +53,14 @@ def kernels(dev: HostDevice) -> set[str]:
     return {name for name, *_ in dev.launches}
 
 
-@pytest.mark.parametrize("chip", ["sm_90", "sm_86"])
-def test_speculative_engine_on_a_quantised_target(models, chip):
-    """QuantDecoder + DFlashDrafter (a ring shorter than the context) + Prefiller + TreeVerifier + SpecDecoder: a
-    prefill over several segments, speculative steps, the memory plan; then everything closed frees everything."""
+@pytest.mark.parametrize("chip, draft_file", [("sm_90", "draft-q"), ("sm_86", "draft-q"), ("sm_90", "draft-q8.gguf")])
+def test_speculative_engine_on_a_quantised_target(models, chip, draft_file):
+    """QuantDecoder + DFlashDrafter (a ring shorter than the context; BF16 matrices, or a Q8_0 GGUF's kept in
+    blocks) + Prefiller + TreeVerifier + SpecDecoder: a prefill over several segments, speculative steps, the memory
+    plan; then everything closed frees everything."""
     from lucegen.runtime.dflash import SpecDecoder
     from lucegen.runtime.draft import DFlashDrafter
+    from lucegen.runtime.draft_weights import DenseDraftWeights, QuantDraftWeights
     from lucegen.runtime.memory_plan import MemoryPlan
     from lucegen.runtime.prefill.runner import Prefiller
     from lucegen.runtime.quant_target import QuantDecoder
@@ -66,7 +68,8 @@ def test_speculative_engine_on_a_quantised_target(models, chip):
 
     dev = host(chip)
     dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=256)
-    draft = DFlashDrafter(dec, models / "draft-q", k=4, ring=48, rows=64)
+    draft = DFlashDrafter(dec, models / draft_file, k=4, ring=48, rows=64)
+    assert isinstance(draft.weights, QuantDraftWeights if draft_file.endswith(".gguf") else DenseDraftWeights)
     pre = Prefiller(dec, draft=draft)
     ver = TreeVerifier(dec, budget=8, draft=draft)
     spec = SpecDecoder(ver, draft)

@@ -21,7 +21,8 @@ and per committed batch of rows (the prompt, or a verify pass's accepted path):
     per draft layer: ctx_kv = gemm_rows_f32(xn, [k|v] rows of that layer's qkv) * r;  draft_context_store
 
 The projections are the prefill GEMMs of the target's shape (the draft's hidden size is the target's; so are its
-RMSNorm eps, checked at load). The embedding and the lm_head are the target's, through its ``layer_weights``
+RMSNorm eps, checked at load), or, for a draft whose matrices are all Q8_0 (a GGUF), the quantised GEMM on its
+blocks (:mod:`lucegen.runtime.draft_weights`). The embedding and the lm_head are the target's, through its ``layer_weights``
 (:class:`lucegen.runtime.prefill.runner.LayerWeights`): compute-dtype rows for a BF16 target, GGML blocks (the
 ``embed_<type>`` gather, the quantised GEMM) for a :class:`lucegen.runtime.quant_target.QuantDecoder`. Draft norm
 weights are packed zero-centred (w - 1, exact in f32) so that every norm is the target's x * r * (1 + w). The context
@@ -40,8 +41,8 @@ from ..model.dflash import DFlashConfig, load_dflash
 from ..model.dflash_reference import draft_inv_freq
 from ..target import DTYPES, Target
 from .device import Buffer, address
-from .packing import checked_shape, f32_literal, matrix_bits
-from .prefill.gemm import GemmKernels
+from .draft_weights import draft_weights
+from .packing import checked_shape, f32_literal
 from .prefill.params import prefill_params
 
 TEMPLATE = "dflash/draft.cu.j2"
@@ -50,7 +51,6 @@ THREADS = 256  # templates/dflash/draft.cu.j2: DR_NT, DR_TK_NT
 ATTENTION_WARPS = 4  # DR_AT_WARPS
 TOPK_MAX = 8  # DR_TOPK_MAX: the most candidates per drafted position
 TOPK_CHUNK = 8192  # logits per block of draft_topk_partial (at most THREADS // TOPK_MAX chunks per row)
-ALIGN = 128  # elements: every packed matrix starts 256-byte aligned (TMA needs 16)
 
 
 def draft_params(config: DFlashConfig, target: Target) -> dict:
@@ -73,37 +73,21 @@ def draft_params(config: DFlashConfig, target: Target) -> dict:
     }
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
 class DraftLayout:
-    """Where each draft tensor sits in the packed buffers: ``mat[key]`` element offsets into wmat (compute dtype),
-    ``vec[key]`` float offsets into wvec. Per layer l: mat ("qkv", l) = [q | k | v] rows, ("o", l), ("gateup", l)
-    (gate / up rows interleaved, as the SwiGLU epilogue reads them), ("down", l); vec ("in_norm", l),
-    ("post_norm", l); and "q_norm" / "k_norm" as [L][head_dim] blocks."""
+    """Where each draft vector sits in ``wvec`` (float offsets): ("in_norm", l), ("post_norm", l), "hidden_norm",
+    "final_norm", "q_norm" / "k_norm" as [L][head_dim] blocks, "inv_freq". The matrices are a
+    :mod:`lucegen.runtime.draft_weights` set's."""
 
     def __init__(self, config: DFlashConfig):
         c = config
-        H, I = c.hidden_size, c.intermediate_size
-        self.mat: dict = {}
+        H = c.hidden_size
         self.vec: dict = {}
-        self.wmat_elems = self.wvec_floats = 0
-
-        def take_mat(key, n):
-            self.mat[key] = self.wmat_elems
-            self.wmat_elems += _align(n)
+        self.wvec_floats = 0
 
         def take_vec(key, n):
             self.vec[key] = self.wvec_floats
             self.wvec_floats += -(-n // 4) * 4  # 16-byte aligned
 
-        take_mat("fc", H * c.fc_in_features)
-        for l in range(c.num_layers):
-            take_mat(("qkv", l), (c.q_dim + 2 * c.kv_dim) * H)
-            take_mat(("o", l), H * c.q_dim)
-            take_mat(("gateup", l), 2 * I * H)
-            take_mat(("down", l), H * I)
         take_vec("hidden_norm", H)
         for l in range(c.num_layers):
             take_vec(("in_norm", l), H)
@@ -114,37 +98,26 @@ class DraftLayout:
         take_vec("inv_freq", c.head_dim // 2)
 
 
-def draft_pieces(layout: DraftLayout, checkpoint, dtype: str):
-    """Yield (buffer, offset, array) filling every draft tensor: "wmat" uint16 bits, "wvec" float32."""
+def draft_vectors(layout: DraftLayout, checkpoint):
+    """Yield (offset, float32 array) filling every draft vector of ``wvec``."""
     c = checkpoint.config
     shapes = c.tensor_shapes()
-
-    def mat(name):
-        return checked_shape(checkpoint, name, shapes[name], matrix_bits(checkpoint, name, dtype))
 
     def norm(name):  # zero-centred: the kernels apply (1 + w)
         w = checked_shape(checkpoint, name, shapes[name], np.ascontiguousarray(checkpoint.f32(name), np.float32))
         return (w - np.float32(1)).astype(np.float32)
 
-    yield "wmat", layout.mat["fc"], mat("fc.weight")
     for l in range(c.num_layers):
         p = f"layers.{l}."
-        sa = p + "self_attn."
-        yield "wmat", layout.mat[("qkv", l)], np.concatenate(
-            [mat(sa + "q_proj.weight"), mat(sa + "k_proj.weight"), mat(sa + "v_proj.weight")])
-        yield "wmat", layout.mat[("o", l)], mat(sa + "o_proj.weight")
-        gate, up = mat(p + "mlp.gate_proj.weight"), mat(p + "mlp.up_proj.weight")
-        yield "wmat", layout.mat[("gateup", l)], np.stack([gate, up], axis=1).reshape(-1)
-        yield "wmat", layout.mat[("down", l)], mat(p + "mlp.down_proj.weight")
-        yield "wvec", layout.vec[("in_norm", l)], norm(p + "input_layernorm.weight")
-        yield "wvec", layout.vec[("post_norm", l)], norm(p + "post_attention_layernorm.weight")
-    yield "wvec", layout.vec["hidden_norm"], norm("hidden_norm.weight")
-    yield "wvec", layout.vec["final_norm"], norm("norm.weight")
-    yield "wvec", layout.vec["q_norm"], np.concatenate(
+        yield layout.vec[("in_norm", l)], norm(p + "input_layernorm.weight")
+        yield layout.vec[("post_norm", l)], norm(p + "post_attention_layernorm.weight")
+    yield layout.vec["hidden_norm"], norm("hidden_norm.weight")
+    yield layout.vec["final_norm"], norm("norm.weight")
+    yield layout.vec["q_norm"], np.concatenate(
         [norm(f"layers.{l}.self_attn.q_norm.weight") for l in range(c.num_layers)])
-    yield "wvec", layout.vec["k_norm"], np.concatenate(
+    yield layout.vec["k_norm"], np.concatenate(
         [norm(f"layers.{l}.self_attn.k_norm.weight") for l in range(c.num_layers)])
-    yield "wvec", layout.vec["inv_freq"], draft_inv_freq(c)
+    yield layout.vec["inv_freq"], draft_inv_freq(c)
 
 
 def check_pair(config: DFlashConfig, target_config, source) -> None:
@@ -187,7 +160,8 @@ class DFlashDrafter:
         dev, t = self.device, self.target
         self.pf = prefill_params(decoder.config, t)
         self.dp = draft_params(cfg, t)
-        self.gemm = GemmKernels(dev, t, self.pf)
+        self.weights = draft_weights(dev, t, self.pf, self.checkpoint, rows)  # dense, or Q8_0 blocks kept
+        self.gemm = self.weights.gemm
         self.head = decoder.layer_weights(decoder.layer_params())  # the target's embedding and lm_head
         source = codegen.render(t, TEMPLATE, dp=self.dp)
         module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
@@ -206,10 +180,9 @@ class DFlashDrafter:
 
     # ------------------------------------------------------------------------------------------ memory
     def _allocate(self) -> None:
-        c, d, R, B, pf = self.config, self.device, self.rows, self.config.block_size, self.pf
-        H, L, ss_parts = c.hidden_size, c.num_layers, pf["ss_parts"]
+        c, d, R, B = self.config, self.device, self.rows, self.config.block_size
+        H, L, ss_parts = c.hidden_size, c.num_layers, self.weights.ss_parts
         block_ss_parts = max(ss_parts, self.head.embed_ss_parts)  # the block's ss: the target's embedding first
-        self.wmat = d.alloc(2 * self.layout.wmat_elems)
         self.wvec = d.alloc(4 * self.layout.wvec_floats)
         self.capture = d.alloc(2 * R * c.fc_in_features)
         self.ctx_x, self.ctx_xn, self.ctx_ss = d.alloc(4 * R * H), d.alloc(2 * R * H), d.alloc(4 * ss_parts * R)
@@ -222,23 +195,18 @@ class DFlashDrafter:
         self.logits = d.alloc(4 * (B - 1) * c.vocab_size)
         self.lp, self.tok = d.alloc(4 * (B - 1) * self.k), d.alloc(4 * (B - 1) * self.k)
         self.topk_ws = d.alloc(8 * (B - 1) * self.topk_chunks * (TOPK_MAX + 1))  # candidates, then (max, sum)
-        self.resid_ws_bytes = self.gemm.residual_workspace_bytes(max(R, B), H)  # split-K of the few-row GEMMs
-        self.resid_ws = d.alloc(self.resid_ws_bytes)
         self.block_in = d.alloc(4 * (B + 1))  # tokens [B], start
         self.commit_in = d.alloc(4 * (2 + R))  # pos0, n, rows [n]
-        for b in (self.wmat, self.wvec):
-            d.memset(b)
+        d.memset(self.wvec)
 
     def _upload_weights(self) -> None:
-        dtype = self.target.compute_dtype
-        self.weight_bytes = 0
-        for buffer, offset, array in draft_pieces(self.layout, self.checkpoint, dtype):
-            base = self.wmat.ptr + 2 * offset if buffer == "wmat" else self.wvec.ptr + 4 * offset
-            self.device.upload(np.ascontiguousarray(array), Buffer(base, array.nbytes, None))
+        self.weight_bytes = self.weights.weight_bytes
+        for offset, array in draft_vectors(self.layout, self.checkpoint):
+            self.device.upload(np.ascontiguousarray(array), Buffer(self.wvec.ptr + 4 * offset, array.nbytes, None))
             self.weight_bytes += array.nbytes
 
-    BUFFERS = ("wmat", "wvec", "capture", "ctx_x", "ctx_xn", "ctx_ss", "ctx_kv", "cache", "x", "xn", "ss", "proj",
-               "q_ws", "block_kv", "attn", "act", "logits", "lp", "tok", "topk_ws", "resid_ws", "block_in",
+    BUFFERS = ("wvec", "capture", "ctx_x", "ctx_xn", "ctx_ss", "ctx_kv", "cache", "x", "xn", "ss", "proj",
+               "q_ws", "block_kv", "attn", "act", "logits", "lp", "tok", "topk_ws", "block_in",
                "commit_in")
 
     def close(self) -> None:
@@ -249,6 +217,9 @@ class DFlashDrafter:
             b = getattr(self, name, None)
             if isinstance(b, Buffer):
                 b.free()
+        if getattr(self, "weights", None) is not None:
+            self.weights.free()
+            self.weights = None
 
     def ring_bytes_per_token(self) -> int:
         """Device bytes of one ring position: k and v of every draft layer (the compute dtype)."""
@@ -259,11 +230,11 @@ class DFlashDrafter:
         self.position = 0
 
     def _split_k(self) -> dict:
-        """The residual GEMMs' split-K workspace: a few rows fill the chip only when K is split."""
-        return {"workspace": self.resid_ws.ptr, "workspace_bytes": self.resid_ws_bytes}
+        """The residual GEMMs' workspace keywords (the dense GEMMs split K: a few rows fill the chip only so)."""
+        return self.weights.split_k
 
-    def _mat(self, key) -> int:
-        return self.wmat.ptr + 2 * self.layout.mat[key]
+    def _mat(self, key):
+        return self.weights.matrix(key)
 
     def _vec(self, key) -> int:
         return self.wvec.ptr + 4 * self.layout.vec[key]
@@ -285,15 +256,15 @@ class DFlashDrafter:
         """Queue the context update from the T captured rows: fc + hidden_norm, every layer's K/V, stored at
         positions pos0 + i. ``from_commit``: rows, count and pos0 come from ``commit_in`` (a verify's accepted path,
         row i = slot path[i]); else row i is capture row i."""
-        c, pf, R = self.config, self.pf, self.rows
+        c, R = self.config, self.rows
         H, L, kvd = c.hidden_size, c.num_layers, c.kv_dim
         self.device.memset_async(self.ctx_x.ptr, 4 * T * H, stream)
         self.gemm.residual(self.capture.ptr, c.fc_in_features, self._mat("fc"), c.fc_in_features, T, H,
                            c.fc_in_features, self.ctx_x.ptr, H, self._vec("hidden_norm"), self.ctx_xn.ptr, H,
                            self.ctx_ss.ptr, R, stream=stream, **self._split_k())
         for l in range(L):
-            self.gemm.rows_f32(self.ctx_xn.ptr, H, self._mat(("qkv", l)) + 2 * c.q_dim * H, H, T, 2 * kvd, H,
-                               self.ctx_ss.ptr, pf["ss_parts"], R, self.ctx_kv.ptr + 4 * l * 2 * kvd, L * 2 * kvd,
+            self.gemm.rows_f32(self.ctx_xn.ptr, H, self._mat(("kv", l)), H, T, 2 * kvd, H, self.ctx_ss.ptr,
+                               self.weights.ss_parts, R, self.ctx_kv.ptr + 4 * l * 2 * kvd, L * 2 * kvd,
                                stream=stream)
         ci = self.commit_in.ptr
         args = ((address(ci + 8), np.int32(T), address(ci + 4), np.int32(0), address(ci)) if from_commit
@@ -321,9 +292,9 @@ class DFlashDrafter:
 
     # ------------------------------------------------------------------------------------------ one block
     def _enqueue_block(self) -> None:
-        c, pf, st = self.config, self.pf, self.stream
+        c, st = self.config, self.stream
         H, I, B, L = c.hidden_size, c.intermediate_size, c.block_size, c.num_layers
-        nqkv, ss_parts = c.q_dim + 2 * c.kv_dim, pf["ss_parts"]
+        nqkv, ss_parts = c.q_dim + 2 * c.kv_dim, self.weights.ss_parts
         tokens, start = self.block_in.ptr, self.block_in.ptr + 4 * B
         self.head.embed(tokens, B, self.x.ptr, self.xn.ptr, self.ss.ptr, B, st, norm=self._vec(("in_norm", 0)))
         for l in range(L):

@@ -127,31 +127,42 @@ def plan_parts(tiles: int, compute_units: int, most: int = WARPS) -> int:
 
 class QuantMatrix:
     """A matrix group on the device: segments (type, rows) of K columns each, stacked into the output columns in
-    order; its tile-blocks live in ``buffers``, its segment table (a kernel argument) in ``table``."""
+    order; its tile-blocks live in ``segment_buffers`` (those it allocated, and frees, in ``buffers``), its segment
+    table (a kernel argument) in ``table``."""
 
     def __init__(self, device, segments, K: int, *, pair: bool = False):
         if not 1 <= len(segments) <= MAX_SEGMENTS:
             raise LucegenError(f"a quantised matrix group has 1 to {MAX_SEGMENTS} segments, got {len(segments)}")
-        self.K, self.pair = K, pair
-        self.types = [s[0] for s in segments]
-        self.segment_rows = [int(s[2]) for s in segments]
-        if pair and (len(segments) != 2 or self.segment_rows[0] != self.segment_rows[1]):
+        rows = [int(s[2]) for s in segments]
+        if pair and (len(segments) != 2 or rows[0] != rows[1]):
             raise LucegenError("a gate/up pair needs two segments of equal rows")
-        self.rows = self.segment_rows[0] if pair else sum(self.segment_rows)
-        table = np.zeros(MAX_SEGMENTS, SEGMENT_DTYPE)
         self.buffers: list[Buffer] = []
+        for type_name, raw, n, _ in segments:
+            self.buffers.append(device.upload(tile_pack(raw, type_name, n, K)))
+        self._describe(K, pair, [s[0] for s in segments], rows, list(self.buffers))
+        self.weight_bytes = sum(int(np.asarray(s[1]).size) for s in segments)
+
+    def _describe(self, K: int, pair: bool, types: list[str], rows: list[int], buffers: list[Buffer]) -> None:
+        self.K, self.pair, self.types, self.segment_rows, self.segment_buffers = K, pair, types, rows, buffers
+        self.rows = rows[0] if pair else sum(rows)
+        table = np.zeros(MAX_SEGMENTS, SEGMENT_DTYPE)
         tile0 = col0 = 0
-        self.weight_bytes = 0
-        for i, (type_name, raw, rows, _) in enumerate(segments):
-            packed = tile_pack(raw, type_name, rows, K)
-            buf = device.upload(packed)
-            self.buffers.append(buf)
-            self.weight_bytes += int(np.asarray(raw).size)
-            table[i] = (buf.ptr, GEMM_TYPES.index(type_name), tile0, rows, 0 if pair else col0, (0, 0))
-            tile0 += math.ceil(rows / TILE_ROWS)
-            col0 += rows
+        for i, (type_name, n, buf) in enumerate(zip(types, rows, buffers)):
+            table[i] = (buf.ptr, GEMM_TYPES.index(type_name), tile0, n, 0 if pair else col0, (0, 0))
+            tile0 += math.ceil(n / TILE_ROWS)
+            col0 += n
         self.tiles = tile0
         self.table = ByValue(table.tobytes())
+
+    def tail(self, first: int) -> "QuantMatrix":
+        """Segments ``first``, ``first + 1``, ... as a group of their own over the same device memory (a view: it
+        frees nothing), e.g. the k and v rows of a [q | k | v] projection."""
+        if self.pair or not 0 < first < len(self.types):
+            raise LucegenError(f"a view from segment {first} of a {len(self.types)}-segment group")
+        view = QuantMatrix.__new__(QuantMatrix)
+        view.buffers, view.weight_bytes = [], 0
+        view._describe(self.K, False, self.types[first:], self.segment_rows[first:], self.segment_buffers[first:])
+        return view
 
     @property
     def count(self) -> int:

@@ -40,6 +40,20 @@ def draft_dir(preset: str, seed: int = 0) -> Path:
                     lambda out: write_dflash_checkpoint(DFlashConfig.preset(preset), out, seed=seed, progress=False))
 
 
+@functools.cache
+def draft_gguf(preset: str, quant: str = "q8_0", seed: int = 0) -> Path:
+    """A random-weight DFlash draft of ``preset`` as a GGUF (lucegen/model/dflash_gguf.py), matrices in ``quant``."""
+    from lucegen.model.dflash import DFlashConfig
+    from lucegen.model.dflash_gguf import write_dflash_gguf
+
+    root = Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
+    out = root / f"{preset}-{quant}-{seed}.gguf"
+    if not out.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        write_dflash_gguf(DFlashConfig.preset(preset), out, quant=quant, seed=seed, progress=False)
+    return out
+
+
 # byte offsets of each GGML type's f16 scales inside a block
 F16_FIELDS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 

@@ -8,6 +8,8 @@
   reference's margin exceeds that bound. A ring smaller than the context is checked too (the reference's window).
 - **Lossless.** Speculative decoding with the draft network proposing must emit exactly the verifier's greedy
   tokens (its random weights accept little: the commit is mostly the bonus token).
+- **Q8_0 drafts.** ``tiny-q8`` is the ``tiny-q`` pair with the draft written as a Q8_0 GGUF: its matrices stay in
+  blocks on the device (QuantDraftWeights, the quantised GEMM); its reference runs the dequantised weights.
 
 Pairs: ``tiny`` (BF16 target, ``dflash-tiny``), ``tiny-q`` (the tiny-q preset as a Q4_K_M GGUF on the quantised
 target, ``dflash-tiny-q``: the draft gathers the GGML embedding and runs the quantised lm_head; its reference is the
@@ -31,19 +33,20 @@ from lucegen.model.dflash_reference import DraftReference, log_softmax_topk
 from lucegen.model.reference import Reference
 from lucegen.runtime.dflash import ControlledDrafter, OracleDrafter, SpecDecoder
 
-from gpu_models import checkpoint_dir, draft_dir, gguf_file, gpu_device  # tests/gpu/gpu_models.py
+from gpu_models import checkpoint_dir, draft_dir, draft_gguf, gguf_file, gpu_device  # tests/gpu/gpu_models.py
 
 pytestmark = pytest.mark.gpu
 
 PAIRS = {"tiny": ("tiny", "dflash-tiny"), "tiny-q": ("tiny-q", "dflash-tiny-q"),
-         "0.8b": ("qwen3.5-0.8b", "dflash-qwen3.5-0.8b")}
-QUANTISED = {"tiny-q"}  # the target preset written as a Q4_K_M GGUF, loaded by QuantDecoder
-SMALL = ["tiny", "tiny-q"]  # the pairs every test runs on
+         "tiny-q8": ("tiny-q", "dflash-tiny-q"), "0.8b": ("qwen3.5-0.8b", "dflash-qwen3.5-0.8b")}
+QUANTISED = {"tiny-q", "tiny-q8"}  # the target preset written as a Q4_K_M GGUF, loaded by QuantDecoder
+Q8_DRAFTS = {"tiny-q8"}  # the draft written as a Q8_0 GGUF, its matrices kept in blocks (QuantDraftWeights)
+SMALL = ["tiny", "tiny-q", "tiny-q8"]  # the pairs every test runs on
 BUDGET = 16
 ROWS = 64  # capture rows: prompts past 64 tokens prefill in several segments
 #: |device - reference| log-probability of the device's top-k tokens (the target's hidden states differ by the
 #: prefill's bounds first, then the draft adds its own bf16 rounding)
-LP_TOL = {"tiny": 0.05, "tiny-q": 0.05, "0.8b": 0.15}
+LP_TOL = {"tiny": 0.05, "tiny-q": 0.05, "tiny-q8": 0.05, "0.8b": 0.15}
 
 
 def engine(pair: str, ring: int | None = None):
@@ -68,7 +71,11 @@ def _engine(pair: str, ring: int | None):
         path = os.environ.get("LUCEGEN_08B_DIR") if pair == "0.8b" else None
         dec = MegakernelDecoder(load_checkpoint(path or str(checkpoint_dir(target))), device=gpu_device(),
                                 max_context=512)
-    drafter = DFlashDrafter(dec, draft_dir(draft), k=4, ring=ring, rows=ROWS)
+    drafter = DFlashDrafter(dec, draft_path(pair), k=4, ring=ring, rows=ROWS)
+    if pair in Q8_DRAFTS:
+        from lucegen.runtime.draft_weights import QuantDraftWeights
+
+        assert isinstance(drafter.weights, QuantDraftWeights)
     return dec, drafter, Prefiller(dec, draft=drafter), TreeVerifier(dec, budget=BUDGET, draft=drafter)
 
 
@@ -197,11 +204,16 @@ def model_path(pair: str) -> str:
     return str(gguf_file(target) if pair in QUANTISED else checkpoint_dir(target))
 
 
+def draft_path(pair: str) -> str:
+    draft = PAIRS[pair][1]
+    return str(draft_gguf(draft) if pair in Q8_DRAFTS else draft_dir(draft))
+
+
 @pytest.mark.parametrize("pair", SMALL)
 def test_cli_run_with_draft(capsys, pair):
     from lucegen.cli import main
 
-    code = main(["run", "--model", model_path(pair), "--draft", str(draft_dir(PAIRS[pair][1])),
+    code = main(["run", "--model", model_path(pair), "--draft", draft_path(pair),
                  "--prompt", "def f(x):", "--max-tokens", "20", "--budget", "8"])
     err = capsys.readouterr().err
     assert code == 0, err
