@@ -145,13 +145,13 @@ def test_log_softmax_topk():
 
 
 def test_draft_layout_packs_every_tensor_once():
-    """Dense draft matrices (DenseDraftWeights, on tests/host_device.py's HostDevice: the uploads recorded) and the
+    """Dense draft matrices (DenseDraftWeights, on lucegen/runtime/host_device.py's HostDevice: the uploads recorded) and the
     draft's vectors (draft_vectors): each inside its buffer, matrices 256-byte aligned, no two overlapping, every
     element once, the norms packed as w - 1."""
     from lucegen.runtime.draft_weights import DenseDraftWeights
     from lucegen.runtime.prefill.params import prefill_params
     from lucegen.target import load_target
-    from tests.host_device import HostDevice
+    from lucegen.runtime.host_device import HostDevice
 
     cfg = CFG
 

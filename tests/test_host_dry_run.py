@@ -1,4 +1,4 @@
-"""The runtime's host code on a CPU: engines built, prefilled, decoded and verified on tests/host_device.py's
+"""The runtime's host code on a CPU: engines built, prefilled, decoded and verified on lucegen/runtime/host_device.py's
 HostDevice, which compiles the real kernels and checks every launch's arguments against the compiled kernel (count,
 kind, size, addresses inside live allocations) without running it. The GPU tests check what the kernels compute;
 these check, in CI, the host's side of each kernel's contract on the paths the GPU tests take, and that closing an
@@ -13,7 +13,7 @@ from lucegen.errors import DeviceError
 from lucegen.model.config import ModelConfig
 from lucegen.runtime import device as device_module
 from lucegen.target import load_target
-from tests.host_device import HostDevice, kernel_kinds
+from lucegen.runtime.host_device import HostDevice, kernel_kinds
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +184,21 @@ def test_the_checks_can_fail(models):
         fn.launch((1, 1), 256, good[:2] + [freed] + good[3:])
     with pytest.raises(DeviceError, match="threads exceed"):
         fn.launch((1, 1), 4096, good)
+
+
+def test_plan_without_a_gpu(models, capsys):
+    """`lucegen plan`: the engine `run --draft` would build, on the host device; its table and one clear error for
+    each bad request."""
+    from lucegen.cli import main
+
+    gguf, draft = str(models / "tiny-q.gguf"), str(models / "draft-q8.gguf")
+    assert main(["plan", "--model", gguf, "--draft", draft, "--target", "sm_86", "--kv-cache", "q4_0",
+                 "--draft-ring", "64", "--driver-gib", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("memory plan: tiny-q on sm_86, measured at context 4096, 23 verify slots, KV q4_0")
+    assert "runtime 0.50 GiB" in out and "max ctx q4_0" in out and "gfx1100" in out
+    for argv, message in ((["--target", "gfx1100"], "plans are built on an NVIDIA descriptor"),
+                          (["--draft-ring", "8"], "--draft-ring needs --draft"),
+                          (["--context", "1"], "--context must be at least 2")):
+        assert main(["plan", "--model", gguf] + argv) == 2
+        assert message in capsys.readouterr().err

@@ -93,7 +93,7 @@ def test_grid_of_the_27b_launches():
 
     from lucegen.runtime.quant_gemm import QuantGemm
     from lucegen.target import load_target
-    from tests.host_device import HostDevice
+    from lucegen.runtime.host_device import HostDevice
 
     qg = QuantGemm(HostDevice(load_target("sm_90")), load_target("sm_90"), 5120, 1e-6)
     shapes = {"down": (320, False, 320, 16), "in-projection": (1030, False, 515, 32),

@@ -231,7 +231,8 @@ def write_dflash_gguf(config: DFlashConfig, out, quant: str = "bf16", seed: int 
         w = gguf.GGUFWriter(tmp, ARCH)
         w.add_name(c.name)
         for key, value in (("embedding_length", c.hidden_size), ("block_count", c.num_layers),
-                           ("feed_forward_length", c.intermediate_size), ("attention.head_count", c.num_attention_heads),
+                           ("feed_forward_length", c.intermediate_size),
+                           ("attention.head_count", c.num_attention_heads),
                            ("attention.head_count_kv", c.num_kv_heads), ("attention.key_length", c.head_dim),
                            ("attention.value_length", c.head_dim), ("context_length", c.max_position_embeddings),
                            ("dflash.block_size", c.block_size), ("dflash.mask_token_id", c.mask_token_id),

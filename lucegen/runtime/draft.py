@@ -22,12 +22,12 @@ and per committed batch of rows (the prompt, or a verify pass's accepted path):
 
 The projections are the prefill GEMMs of the target's shape (the draft's hidden size is the target's; so are its
 RMSNorm eps, checked at load), or, for a draft whose matrices are all Q8_0 (a GGUF), the quantised GEMM on its
-blocks (:mod:`lucegen.runtime.draft_weights`). The embedding and the lm_head are the target's, through its ``layer_weights``
-(:class:`lucegen.runtime.prefill.runner.LayerWeights`): compute-dtype rows for a BF16 target, GGML blocks (the
-``embed_<type>`` gather, the quantised GEMM) for a :class:`lucegen.runtime.quant_target.QuantDecoder`. Draft norm
-weights are packed zero-centred (w - 1, exact in f32) so that every norm is the target's x * r * (1 + w). The context
-lives in a ring of ``ring`` rows per layer (default: the decoder's context, which never wraps); a smaller ring bounds
-what the draft attends to, to the last ``ring`` positions.
+blocks (:mod:`lucegen.runtime.draft_weights`). The embedding and the lm_head are the target's, through its
+``layer_weights`` (:class:`lucegen.runtime.prefill.runner.LayerWeights`): compute-dtype rows for a BF16 target, GGML
+blocks (the ``embed_<type>`` gather, the quantised GEMM) for a :class:`lucegen.runtime.quant_target.QuantDecoder`.
+Draft norm weights are packed zero-centred (w - 1, exact in f32) so that every norm is the target's x * r * (1 + w).
+The context lives in a ring of ``ring`` rows per layer (default: the decoder's context, which never wraps); a
+smaller ring bounds what the draft attends to, to the last ``ring`` positions.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A host-only stand-in for :class:`lucegen.runtime.device.Device`, so the runtime's host code runs in CI (no GPU).
+"""A host-only stand-in for :class:`lucegen.runtime.device.Device`: the runtime's host code runs on a CPU (CI's
+dry runs, ``lucegen plan``) exactly as it would on the chip of a descriptor, allocating from a ledger.
 
 Modules are compiled as for a GPU (NVRTC runs without one) but nothing is loaded or run. Every launch is checked
 against the kernel it names, which is where the host side of a kernel's contract can break unseen on a CPU:
@@ -13,7 +14,8 @@ against the kernel it names, which is where the host side of a kernel's contract
 
 Uploads, memsets, copies and tensor maps are bounds-checked against the allocations too. Downloads read zeros, or
 what ``device.reply(buffer, dtype, shape)`` returns when a test sets it. Timings are not measured (every event pair
-reads 1 ms). NVIDIA targets only (the parameter table is read from the cubin).
+reads 1 ms). ``memory_info`` reports the descriptor's memory less the ledger and ``driver_bytes`` (what a real
+driver would hold: context, modules, graphs). NVIDIA targets only (the parameter table is read from the cubin).
 """
 
 from __future__ import annotations
@@ -197,10 +199,10 @@ class HostDevice:
 
     GAP = 1 << 16  # between allocations: an address past one's end lands in none
 
-    def __init__(self, target):
+    def __init__(self, target, driver_bytes: int = 0):
         if target.vendor != "nvidia":
             raise DeviceError(f"the host device reads cubins: {target.name} is not an NVIDIA target")
-        self.target, self.name = target, f"host dry run ({target.name})"
+        self.target, self.name, self.driver_bytes = target, f"host dry run ({target.name})", driver_bytes
         self.allocated = 0
         self.live: dict[int, int] = {}  # address -> bytes
         self.launches: list = []
@@ -237,7 +239,7 @@ class HostDevice:
             raise DeviceError(f"{what}: {nbytes} bytes at {int(address):#x} are not inside one live allocation")
 
     def memory_info(self) -> tuple[int, int]:
-        return self.target.memory_bytes - self.allocated, self.target.memory_bytes
+        return self.target.memory_bytes - self.allocated - self.driver_bytes, self.target.memory_bytes
 
     def upload(self, array: np.ndarray, buffer: Buffer | None = None) -> Buffer:
         array = np.ascontiguousarray(array)
