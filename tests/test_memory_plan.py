@@ -29,9 +29,9 @@ def test_per_token_bytes_of_the_27b():
     assert memory_plan.token_bytes(dec, kv_format("bf16")) == 16 * 2 * 4 * 512 + 8
     assert memory_plan.token_bytes(dec, kv_format("q8_0")) == 16 * 2 * 4 * 272 + 8
     assert memory_plan.token_bytes(dec, kv_format("q4_0")) == 16 * 2 * 4 * 144 + 8
-    ring = types.SimpleNamespace(ring=4096, ring_bytes_per_token=lambda: 20480)
+    ring = types.SimpleNamespace(ring=4096, ring_follows_context=True, ring_bytes_per_token=lambda: 20480)
     assert memory_plan.token_bytes(dec, kv_format("q4_0"), ring) == 16 * 2 * 4 * 144 + 8 + 20480
-    ring.ring = 64  # a bounded ring does not grow with the context
+    ring.ring_follows_context = False  # a bounded ring (even one as long as this context) does not grow with it
     assert memory_plan.token_bytes(dec, kv_format("q4_0"), ring) == 16 * 2 * 4 * 144 + 8
 
 

@@ -155,6 +155,7 @@ class DFlashDrafter:
                 raise LucegenError(f"draft {name} must be an integer in [{lo}, {hi}], got {value!r}")
         self.k, self.rows = k, rows
         self.ring = decoder.max_context if ring is None else ring
+        self.ring_follows_context = ring is None  # spans whatever context the decoder is built for
         self.depth = cfg.block_size - 1  # drafted positions per block
         self.taps = {layer: i for i, layer in enumerate(cfg.target_layer_ids)}
         dev, t = self.device, self.target

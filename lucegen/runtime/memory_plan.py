@@ -15,7 +15,8 @@ Device memory at context C with a verify of S slots is
 - **per_slot**: one verify slot: its DeltaNet states and conv windows (every DeltaNet layer), its logits row, its
   layer-loop activations and token-mix workspace (:func:`slot_bytes`); S = the descriptor's tree budget + 1;
 - **per_token**: one context position: the target's KV rows in the format (every attention layer, k and v),
-  the draft's context ring rows (when the ring spans the context) and the int32 token and history entries.
+  the draft's context ring rows (when the ring spans the context, its default; a bounded ring is fixed) and the
+  int32 token and history entries.
 
 The other descriptors' rows keep this engine's settings (prefill segment, draft rows) and change the budget to
 theirs; the plan is a forecast for them, a measurement for the chip it was loaded on.
@@ -44,7 +45,7 @@ def token_bytes(decoder, kv_format: kv_cache.KvFormat, draft=None) -> int:
     """Device bytes one context position costs in ``kv_format``."""
     c = decoder.config
     kv = decoder.layout.n_at * kv_format.layer_bytes(c.num_kv_heads, c.head_dim, 1)
-    ring = draft.ring_bytes_per_token() if draft is not None and draft.ring == decoder.max_context else 0
+    ring = draft.ring_bytes_per_token() if draft is not None and draft.ring_follows_context else 0
     ints = Prefiller.token_buffers + TreeVerifier.token_buffers + decoder.token_buffers
     return kv + ring + 4 * ints
 
