@@ -29,10 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError
-from .checkpoint import Checkpoint
 from .dflash import FULL, SLIDING, DFlashConfig, build_target_layer_ids
-from .dtypes import f32_to_bf16_bits
-from .gguf_io import GGUFFile, GGUFTensor
+from .gguf_io import GGUFFile, GGUFStoredCheckpoint
 from .quant import READABLE, nbytes
 
 ARCH = "qwen35-dflash-draft"
@@ -134,42 +132,9 @@ def config_from_draft_gguf(g: GGUFFile, vocab_size: int | None = None) -> DFlash
 
 
 # ------------------------------------------------------------------------------------------------ checkpoint
-class DFlashGGUFCheckpoint(Checkpoint):
-    """A draft GGUF under the safetensors names; ``gguf_tensor(name)`` gives a matrix's stored blocks."""
-
-    def __init__(self, path: Path, g: GGUFFile, config: DFlashConfig, where: dict[str, str]):
-        self.path, self.file, self.config, self.where = path, g, config, where
-
-    def names(self):
-        return list(self.where)
-
-    def _tensor(self, name) -> GGUFTensor:
-        if name not in self.where:
-            raise self._unknown(name)
-        return self.file.tensors[self.where[name]]
-
-    def shape(self, name):
-        return self._tensor(name).shape
-
-    def dtype(self, name):
-        return self._tensor(name).type_name
-
-    def gguf_tensor(self, name) -> tuple[GGUFTensor, np.ndarray]:
-        t = self._tensor(name)
-        return t, self.file.raw(t.name)
-
-    def f32(self, name):
-        return np.ascontiguousarray(self.file.values(self._tensor(name).name), np.float32)
-
-    def bf16(self, name):
-        t = self._tensor(name)
-        if t.type_name == "BF16":  # the stored bits
-            return np.ascontiguousarray(self.file.raw(t.name)).view(np.uint16).reshape(t.shape)
-        return f32_to_bf16_bits(self.f32(name))
-
-
-def load_dflash_gguf(path, vocab_size: int | None = None) -> DFlashGGUFCheckpoint:
-    """A draft GGUF, every tensor checked for presence, shape and a readable type; nothing unexpected."""
+def load_dflash_gguf(path, vocab_size: int | None = None) -> GGUFStoredCheckpoint:
+    """A draft GGUF under the safetensors names (its values as stored: the draft's own), every tensor checked for
+    presence, shape and a readable type; nothing unexpected."""
     path = Path(path)
     g = GGUFFile(path)
     config = config_from_draft_gguf(g, vocab_size)
@@ -195,7 +160,7 @@ def load_dflash_gguf(path, vocab_size: int | None = None) -> DFlashGGUFCheckpoin
     if stored:
         extra = sorted(stored.values())
         raise CheckpointError(f"{path}: unexpected tensor {extra[0]!r} for a {config.num_layers}-layer DFlash draft")
-    return DFlashGGUFCheckpoint(path, g, config, where)
+    return GGUFStoredCheckpoint(path, g, config, where)
 
 
 def is_gguf(path) -> bool:

@@ -23,7 +23,6 @@ import numpy as np
 from ..errors import CheckpointError
 from .checkpoint import Checkpoint
 from .config import ModelConfig, hybrid_layer_types
-from .dtypes import f32_to_bf16_bits
 from .quant import READABLE, TYPE_BY_ID, TYPES, dequantize, nbytes
 
 ARCH = "qwen35"
@@ -303,10 +302,12 @@ def _transform(config, name, x, forward):
 
 
 # ------------------------------------------------------------------------------------------------ checkpoint
-class GGUFCheckpoint(Checkpoint):
-    def __init__(self, path: Path, g: GGUFFile, config: ModelConfig):
-        self.path, self.file, self.config = path, g, config
-        self.where = {name: gguf_name(name) for name in config.tensor_shapes()}
+class GGUFStoredCheckpoint(Checkpoint):
+    """The tensors of a GGUF file under internal names (``where``: internal name -> GGUF name), values as stored
+    (numpy order, rows first); ``gguf_tensor(name)`` gives the stored tensor and its raw bytes."""
+
+    def __init__(self, path: Path, g: GGUFFile, config, where: dict[str, str]):
+        self.path, self.file, self.config, self.where = path, g, config, where
 
     def names(self):
         return list(self.where)
@@ -324,16 +325,22 @@ class GGUFCheckpoint(Checkpoint):
         return self._tensor(name).type_name
 
     def gguf_tensor(self, name) -> tuple[GGUFTensor, np.ndarray]:
-        """The stored tensor (llama.cpp layout, see the module docstring) and its raw bytes."""
         t = self._tensor(name)
         return t, self.file.raw(t.name)
 
     def f32(self, name):
-        t = self._tensor(name)
-        return from_gguf_layout(self.config, name, self.file.values(t.name))
+        return np.ascontiguousarray(self.file.values(self._tensor(name).name), np.float32)
 
-    def bf16(self, name):
-        return f32_to_bf16_bits(self.f32(name))
+
+class GGUFCheckpoint(GGUFStoredCheckpoint):
+    """A ``qwen35`` GGUF: values in HF's layout (llama.cpp's changes undone, see the module docstring);
+    ``gguf_tensor`` gives them as stored."""
+
+    def __init__(self, path: Path, g: GGUFFile, config: ModelConfig):
+        super().__init__(path, g, config, {name: gguf_name(name) for name in config.tensor_shapes()})
+
+    def f32(self, name):
+        return from_gguf_layout(self.config, name, super().f32(name))
 
 
 def load_gguf(path) -> GGUFCheckpoint:

@@ -14,12 +14,26 @@ from lucegen.model.config import ModelConfig
 from lucegen.model.init_weights import write_hf_checkpoint
 
 
+def _models() -> Path:
+    """Where test checkpoints live: $LUCEGEN_TEST_MODELS (or the temp directory) / lucegen-mk-models."""
+    return Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
+
+
 def _written(preset: str, seed: int, write) -> Path:
-    """Directory ``<preset>-<seed>`` under $LUCEGEN_TEST_MODELS (or the temp directory), written by ``write(out)``
-    unless it already holds a model (``config.json`` is written last)."""
-    root = Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
-    out = root / f"{preset}-{seed}"
+    """Directory ``<preset>-<seed>`` of the test models, written by ``write(out)`` unless it already holds a model
+    (``config.json`` is written last)."""
+    out = _models() / f"{preset}-{seed}"
     if not (out / "config.json").exists():
+        write(out)
+    return out
+
+
+def _written_file(name: str, write) -> Path:
+    """File ``name`` of the test models, written by ``write(out)`` unless it exists (the writers write a temp file
+    and rename it)."""
+    out = _models() / name
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
         write(out)
     return out
 
@@ -46,12 +60,8 @@ def draft_gguf(preset: str, quant: str = "q8_0", seed: int = 0) -> Path:
     from lucegen.model.dflash import DFlashConfig
     from lucegen.model.dflash_gguf import write_dflash_gguf
 
-    root = Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
-    out = root / f"{preset}-{quant}-{seed}.gguf"
-    if not out.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        write_dflash_gguf(DFlashConfig.preset(preset), out, quant=quant, seed=seed, progress=False)
-    return out
+    return _written_file(f"{preset}-{quant}-{seed}.gguf", lambda out: write_dflash_gguf(
+        DFlashConfig.preset(preset), out, quant=quant, seed=seed, progress=False))
 
 
 # byte offsets of each GGML type's f16 scales inside a block
@@ -79,14 +89,10 @@ def ggml_blocks(rng, qtype: str, rows: int, k: int, source: str, value_scale: tu
 @functools.cache
 def gguf_file(preset: str, quant: str = "q4_k_m", seed: int = 0) -> Path:
     """A random-weight GGUF of ``preset`` in the ``quant`` mix (needs the gguf package to write)."""
-    root = Path(os.environ.get("LUCEGEN_TEST_MODELS", tempfile.gettempdir())) / "lucegen-mk-models"
-    out = root / f"{preset}-{quant}-{seed}.gguf"
-    if not out.exists():
-        from lucegen.model.gguf_io import write_gguf_checkpoint
+    from lucegen.model.gguf_io import write_gguf_checkpoint
 
-        root.mkdir(parents=True, exist_ok=True)
-        write_gguf_checkpoint(ModelConfig.preset(preset), out, quant=quant, seed=seed, progress=False)
-    return out
+    return _written_file(f"{preset}-{quant}-{seed}.gguf", lambda out: write_gguf_checkpoint(
+        ModelConfig.preset(preset), out, quant=quant, seed=seed, progress=False))
 
 
 @functools.cache
