@@ -53,11 +53,12 @@ def kernels(dev: HostDevice) -> set[str]:
     return {name for name, *_ in dev.launches}
 
 
-@pytest.mark.parametrize("chip, draft_file", [("sm_90", "draft-q"), ("sm_86", "draft-q"), ("sm_90", "draft-q8.gguf")])
-def test_speculative_engine_on_a_quantised_target(models, chip, draft_file):
-    """QuantDecoder + DFlashDrafter (a ring shorter than the context; BF16 matrices, or a Q8_0 GGUF's kept in
-    blocks) + Prefiller + TreeVerifier + SpecDecoder: a prefill over several segments, speculative steps, the memory
-    plan; then everything closed frees everything."""
+@pytest.mark.parametrize("chip, draft_file, kv", [("sm_90", "draft-q", None), ("sm_86", "draft-q", "q8_0"),
+                                                  ("sm_90", "draft-q8.gguf", "q4_0")])
+def test_speculative_engine_on_a_quantised_target(models, chip, draft_file, kv):
+    """QuantDecoder (each KV cache format) + DFlashDrafter (a ring shorter than the context; BF16 matrices, or a
+    Q8_0 GGUF's kept in blocks) + Prefiller + TreeVerifier + SpecDecoder: a prefill over several segments,
+    speculative steps, the memory plan; then everything closed frees everything."""
     from lucegen.runtime.dflash import SpecDecoder
     from lucegen.runtime.draft import DFlashDrafter
     from lucegen.runtime.draft_weights import DenseDraftWeights, QuantDraftWeights
@@ -67,7 +68,7 @@ def test_speculative_engine_on_a_quantised_target(models, chip, draft_file):
     from lucegen.runtime.tree_verify import TreeVerifier
 
     dev = host(chip)
-    dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=256)
+    dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=256, kv_cache=kv)
     draft = DFlashDrafter(dec, models / draft_file, k=4, ring=48, rows=64)
     assert isinstance(draft.weights, QuantDraftWeights if draft_file.endswith(".gguf") else DenseDraftWeights)
     pre = Prefiller(dec, draft=draft)
@@ -197,6 +198,8 @@ def test_plan_without_a_gpu(models, capsys):
     out = capsys.readouterr().out
     assert out.startswith("memory plan: tiny-q on sm_86, measured at context 4096, 23 verify slots, KV q4_0")
     assert "runtime 0.50 GiB" in out and "max ctx q4_0" in out and "gfx1100" in out
+    assert main(["plan", "--model", str(models / "tiny")]) == 0  # a BF16 target alone (the megakernel decoder)
+    assert "on sm_90, measured at context 4096, 65 verify slots, KV bf16" in capsys.readouterr().out
     for argv, message in ((["--target", "gfx1100"], "plans are built on an NVIDIA descriptor"),
                           (["--draft-ring", "8"], "--draft-ring needs --draft"),
                           (["--context", "1"], "--context must be at least 2")):
