@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from .dflash import FULL, SLIDING, DFlashConfig, build_target_layer_ids
-from .gguf_io import GGUFFile, GGUFStoredCheckpoint
+from .gguf_io import LAYER_NAMES as TARGET_LAYER_NAMES, GGUFFile, GGUFStoredCheckpoint
 from .quant import READABLE, nbytes
 
 ARCH = "qwen35-dflash-draft"
@@ -38,14 +38,12 @@ ARCHES = (ARCH, "dflash-draft")
 QUANTS = {"bf16": "BF16", "q8_0": "Q8_0"}  # init-weights --quant: the matrices' type (norms are F32)
 GLOBAL_NAMES = {"fc.weight": "dflash.fc.weight", "hidden_norm.weight": "dflash.hidden_norm.weight",
                 "norm.weight": "output_norm.weight"}
-LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
+# per layer: llama.cpp's names for the leaves a draft layer shares with a target's attention layer, except that the
+# post-attention norm is ffn_norm (the draft is a Qwen3 stack)
+LAYER_NAMES = {**{leaf: TARGET_LAYER_NAMES[leaf] for leaf in (
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight",
+    "mlp.up_proj.weight", "mlp.down_proj.weight")}, "post_attention_layernorm.weight": "ffn_norm.weight"}
 # other spellings lucebox-hub's loader accepts: GGUF name -> ours
 ALIASES = {"dflash_fc.weight": "dflash.fc.weight", "dflash_hidden_norm.weight": "dflash.hidden_norm.weight"}
 LAYER_ALIASES = {"post_attention_norm.weight": "ffn_norm.weight"}
