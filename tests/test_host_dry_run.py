@@ -1,8 +1,8 @@
 """The runtime's host code on a CPU: engines built, prefilled, decoded and verified on lucegen/runtime/host_device.py's
 HostDevice, which compiles the real kernels and checks every launch's arguments against the compiled kernel (count,
-kind, size, addresses inside live allocations) without running it. The GPU tests check what the kernels compute;
-these check, in CI, the host's side of each kernel's contract on the paths the GPU tests take, and that closing an
-engine frees what it allocated."""
+kind, size, addresses inside live allocations) without running it; on an AMD descriptor too, whose host paths no
+device of ours runs. The GPU tests check what the kernels compute; these check, in CI, the host's side of each
+kernel's contract on the paths the GPU tests take, and that closing an engine frees what it allocated."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def kernels(dev: HostDevice) -> set[str]:
 
 
 @pytest.mark.parametrize("chip, draft_file, kv", [("sm_90", "draft-q", None), ("sm_86", "draft-q", "q8_0"),
-                                                  ("sm_90", "draft-q8.gguf", "q4_0")])
+                                                  ("sm_90", "draft-q8.gguf", "q4_0"),
+                                                  ("gfx1100", "draft-q8.gguf", "q4_0")])
 def test_speculative_engine_on_a_quantised_target(models, chip, draft_file, kv):
     """QuantDecoder (each KV cache format) + DFlashDrafter (a ring shorter than the context; BF16 matrices, or a
     Q8_0 GGUF's kept in blocks) + Prefiller + TreeVerifier + SpecDecoder: a prefill over several segments,
@@ -87,7 +88,8 @@ def test_speculative_engine_on_a_quantised_target(models, chip, draft_file, kv):
     assert dev.allocated == 0, f"{dev.allocated} bytes left allocated: {sorted(dev.live.values())}"
 
 
-def test_megakernel_decoder_prefill_and_chain_verify(models):
+@pytest.mark.parametrize("chip", ["sm_90", "gfx1100"])
+def test_megakernel_decoder_prefill_and_chain_verify(models, chip):
     """MegakernelDecoder (BF16) + the prefill kernels + a DFlash draft + chain verify, then the megakernel's own
     decode loop from the committed state."""
     from lucegen.runtime.dflash import SpecDecoder
@@ -97,7 +99,7 @@ def test_megakernel_decoder_prefill_and_chain_verify(models):
     from lucegen.runtime.prefill.runner import Prefiller
     from lucegen.runtime.tree_verify import TreeVerifier
 
-    dev = host("sm_90")
+    dev = host(chip)
     dec = MegakernelDecoder(models / "tiny", device=dev, max_context=128)
     draft = DFlashDrafter(dec, models / "draft", k=2)
     pre = Prefiller(dec, draft=draft)
@@ -200,7 +202,9 @@ def test_plan_without_a_gpu(models, capsys):
     assert "runtime 0.50 GiB" in out and "max ctx q4_0" in out and "gfx1100" in out
     assert main(["plan", "--model", str(models / "tiny")]) == 0  # a BF16 target alone (the megakernel decoder)
     assert "on sm_90, measured at context 4096, 65 verify slots, KV bf16" in capsys.readouterr().out
-    for argv, message in ((["--target", "gfx1100"], "plans are built on an NVIDIA descriptor"),
+    assert main(["plan", "--model", gguf, "--target", "gfx1100"]) == 0  # an AMD descriptor builds it too
+    assert "tiny-q on gfx1100" in capsys.readouterr().out
+    for argv, message in ((["--target", "gfx9000"], "gfx9000"),
                           (["--draft-ring", "8"], "--draft-ring needs --draft"),
                           (["--context", "1"], "--context must be at least 2")):
         assert main(["plan", "--model", gguf] + argv) == 2

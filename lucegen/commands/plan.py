@@ -1,6 +1,6 @@
 """``lucegen plan --model DIR|FILE.gguf [--draft D]``: the memory plan of a speculative engine, without a GPU.
 
-The engine is built as ``lucegen run --draft`` builds it, on the host device of an NVIDIA descriptor
+The engine is built as ``lucegen run --draft`` builds it, on the host device of a descriptor
 (``lucegen/runtime/host_device.py``: the kernels compile, nothing runs, every allocation goes to a ledger), so
 lucegen's own buffers are counted exactly as the allocation code asks for them. What a driver holds beside them
 (context, modules, graphs) cannot be counted on a CPU: ``--driver-gib`` states it (default: the 0.83 GiB measured
@@ -22,8 +22,8 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, type=Path, help="the target: HF checkpoint directory or .gguf file")
     p.add_argument("--draft", type=Path, default=None, help="DFlash draft (HF directory or .gguf)")
-    p.add_argument("--target", default="sm_90", help="NVIDIA descriptor to build on (default sm_90); the table "
-                   "forecasts every descriptor")
+    p.add_argument("--target", default="sm_90", help="descriptor to build on (default sm_90); the table forecasts "
+                   "every descriptor")
     p.add_argument("--kv-cache", choices=tuple(KV_FORMATS), default=None,
                    help="the quantised target's KV cache format (default: the descriptor's kv_cache_type)")
     p.add_argument("--budget", type=int, default=None, help="tree nodes per verify (default: the descriptor's)")
@@ -49,9 +49,6 @@ def run(args) -> int:
         raise LucegenError(f"--context must be at least 2 and --driver-gib not negative, got {args.context} and "
                            f"{args.driver_gib}")
     target = load_target(args.target)
-    if not target.is_nvidia:
-        raise LucegenError(f"--target {target.name}: plans are built on an NVIDIA descriptor (the host device reads "
-                           "cubins); the table forecasts every descriptor, this one included")
     device = HostDevice(target, driver_bytes=int(args.driver_gib * GIB))
     dec = open_target(args.model, max_context=args.context, device=device, kv_cache=args.kv_cache)
     ring = None if args.draft_ring is None else min(args.draft_ring, dec.max_context)

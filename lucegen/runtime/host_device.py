@@ -4,9 +4,9 @@ dry runs, ``lucegen plan``) exactly as it would on the chip of a descriptor, all
 Modules are compiled as for a GPU (NVRTC runs without one) but nothing is loaded or run. Every launch is checked
 against the kernel it names, which is where the host side of a kernel's contract can break unseen on a CPU:
 
-- the argument list: as many arguments as the cubin's parameter table, each of the kind its C declaration says
-  (an address, an ``int``, a ``float``, a 64-bit integer, a struct passed by value) and of the byte size the
-  cubin records;
+- the argument list: as many arguments as the kernel declares, each of the kind its C declaration says (an
+  address, an ``int``, a ``float``, a 64-bit integer, a struct passed by value) and, on NVIDIA targets, of the byte
+  size the cubin's parameter table records;
 - every address argument: null or inside a live allocation (nothing freed, nothing never allocated);
 - the launch shape: threads per block within the target's limit, dynamic shared memory within what the function
   was given (``set_max_dynamic_smem`` past the 48 KB default) and the target's opt-in limit, a programmatic launch
@@ -15,7 +15,8 @@ against the kernel it names, which is where the host side of a kernel's contract
 Uploads, memsets, copies and tensor maps are bounds-checked against the allocations too. Downloads read zeros, or
 what ``device.reply(buffer, dtype, shape)`` returns when a test sets it. Timings are not measured (every event pair
 reads 1 ms). ``memory_info`` reports the descriptor's memory less the ledger and ``driver_bytes`` (what a real
-driver would hold: context, modules, graphs). NVIDIA targets only (the parameter table is read from the cubin).
+driver would hold: context, modules, graphs). On AMD targets the sizes come from the declarations alone (a struct
+passed by value is checked for its kind, not its size).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from lucegen.errors import DeviceError
 from lucegen.runtime.device import Buffer, ByValue, check_tensor_map_2d, TensorMap
 
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
+DECLARED_BYTES = {"address": 8, "int32": 4, "float": 4, "int64": 8, "struct": None}
 _KERNEL = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)')
 _QUALIFIERS = re.compile(r"\b(const|volatile|__restrict__|__grid_constant__)\b")
 
@@ -111,7 +113,7 @@ class HostFunction:
         for i, (arg, size) in enumerate(zip(args, self.sizes)):
             kind, nbytes = argument_kind(arg)
             declared = self.kinds[i]
-            if nbytes != size or declared not in kind.split("|"):
+            if (size is not None and nbytes != size) or declared not in kind.split("|"):
                 raise DeviceError(f"{where}: argument {i} is {kind} of {nbytes} bytes; the kernel's parameter is "
                                   f"{declared} of {size} bytes")
             if declared == "address":
@@ -143,8 +145,11 @@ class HostFunction:
 class HostModule:
     def __init__(self, device: "HostDevice", compiled):
         self.device, self.compiled = device, compiled
-        self.parameters = cubin_parameters(compiled.binary)
         self.kinds = kernel_kinds(compiled.source)
+        if device.target.is_nvidia:
+            self.parameters = cubin_parameters(compiled.binary)
+        else:  # the declared sizes (None: a struct, whatever its size)
+            self.parameters = {name: tuple(DECLARED_BYTES[k] for k in kinds) for name, kinds in self.kinds.items()}
         self._functions: dict[str, HostFunction] = {}
 
     def function(self, name: str) -> HostFunction:
@@ -200,8 +205,6 @@ class HostDevice:
     GAP = 1 << 16  # between allocations: an address past one's end lands in none
 
     def __init__(self, target, driver_bytes: int = 0):
-        if target.vendor != "nvidia":
-            raise DeviceError(f"the host device reads cubins: {target.name} is not an NVIDIA target")
         self.target, self.name, self.driver_bytes = target, f"host dry run ({target.name})", driver_bytes
         self.allocated = 0
         self.live: dict[int, int] = {}  # address -> bytes
