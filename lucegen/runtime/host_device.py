@@ -25,9 +25,9 @@ import re
 
 import numpy as np
 
-from lucegen.compile.elf import cubin_parameters
-from lucegen.errors import DeviceError
-from lucegen.runtime.device import Buffer, ByValue, check_tensor_map_2d, TensorMap
+from ..compile.elf import cubin_parameters
+from ..errors import DeviceError
+from .device import Buffer, ByValue, TensorMap, check_tensor_map_2d
 
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
 DECLARED_BYTES = {"address": 8, "int32": 4, "float": 4, "int64": 8, "struct": None}
@@ -89,7 +89,7 @@ class HostFunction:
         self.kinds = module.kinds.get(name)
         if self.kinds is None or len(self.kinds) != len(self.sizes):
             raise DeviceError(f"{name}: its declaration in the module's source ({self.kinds}) does not match the "
-                              f"cubin's {len(self.sizes)} parameters")
+                              f"compiled kernel's {len(self.sizes)} parameters")
         self.info = module.compiled.kernel(name)
         self.max_dynamic_smem = DEFAULT_DYNAMIC_SMEM
 
@@ -128,6 +128,8 @@ class HostFunction:
         self.max_dynamic_smem = nbytes
 
     def max_active_blocks_per_cu(self, block_threads: int, smem: int = 0) -> int:
+        """An estimate from the descriptor's limits and the compiled kernel's resources (no allocation granularity):
+        what the occupancy query would answer on the chip."""
         t = self.module.device.target
         by_threads = t.max_threads_per_cu // block_threads
         by_regs = t.regs_per_cu // max(1, self.info.registers * block_threads)
