@@ -56,8 +56,7 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
     max_budget = max(max(budgets), depth)
     dec = open_target(model, target=target, max_context=prompt_tokens + 2 * gen_tokens + max_budget + 2,
                       kv_cache=kv_cache)
-    ring = None if draft_ring is None else min(draft_ring, dec.max_context)
-    network = DFlashDrafter(dec, draft, k=top_k, ring=ring, rows=max(64, max_budget + 1)) if draft else None
+    network = DFlashDrafter(dec, draft, k=top_k, ring=draft_ring, rows=max(64, max_budget + 1)) if draft else None
     pre, ver = Prefiller(dec, draft=network), TreeVerifier(dec, budget=max_budget, draft=network)
     plan = MemoryPlan.of_engine(dec, ver, network)
     cfg, dev = dec.config, dec.device

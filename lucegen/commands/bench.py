@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..atomic import atomic_write
 from ..errors import LucegenError
+from . import check_draft_ring
 from ..model.kv_cache import FORMATS as KV_FORMATS
 
 
@@ -117,8 +118,7 @@ def run_dflash(args) -> int:
     budgets = tuple(args.budgets or BUDGETS)
     if any(b < 0 for b in budgets):
         raise LucegenError(f"--budgets must be non-negative, got {list(budgets)}")
-    if args.draft_ring is not None and (not args.draft or args.draft_ring < 1):
-        raise LucegenError(f"--draft-ring needs --draft and at least 1 position, got {args.draft_ring}")
+    check_draft_ring(args)
     result = bench_dflash(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
                           repeats=args.repeats, budgets=budgets, target=args.target, draft=args.draft,
                           top_k=args.top_k, kv_cache=args.kv_cache, draft_ring=args.draft_ring)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import LucegenError
+from . import check_draft_ring
 from ..model.kv_cache import FORMATS as KV_FORMATS
 
 DRIVER_GIB = 0.83  # README "The memory plan": runtime overhead measured on the H100 (27B engine, 2026-11-23)
@@ -43,16 +44,14 @@ def run(args) -> int:
     from ..runtime.tree_verify import TreeVerifier
     from ..target import load_target
 
-    if args.draft_ring is not None and (not args.draft or args.draft_ring < 1):
-        raise LucegenError(f"--draft-ring needs --draft and at least 1 position, got {args.draft_ring}")
+    check_draft_ring(args)
     if args.context < 2 or args.driver_gib < 0:
         raise LucegenError(f"--context must be at least 2 and --driver-gib not negative, got {args.context} and "
                            f"{args.driver_gib}")
     target = load_target(args.target)
     device = HostDevice(target, driver_bytes=int(args.driver_gib * GIB))
     dec = open_target(args.model, max_context=args.context, device=device, kv_cache=args.kv_cache)
-    ring = None if args.draft_ring is None else min(args.draft_ring, dec.max_context)
-    draft = DFlashDrafter(dec, args.draft, ring=ring) if args.draft else None
+    draft = DFlashDrafter(dec, args.draft, ring=args.draft_ring) if args.draft else None
     prefiller = Prefiller(dec, draft=draft)
     verifier = TreeVerifier(dec, budget=args.budget, draft=draft)
     print(MemoryPlan.of_engine(dec, verifier, draft).format())

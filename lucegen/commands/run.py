@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import LucegenError
+from . import check_draft_ring
 from ..model.kv_cache import FORMATS as KV_FORMATS
 
 
@@ -57,8 +58,7 @@ def run(args) -> int:
     if args.kv_cache and not args.draft:
         raise LucegenError("--kv-cache needs --draft (the quantised target's option; the megakernel keeps the "
                            "descriptor's kv_cache_type)")
-    if args.draft_ring is not None and (not args.draft or args.draft_ring < 1):
-        raise LucegenError(f"--draft-ring needs --draft and at least 1 position, got {args.draft_ring}")
+    check_draft_ring(args)
     if args.draft and args.prefill != "kernels":
         raise LucegenError("--draft needs --prefill kernels (the draft's context comes from the prefill)")
     need = len(prompt) + args.max_tokens
@@ -126,8 +126,7 @@ def speculative(decoder, args, prompt, emit) -> str:
     from ..runtime.prefill.runner import Prefiller
     from ..runtime.tree_verify import TreeVerifier
 
-    ring = None if args.draft_ring is None else min(args.draft_ring, decoder.max_context)
-    draft = DFlashDrafter(decoder, args.draft, k=args.top_k, ring=ring)
+    draft = DFlashDrafter(decoder, args.draft, k=args.top_k, ring=args.draft_ring)
     prefiller = Prefiller(decoder, draft=draft)
     verifier = TreeVerifier(decoder, budget=args.budget, draft=draft)
     spec = SpecDecoder(verifier, draft, tree=not args.chain)

@@ -134,7 +134,7 @@ def check_pair(config: DFlashConfig, target_config, source) -> None:
 class DFlashDrafter:
     """A DFlash draft next to a target decoder (a :class:`MegakernelDecoder` or a :class:`QuantDecoder`: one with
     ``layer_params`` and ``layer_weights``). ``k`` candidates per drafted position (at most TOPK_MAX); ``ring``
-    context rows per layer (default and most: the decoder's max_context); ``rows`` target rows one capture holds (a
+    context rows per layer (default, and at most: the decoder's max_context); ``rows`` target rows one capture holds (a
     prefill segment or a verify pass; default 512)."""
 
     def __init__(self, decoder, draft, *, k: int = 8, ring: int | None = None, rows: int = 512,
@@ -150,11 +150,12 @@ class DFlashDrafter:
             raise CheckpointError(f"{self.checkpoint.path}: not a DFlash draft")
         check_pair(cfg, decoder.config, self.checkpoint.path)
         for name, value, lo, hi in (("k", k, 1, TOPK_MAX), ("rows", rows, 1, 1 << 20),
-                                    ("ring", decoder.max_context if ring is None else ring, 1, decoder.max_context)):
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                raise LucegenError(f"draft {name} must be an integer in [{lo}, {hi}], got {value!r}")
+                                    ("ring", decoder.max_context if ring is None else ring, 1, None)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi and value > hi):
+                raise LucegenError(f"draft {name} must be an integer in [{lo}, {hi or 'any'}], got {value!r}")
         self.k, self.rows = k, rows
-        self.ring = decoder.max_context if ring is None else ring
+        # a ring bounds the context the draft sees: one as long as the decoder's context holds all of it
+        self.ring = decoder.max_context if ring is None else min(ring, decoder.max_context)
         self.ring_follows_context = ring is None  # spans whatever context the decoder is built for
         self.depth = cfg.block_size - 1  # drafted positions per block
         self.taps = {layer: i for i, layer in enumerate(cfg.target_layer_ids)}
