@@ -40,24 +40,35 @@ ACCEPTANCE_LENGTHS = (1, 2, 4, 8, 16)
 REFERENCE_AL, REFERENCE_BUDGET = 8.31, 22
 
 
+def bench_engine(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, budgets=BUDGETS,
+                 acceptance_lengths=ACCEPTANCE_LENGTHS, target=None, draft=None, top_k: int = 8,
+                 kv_cache: str | None = None, draft_ring: int | None = None, device=None):
+    """(decoder, draft network or None, prefiller, verifier) as :func:`bench_dflash` builds them: a context for the
+    prompt, two generations and the largest tree, a verifier for the largest budget or acceptance length."""
+    from ..runtime.draft import DFlashDrafter
+    from ..runtime.prefill.runner import Prefiller
+    from ..runtime.quant_target import open_target
+    from ..runtime.tree_verify import TreeVerifier
+
+    max_budget = max(max(budgets), max(acceptance_lengths))
+    dec = open_target(model, target=target, max_context=prompt_tokens + 2 * gen_tokens + max_budget + 2,
+                      kv_cache=kv_cache, device=device)
+    network = DFlashDrafter(dec, draft, k=top_k, ring=draft_ring, rows=max(64, max_budget + 1)) if draft else None
+    return dec, network, Prefiller(dec, draft=network), TreeVerifier(dec, budget=max_budget, draft=network)
+
+
 def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repeats: int = 10, budgets=BUDGETS,
                  acceptance_lengths=ACCEPTANCE_LENGTHS, target=None, seed: int = 0, draft=None,
                  top_k: int = 8, kv_cache: str | None = None, draft_ring: int | None = None) -> dict:
     from ..runtime import ddtree
     from ..runtime.dflash import ControlledDrafter, OracleDrafter, SpecDecoder
-    from ..runtime.draft import DFlashDrafter
     from ..runtime.memory_plan import MemoryPlan
     from ..runtime.megakernel import MegakernelDecoder
-    from ..runtime.prefill.runner import Prefiller
-    from ..runtime.quant_target import open_target
-    from ..runtime.tree_verify import TreeVerifier
 
     depth = max(acceptance_lengths)
-    max_budget = max(max(budgets), depth)
-    dec = open_target(model, target=target, max_context=prompt_tokens + 2 * gen_tokens + max_budget + 2,
-                      kv_cache=kv_cache)
-    network = DFlashDrafter(dec, draft, k=top_k, ring=draft_ring, rows=max(64, max_budget + 1)) if draft else None
-    pre, ver = Prefiller(dec, draft=network), TreeVerifier(dec, budget=max_budget, draft=network)
+    dec, network, pre, ver = bench_engine(model, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, budgets=budgets,
+                                          acceptance_lengths=acceptance_lengths, target=target, draft=draft,
+                                          top_k=top_k, kv_cache=kv_cache, draft_ring=draft_ring)
     plan = MemoryPlan.of_engine(dec, ver, network)
     cfg, dev = dec.config, dec.device
     prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).astype(np.int32)
