@@ -34,8 +34,6 @@ def gemm_bytes(args) -> int:
 
 
 def main() -> None:
-    from lucegen.runtime import host_device
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
     p.add_argument("--slots", type=int, default=1, help="verify slots (1: an AR step)")
@@ -46,21 +44,11 @@ def main() -> None:
     dec = open_target(args.model, max_context=256, device=dev)
     ver = TreeVerifier(dec, budget=max(1, args.slots - 1), graphs=False)
 
-    recorded = []  # (function, grid, block, smem, arguments) of each launch of the pass
-    checked_launch = host_device.HostFunction.launch
-
-    def recording_launch(self, grid, block, args=(), **kw):
-        checked_launch(self, grid, block, args, **kw)
-        recorded.append((self, grid, block, kw.get("smem", 0), args))
-
-    host_device.HostFunction.launch = recording_launch
-    try:
-        ver.verify(ddtree.chain(np.arange(args.slots - 1, dtype=np.int64) % dec.config.vocab_size), 0)
-    finally:
-        host_device.HostFunction.launch = checked_launch
+    dev.launches.clear()
+    ver.verify(ddtree.chain(np.arange(args.slots - 1, dtype=np.int64) % dec.config.vocab_size), 0)
 
     rows = defaultdict(lambda: {"launches": 0, "blocks": 0, "bytes": 0, "wave_bytes": 0.0, "fills": []})
-    for fn, grid, block, smem, fargs in recorded:
+    for _name, grid, block, smem, fn, fargs in dev.launches:
         blocks, threads = int(np.prod(grid)), int(np.prod(block))
         per_cu = max(1, fn.max_active_blocks_per_cu(threads, smem))
         waves = blocks / (per_cu * target.compute_units)
@@ -76,7 +64,7 @@ def main() -> None:
             r["wave_bytes"] += nbytes * math.ceil(waves) / waves  # as long as whole waves at the same pace
     total = sum(r["bytes"] for r in rows.values())
     print(f"{args.model}: one verify pass of {args.slots} slot(s) on {target.name} ({target.compute_units} SMs): "
-          f"{len(recorded)} launches, {total / 1e9:.2f} GB of GEMM weights")
+          f"{len(dev.launches)} launches, {total / 1e9:.2f} GB of GEMM weights")
     print(f"{'kernel (x blocks)':<26} {'launches':>8} {'blocks/launch':>13} {'per SM':>6} {'last-wave fill':>15} "
           f"{'GB':>7} {'GB in whole waves':>17}")
     for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["bytes"]):

@@ -50,18 +50,26 @@ def run(args) -> int:
     else:
         from ..model.gguf_io import write_gguf_checkpoint
 
-        out = args.out
-        if out.suffix != ".gguf":
-            out = out / f"{args.preset}-{args.quant or 'bf16'}.gguf"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        seconds = write_gguf_checkpoint(config, out, quant=args.quant or "bf16", seed=args.seed,
+        target = gguf_path(args)
+        seconds = write_gguf_checkpoint(config, target, quant=args.quant or "bf16", seed=args.seed,
                                         progress=not args.quiet)
-        target = out
+    return report(args, target, config, seconds)
+
+
+def report(args, target: Path, config, seconds: float) -> int:
+    """What was written where (stderr unless --quiet), and its path on stdout."""
     if not args.quiet:
         print(f"wrote {target} ({config.name}, {config.num_parameters() / 1e6:.0f} M parameters) "
               f"in {seconds:.1f} s", file=sys.stderr)
     print(target)
     return 0
+
+
+def gguf_path(args) -> Path:
+    """``--out`` as the .gguf file, or ``<preset>-<quant>.gguf`` in the ``--out`` directory (created)."""
+    out = args.out if args.out.suffix == ".gguf" else args.out / f"{args.preset}-{args.quant or 'bf16'}.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def run_draft(args) -> int:
@@ -76,17 +84,11 @@ def run_draft(args) -> int:
         if (args.quant or "bf16") not in DRAFT_QUANTS:
             raise CheckpointError(f"--quant {args.quant}: a draft GGUF holds its matrices in "
                                   f"{' or '.join(DRAFT_QUANTS)}")
-        if target.suffix != ".gguf":
-            target = target / f"{args.preset}-{args.quant or 'bf16'}.gguf"
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target = gguf_path(args)
         seconds = write_dflash_gguf(config, target, quant=args.quant or "bf16", seed=args.seed,
                                     progress=not args.quiet)
     else:
         if args.quant not in (None, "bf16"):
             raise CheckpointError(f"--quant {args.quant}: safetensors drafts are written in BF16 only")
         seconds = write_dflash_checkpoint(config, target, seed=args.seed, progress=not args.quiet)
-    if not args.quiet:
-        print(f"wrote {target} ({config.name}, {config.num_parameters() / 1e6:.0f} M parameters) "
-              f"in {seconds:.1f} s", file=sys.stderr)
-    print(target)
-    return 0
+    return report(args, target, config, seconds)

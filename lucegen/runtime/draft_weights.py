@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CheckpointError
 from .device import Buffer
 from .packing import checked_shape, matrix_bits
 from .prefill.gemm import GemmKernels
@@ -101,15 +100,10 @@ class QuantDraftWeights:
     def __init__(self, device, target, checkpoint):
         c = checkpoint.config
         self.gemm = QuantGemm(device, target, c.hidden_size, c.rms_norm_eps)
-        shapes = c.tensor_shapes()
+        shapes = c.tensor_shapes()  # the loader checked every tensor's
 
         def group(names, pair=False):
-            segments = []
-            for name in names:
-                tensor, raw = checkpoint.gguf_tensor(name)
-                if tensor.shape != shapes[name]:
-                    raise CheckpointError(f"{checkpoint.path}: {name}: shape {tensor.shape}, expected {shapes[name]}")
-                segments.append((tensor.type_name, raw, shapes[name][0], 0))
+            segments = [(checkpoint.dtype(n), checkpoint.gguf_tensor(n)[1], shapes[n][0], 0) for n in names]
             return self.gemm.matrix(segments, shapes[names[0]][1], pair=pair)
 
         self.matrices = {"fc": group(("fc.weight",))}

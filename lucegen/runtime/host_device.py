@@ -120,7 +120,7 @@ class HostFunction:
                 address = arg.ptr if isinstance(arg, Buffer) else int(arg)
                 if address and dev.allocation(address) is None:
                     raise DeviceError(f"{where}: argument {i} ({address:#x}) is in no live allocation")
-        dev.launches.append((self.name, grid, block, smem))
+        dev.launches.append((self.name, grid, block, smem, self, tuple(args)))
 
     def set_max_dynamic_smem(self, nbytes: int) -> None:
         if nbytes > self.module.device.target.smem_per_block_optin:
@@ -202,7 +202,8 @@ class HostEvent:
 
 
 class HostDevice:
-    """Device's interface over a ledger of fake addresses; ``launches`` lists (kernel, grid, block, smem)."""
+    """Device's interface over a ledger of fake addresses; ``launches`` lists (kernel name, grid, block, smem,
+    function, arguments) of every launch, graph captures included."""
 
     GAP = 1 << 16  # between allocations: an address past one's end lands in none
 

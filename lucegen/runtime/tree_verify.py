@@ -35,7 +35,8 @@ from .prefill.runner import Activations, conv_layer, enqueue_layers, kv_layer, r
 TEMPLATE = "dflash/tree_verify.cu.j2"
 MODULE = "tree_verify"
 THREADS = 256  # templates/dflash/tree_verify.cu.j2: TV_NT
-ATTENTION_WARPS = 16  # TV_AT_WARPS: a one-slot pass at a 16K context is latency-bound in the key walk (4 warps: 71 ms a token)
+# TV_AT_WARPS: a one-slot pass at a 16K context is latency-bound in the key walk (4 warps: 71 ms a token)
+ATTENTION_WARPS = 16
 COMMIT_BLOCKS = 64
 
 
