@@ -11,6 +11,17 @@ template <typename T> __device__ __forceinline__ T lg_from_float(float x);
 template <> __device__ __forceinline__ fp16_t lg_from_float<fp16_t>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ bf16_t lg_from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
 __device__ __forceinline__ unsigned lg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// Four 8x8 matrices of 2-byte elements from shared memory, one row address per lane (lanes 8 i .. 8 i + 7 give
+// matrix i's rows): register i holds matrix i's row lane / 4, columns 2 (lane % 4), +1 (the m16n8k16 fragment
+// layout); the _trans form delivers each matrix transposed.
+__device__ __forceinline__ void lg_ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(lg_smem_addr(p)));
+}
+__device__ __forceinline__ void lg_ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(lg_smem_addr(p)));
+}
 __device__ __forceinline__ unsigned lg_lane_id() { return threadIdx.x & 31u; }
 __device__ __forceinline__ float lg_neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float lg_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
@@ -204,12 +215,9 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
 #define ATTN_ROW 264
 #define ATTN_NW 4
 
-__device__ __forceinline__ unsigned attn_smem_addr(const void* p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
 // 16 bytes global -> shared (asynchronous)
 __device__ __forceinline__ void attn_copy16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(attn_smem_addr(dst)), "l"(src));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(lg_smem_addr(dst)), "l"(src));
 }
 __device__ __forceinline__ void attn_copy_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
@@ -218,21 +226,11 @@ template <int N>
 __device__ __forceinline__ void attn_copy_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(attn_smem_addr(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(attn_smem_addr(p)));
-}
-// c[16x8] += a[16x16] b[16x8]: fragments in the m16n8k16 layout (a0..a3, b0 b1)
-__device__ __forceinline__ void mma_16816(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                          unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 { %0, %1, %2, %3}, "
-               "{ %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+__device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ unsigned attn_pack2(float lo, float hi) {
   const bf16_t a = lg_from_float<bf16_t>(lo), b = lg_from_float<bf16_t>(hi);
@@ -313,13 +311,13 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
 #pragma unroll
       for (int kk = 0; kk < ATTN_HD / 16; ++kk) {
         unsigned a[4];
-        ldsm_x4(a, q_frag_base + kk * 16);
+        lg_ldmatrix_x4(a, q_frag_base + kk * 16);
 #pragma unroll
         for (int nn = 0; nn < ATTN_BKV / 16; ++nn) {
           unsigned b[4];  // keys nn*16 + (0..7 | 8..15) x dims kk*16 + (0..7 | 8..15)
-          ldsm_x4(b, ks + (nn * 16 + (lane / 16) * 8 + lane % 8) * ATTN_ROW + kk * 16 + ((lane / 8) % 2) * 8);
-          mma_16816(s[2 * nn], a[0], a[1], a[2], a[3], b[0], b[1]);
-          mma_16816(s[2 * nn + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+          lg_ldmatrix_x4(b, ks + (nn * 16 + (lane / 16) * 8 + lane % 8) * ATTN_ROW + kk * 16 + ((lane / 8) % 2) * 8);
+          lg_mma_k16(s[2 * nn], a, b[0], b[1]);
+          lg_mma_k16(s[2 * nn + 1], a, b[2], b[3]);
         }
       }
       // causal mask and online softmax (base 2); fragment: s[n][0..1] row qd, s[n][2..3] row qd + 8,
@@ -364,15 +362,15 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
       // O += P V: P's accumulator fragments are the A fragments of the next MMA (keys kc*16 .. kc*16 + 15)
 #pragma unroll
       for (int kc = 0; kc < ATTN_BKV / 16; ++kc) {
-        const unsigned a0 = attn_pack2(s[2 * kc][0], s[2 * kc][1]), a1 = attn_pack2(s[2 * kc][2], s[2 * kc][3]);
-        const unsigned a2 = attn_pack2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-        const unsigned a3 = attn_pack2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+        const unsigned a[4] = {attn_pack2(s[2 * kc][0], s[2 * kc][1]), attn_pack2(s[2 * kc][2], s[2 * kc][3]),
+                               attn_pack2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                               attn_pack2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
 #pragma unroll
         for (int dn = 0; dn < ATTN_HD / 16; ++dn) {
           unsigned b[4];  // transposed: keys kc*16 + (0..7 | 8..15) x dims dn*16 + (0..7 | 8..15)
-          ldsm_x4_trans(b, vs + (kc * 16 + ((lane / 8) % 2) * 8 + lane % 8) * ATTN_ROW + dn * 16 + (lane / 16) * 8);
-          mma_16816(o[2 * dn], a0, a1, a2, a3, b[0], b[1]);
-          mma_16816(o[2 * dn + 1], a0, a1, a2, a3, b[2], b[3]);
+          lg_ldmatrix_x4_trans(b, vs + (kc * 16 + ((lane / 8) % 2) * 8 + lane % 8) * ATTN_ROW + dn * 16 + (lane / 16) * 8);
+          lg_mma_k16(o[2 * dn], a, b[0], b[1]);
+          lg_mma_k16(o[2 * dn + 1], a, b[2], b[3]);
         }
       }
     }

@@ -11,6 +11,17 @@ template <typename T> __device__ __forceinline__ T lg_from_float(float x);
 template <> __device__ __forceinline__ fp16_t lg_from_float<fp16_t>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ bf16_t lg_from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
 __device__ __forceinline__ unsigned lg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// Four 8x8 matrices of 2-byte elements from shared memory, one row address per lane (lanes 8 i .. 8 i + 7 give
+// matrix i's rows): register i holds matrix i's row lane / 4, columns 2 (lane % 4), +1 (the m16n8k16 fragment
+// layout); the _trans form delivers each matrix transposed.
+__device__ __forceinline__ void lg_ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(lg_smem_addr(p)));
+}
+__device__ __forceinline__ void lg_ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(lg_smem_addr(p)));
+}
 __device__ __forceinline__ unsigned lg_lane_id() { return threadIdx.x & 31u; }
 __device__ __forceinline__ float lg_neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float lg_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
@@ -136,11 +147,6 @@ __device__ __forceinline__ void gemm_load_row_scale(float* row_scale, const floa
   }
 }
 
-// A: 16x16 (4 8x8 matrices), B: two n8 x k16 fragments; each lane gets the m16n8k16 fragment registers.
-__device__ __forceinline__ void gemm_ldmatrix_x4(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(lg_smem_addr(p)));
-}
 // 16-byte global -> shared copy; src-size 0 (pred false) writes zeros without reading.
 __device__ __forceinline__ void gemm_cp_async16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
@@ -397,11 +403,11 @@ struct GemmTile {
                                                       int kk, unsigned (&a)[MI][4],
                                                       unsigned (&b)[GEMM_NI][2]) const {
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi) gemm_ldmatrix_x4(a[mi], sa + f.a_row[mi] + f.a_chunk[kk]);
+    for (int mi = 0; mi < MI; ++mi) lg_ldmatrix_x4(a[mi], sa + f.a_row[mi] + f.a_chunk[kk]);
 #pragma unroll
     for (int nj = 0; nj < GEMM_NI / 2; ++nj) {
       unsigned r[4];
-      gemm_ldmatrix_x4(r, sb + f.b_row[nj] + f.b_chunk[kk]);
+      lg_ldmatrix_x4(r, sb + f.b_row[nj] + f.b_chunk[kk]);
       b[2 * nj][0] = r[0];
       b[2 * nj][1] = r[1];
       b[2 * nj + 1][0] = r[2];
@@ -432,14 +438,14 @@ struct GemmTile {
     for (int mi = 0; mi < MI; ++mi) {
       // matrices: rows 0-7 / 8-15 of k 0-7, then of k 8-15 (lanes 0-15 address k 0-7, lanes 16-31 k 8-15)
       const int row = warp_m * WM + mi * 16 + (lane & 15);
-      gemm_ldmatrix_x4(a[mi], sa + gemm_smem_offset(row, kk * 2 + (lane >> 4)));
+      lg_ldmatrix_x4(a[mi], sa + gemm_smem_offset(row, kk * 2 + (lane >> 4)));
     }
 #pragma unroll
     for (int nj = 0; nj < GEMM_NI / 2; ++nj) {
       // matrices: n 0-7 k 0-7, n 0-7 k 8-15, n 8-15 k 0-7, n 8-15 k 8-15 (W rows are the "col" operand)
       const int row = warp_n * GEMM_WN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
       unsigned r[4];
-      gemm_ldmatrix_x4(r, sb + gemm_smem_offset(row, kk * 2 + ((lane >> 3) & 1)));
+      lg_ldmatrix_x4(r, sb + gemm_smem_offset(row, kk * 2 + ((lane >> 3) & 1)));
       b[2 * nj][0] = r[0];
       b[2 * nj][1] = r[1];
       b[2 * nj + 1][0] = r[2];
