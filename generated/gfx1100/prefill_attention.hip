@@ -191,6 +191,18 @@ __device__ __forceinline__ void kv_store_group(kv_elem_t* __restrict__ kv, int m
 __device__ __forceinline__ void kv_copy_unit(kv_elem_t* __restrict__ kv, int max_context, size_t dst, size_t src, int u) {
   kv[dst * KV_HD + u] = kv[src * KV_HD + u];
 }
+// reference.sigmoid, reference.silu: x sigmoid(x)
+__device__ __forceinline__ float lg_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float lg_silu(float x) { return x / (1.0f + expf(-x)); }
+// reference.softplus: torch's, beta 1, linear above the threshold 20
+__device__ __forceinline__ float lg_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// reference.l2norm's factor: x * lg_l2norm_scale(sum x^2) = x rsqrt(sum x^2 + 1e-6)
+__device__ __forceinline__ float lg_l2norm_scale(float sum_sq) { return rsqrtf(sum_sq + 1e-6f); }
+// The gated delta rule's per-head gates (reference Gated DeltaNet layer): g = -exp(A_log) softplus(a + dt_bias),
+// the log of the state's decay, and beta = sigmoid(b).
+__device__ __forceinline__ float lg_delta_log_decay(float a_log, float a, float dt_bias) {
+  return -expf(a_log) * lg_softplus(a + dt_bias);
+}
 #define ATTN_HD 256
 #define ATTN_NH 8
 #define ATTN_NKV 2
@@ -204,7 +216,6 @@ __device__ __forceinline__ void attn_sincos(float x, float* s, float* c) {
   *s = sinf(x);
   *c = cosf(x);
 }
-__device__ __forceinline__ float attn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // ------------------------------------------------------------------------------------------------ prepare
 // Reference.gated_attention minus the projections, for token t at position pos = pos0 + t (grid (T, NH + NKV + 1):
@@ -304,6 +315,6 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
 #pragma unroll
   for (int e = 0; e < EPL; ++e) {
     const int d = lane * EPL + e;
-    out[(size_t)t * ATTN_NH * ATTN_HD + h * ATTN_HD + d] = lg_from_float<bf16_t>(acc[e] / l * attn_sigmoid(gate[d]));
+    out[(size_t)t * ATTN_NH * ATTN_HD + h * ATTN_HD + d] = lg_from_float<bf16_t>(acc[e] / l * lg_sigmoid(gate[d]));
   }
 }

@@ -130,6 +130,18 @@ __device__ __forceinline__ void kv_store_group(kv_elem_t* __restrict__ kv, int m
 __device__ __forceinline__ void kv_copy_unit(kv_elem_t* __restrict__ kv, int max_context, size_t dst, size_t src, int u) {
   kv[dst * KV_HD + u] = kv[src * KV_HD + u];
 }
+// reference.sigmoid, reference.silu: x sigmoid(x)
+__device__ __forceinline__ float lg_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float lg_silu(float x) { return x / (1.0f + expf(-x)); }
+// reference.softplus: torch's, beta 1, linear above the threshold 20
+__device__ __forceinline__ float lg_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// reference.l2norm's factor: x * lg_l2norm_scale(sum x^2) = x rsqrt(sum x^2 + 1e-6)
+__device__ __forceinline__ float lg_l2norm_scale(float sum_sq) { return rsqrtf(sum_sq + 1e-6f); }
+// The gated delta rule's per-head gates (reference Gated DeltaNet layer): g = -exp(A_log) softplus(a + dt_bias),
+// the log of the state's decay, and beta = sigmoid(b).
+__device__ __forceinline__ float lg_delta_log_decay(float a_log, float a, float dt_bias) {
+  return -expf(a_log) * lg_softplus(a + dt_bias);
+}
 #define TV_NT 256
 #define TV_NW 8
 #define TV_DK 128
@@ -149,10 +161,6 @@ __device__ __forceinline__ void kv_copy_unit(kv_elem_t* __restrict__ kv, int max
 #define TV_AT_WARPS 16
 #define TV_COLS_PER_BLOCK 8
 
-__device__ __forceinline__ float tv_fma(float a, float b, float c) { return fmaf(a, b, c); }
-__device__ __forceinline__ float tv_silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float tv_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float tv_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }  // torch: 20
 
 // The f32 workspace of the DeltaNet kernels, slot-major (S = slots of this verify).
 struct tree_ws {
@@ -198,10 +206,10 @@ __device__ __forceinline__ float tv_conv_silu(const float* __restrict__ proj, co
   }
   float acc = 0.0f;
 #pragma unroll
-  for (int j = 0; j < TV_CK; ++j) acc = tv_fma(conv_w[c * TV_CK + j], seq[j], acc);
+  for (int j = 0; j < TV_CK; ++j) acc = fmaf(conv_w[c * TV_CK + j], seq[j], acc);
 #pragma unroll
   for (int j = 1; j < TV_CK; ++j) windows[((size_t)s * TV_CD + c) * (TV_CK - 1) + j - 1] = seq[j];
-  return tv_silu(acc);
+  return lg_silu(acc);
 }
 
 extern "C" __global__ void __launch_bounds__(TV_NT)
@@ -224,7 +232,7 @@ tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv
     __syncthreads();
     float total = 0.0f;
     for (int i = 0; i < TV_NW; ++i) total += warp_sums[i];
-    const float r = rsqrtf(total + 1e-6f) * (y < TV_NK ? 0.0883883461356163f : 1.0f);
+    const float r = lg_l2norm_scale(total) * (y < TV_NK ? 0.0883883461356163f : 1.0f);
     float* dst = y < TV_NK ? ws.q + (size_t)s * TV_KD + y * TV_DK : ws.k + (size_t)s * TV_KD + (y - TV_NK) * TV_DK;
     for (int d = threadIdx.x; d < TV_DK; d += TV_NT) dst[d] = head[d] * r;
     return;
@@ -237,8 +245,8 @@ tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv
   if (v0 == 0) {
     const float* ab = proj + (size_t)s * TV_NIN_DN + TV_CD + TV_VD;  // [a (NV) | b (NV)]
     for (int h = threadIdx.x; h < TV_NV; h += TV_NT) {
-      ws.g[(size_t)s * TV_NV + h] = -expf(a_log[h]) * tv_softplus(ab[h] + dt_bias[h]);
-      ws.beta[(size_t)s * TV_NV + h] = tv_sigmoid(ab[TV_NV + h]);
+      ws.g[(size_t)s * TV_NV + h] = lg_delta_log_decay(a_log[h], ab[h], dt_bias[h]);
+      ws.beta[(size_t)s * TV_NV + h] = lg_sigmoid(ab[TV_NV + h]);
     }
   }
 }
@@ -306,7 +314,7 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
     const float r = rsqrtf(lg_warp_sum(sum_sq) / TV_DV + 9.999999974752427e-07f);
     const float* z = proj + (size_t)s * TV_NIN_DN + TV_CD + h * TV_DV;
     for (int d = lane; d < TV_DV; d += LG_WARP_SIZE)
-      out[(size_t)s * TV_VD + h * TV_DV + d] = lg_from_float<bf16_t>(o[d] * r * gnorm_w[d] * tv_silu(z[d]));
+      out[(size_t)s * TV_VD + h * TV_DV + d] = lg_from_float<bf16_t>(o[d] * r * gnorm_w[d] * lg_silu(z[d]));
   }
 }
 
@@ -370,7 +378,7 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
       o += c * part[w][d];
       lsum += c * stats[1][w];
     }
-    out[(size_t)s * TV_NH * TV_HD + h * TV_HD + d] = lg_from_float<bf16_t>(o / lsum * tv_sigmoid(gate[d]));
+    out[(size_t)s * TV_NH * TV_HD + h * TV_HD + d] = lg_from_float<bf16_t>(o / lsum * lg_sigmoid(gate[d]));
   }
 }
 

@@ -100,6 +100,18 @@ __device__ __forceinline__ void lg_launch_dependents() {
 __device__ __forceinline__ void lg_grid_dependency_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
+// reference.sigmoid, reference.silu: x sigmoid(x)
+__device__ __forceinline__ float lg_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float lg_silu(float x) { return x / (1.0f + expf(-x)); }
+// reference.softplus: torch's, beta 1, linear above the threshold 20
+__device__ __forceinline__ float lg_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// reference.l2norm's factor: x * lg_l2norm_scale(sum x^2) = x rsqrt(sum x^2 + 1e-6)
+__device__ __forceinline__ float lg_l2norm_scale(float sum_sq) { return rsqrtf(sum_sq + 1e-6f); }
+// The gated delta rule's per-head gates (reference Gated DeltaNet layer): g = -exp(A_log) softplus(a + dt_bias),
+// the log of the state's decay, and beta = sigmoid(b).
+__device__ __forceinline__ float lg_delta_log_decay(float a_log, float a, float dt_bias) {
+  return -expf(a_log) * lg_softplus(a + dt_bias);
+}
 #define DN_C 64
 #define DN_DK 128
 #define DN_DV 128
@@ -152,9 +164,8 @@ __device__ __forceinline__ deltanet_ws dn_workspace(float* base, int tp) {
   return s;
 }
 
-__device__ __forceinline__ float dn_fma(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ float4 dn_fma4(float a, float4 b, float4 c) {
-  return make_float4(dn_fma(a, b.x, c.x), dn_fma(a, b.y, c.y), dn_fma(a, b.z, c.z), dn_fma(a, b.w, c.w));
+  return make_float4(fmaf(a, b.x, c.x), fmaf(a, b.y, c.y), fmaf(a, b.z, c.z), fmaf(a, b.w, c.w));
 }
 
 // ------------------------------------------------------------------------------------------------ conv + prepare
@@ -189,9 +200,9 @@ deltanet_conv_prepare(const float* __restrict__ proj, const float* __restrict__ 
     for (int j = 0; j < DN_CK; ++j) {
       const int s = t + j;  // position in seq
       const float x = s < DN_CK - 1 ? conv_state[c * (DN_CK - 1) + s] : proj[(size_t)(s - (DN_CK - 1)) * DN_NIN + c];
-      acc = dn_fma(conv_w[c * DN_CK + j], x, acc);
+      acc = fmaf(conv_w[c * DN_CK + j], x, acc);
     }
-    const float y = acc / (1.0f + expf(-acc));
+    const float y = lg_silu(acc);
     if (c < 2 * DN_KD) {
       qk[c] = y;
     } else {
@@ -204,16 +215,14 @@ deltanet_conv_prepare(const float* __restrict__ proj, const float* __restrict__ 
   for (int hh = warp; hh < 2 * DN_NK; hh += DN_NT / LG_WARP_SIZE) {  // q heads, then k heads
     float sum_sq = 0.0f;
     for (int d = lane; d < DN_DK; d += LG_WARP_SIZE) sum_sq += qk[hh * DN_DK + d] * qk[hh * DN_DK + d];
-    const float r = rsqrtf(lg_warp_sum(sum_sq) + 1e-6f) * (hh < DN_NK ? 0.0883883461356163f : 1.0f);
+    const float r = lg_l2norm_scale(lg_warp_sum(sum_sq)) * (hh < DN_NK ? 0.0883883461356163f : 1.0f);
     float* dst = hh < DN_NK ? ws.q + ((size_t)hh * tp + t) * DN_DK : ws.k + ((size_t)(hh - DN_NK) * tp + t) * DN_DK;
     for (int d = lane; d < DN_DK; d += LG_WARP_SIZE) dst[d] = qk[hh * DN_DK + d] * r;
   }
   const float* ab = proj + (size_t)t * DN_NIN + DN_CD + DN_VD;  // [a (NV) | b (NV)]
   for (int h = threadIdx.x; h < DN_NV; h += DN_NT) {
-    const float x = ab[h] + dt_bias[h];
-    const float softplus = x > 20.0f ? x : log1pf(expf(x));
-    ws.g[(size_t)h * tp + t] = -expf(a_log[h]) * softplus;
-    ws.beta[(size_t)h * tp + t] = 1.0f / (1.0f + expf(-ab[DN_NV + h]));
+    ws.g[(size_t)h * tp + t] = lg_delta_log_decay(a_log[h], ab[h], dt_bias[h]);
+    ws.beta[(size_t)h * tp + t] = lg_sigmoid(ab[DN_NV + h]);
   }
 }
 
@@ -286,14 +295,14 @@ deltanet_chunk_prepare(float* __restrict__ workspace, int n_tokens) {
       for (int a = 0; a < 4; ++a)
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
-          kk[a][b] = dn_fma(kr[a].x, kc[b].x, kk[a][b]);
-          qk[a][b] = dn_fma(qr[a].x, kc[b].x, qk[a][b]);
-          kk[a][b] = dn_fma(kr[a].y, kc[b].y, kk[a][b]);
-          qk[a][b] = dn_fma(qr[a].y, kc[b].y, qk[a][b]);
-          kk[a][b] = dn_fma(kr[a].z, kc[b].z, kk[a][b]);
-          qk[a][b] = dn_fma(qr[a].z, kc[b].z, qk[a][b]);
-          kk[a][b] = dn_fma(kr[a].w, kc[b].w, kk[a][b]);
-          qk[a][b] = dn_fma(qr[a].w, kc[b].w, qk[a][b]);
+          kk[a][b] = fmaf(kr[a].x, kc[b].x, kk[a][b]);
+          qk[a][b] = fmaf(qr[a].x, kc[b].x, qk[a][b]);
+          kk[a][b] = fmaf(kr[a].y, kc[b].y, kk[a][b]);
+          qk[a][b] = fmaf(qr[a].y, kc[b].y, qk[a][b]);
+          kk[a][b] = fmaf(kr[a].z, kc[b].z, kk[a][b]);
+          qk[a][b] = fmaf(qr[a].z, kc[b].z, qk[a][b]);
+          kk[a][b] = fmaf(kr[a].w, kc[b].w, kk[a][b]);
+          qk[a][b] = fmaf(qr[a].w, kc[b].w, qk[a][b]);
         }
     }
   }
@@ -323,7 +332,7 @@ deltanet_chunk_prepare(float* __restrict__ workspace, int n_tokens) {
 #pragma unroll
         for (int k4 = 0; k4 < 4; ++k4) {
           const int m = col + 1 + part + 4 * k4;
-          if (m < i) s = dn_fma(a_s[i][m], tm[m * DN_TM_STRIDE + col], s);
+          if (m < i) s = fmaf(a_s[i][m], tm[m * DN_TM_STRIDE + col], s);
         }
         s += lg_shfl_xor(s, 1);
         s += lg_shfl_xor(s, 2);
@@ -339,7 +348,7 @@ deltanet_chunk_prepare(float* __restrict__ workspace, int n_tokens) {
     for (int e = tid; e < bi * 256; e += DN_NT) {
       const int bj = e / 256, i = bi * 16 + (e / 16) % 16, j = bj * 16 + e % 16;
       float acc = 0.0f;
-      for (int m = bj * 16; m < bi * 16; ++m) acc = dn_fma(a_s[i][m], tm[m * DN_TM_STRIDE + j], acc);
+      for (int m = bj * 16; m < bi * 16; ++m) acc = fmaf(a_s[i][m], tm[m * DN_TM_STRIDE + j], acc);
       m_s[e] = acc;
     }
     __syncthreads();
@@ -347,7 +356,7 @@ deltanet_chunk_prepare(float* __restrict__ workspace, int n_tokens) {
       const int bj = e / 256, r = (e / 16) % 16, i = bi * 16 + r, j = bj * 16 + e % 16;
       float acc = 0.0f;
       for (int rr = 0; rr <= r; ++rr)
-        acc = dn_fma(tm[i * DN_TM_STRIDE + bi * 16 + rr], m_s[bj * 256 + rr * 16 + e % 16], acc);
+        acc = fmaf(tm[i * DN_TM_STRIDE + bi * 16 + rr], m_s[bj * 256 + rr * 16 + e % 16], acc);
       tm[i * DN_TM_STRIDE + j] = -acc;
     }
   }
@@ -381,10 +390,10 @@ deltanet_chunk_prepare(float* __restrict__ workspace, int n_tokens) {
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
             const float4 tv = reinterpret_cast<const float4*>(tm + (i + r) * DN_TM_STRIDE)[m4];
-            acc[r] = dn_fma(tv.x, x[4 * m4], acc[r]);
-            acc[r] = dn_fma(tv.y, x[4 * m4 + 1], acc[r]);
-            acc[r] = dn_fma(tv.z, x[4 * m4 + 2], acc[r]);
-            acc[r] = dn_fma(tv.w, x[4 * m4 + 3], acc[r]);
+            acc[r] = fmaf(tv.x, x[4 * m4], acc[r]);
+            acc[r] = fmaf(tv.y, x[4 * m4 + 1], acc[r]);
+            acc[r] = fmaf(tv.z, x[4 * m4 + 2], acc[r]);
+            acc[r] = fmaf(tv.w, x[4 * m4 + 3], acc[r]);
           }
         }
 #pragma unroll
@@ -632,7 +641,7 @@ deltanet_gated_norm(const float* __restrict__ proj, const float* __restrict__ gn
     for (int j = lane; j < DN_DV; j += LG_WARP_SIZE) {
       const float zj = z[j];
       out[(size_t)t * DN_VD + h * DN_DV + j] =
-          lg_from_float<bf16_t>(o[j] * r * gnorm_w[j] * (zj / (1.0f + expf(-zj))));
+          lg_from_float<bf16_t>(o[j] * r * gnorm_w[j] * lg_silu(zj));
     }
   }
   const int n_threads = gridDim.x * gridDim.y * DN_NT;

@@ -143,7 +143,6 @@ template <> __device__ __forceinline__ void mk_unpack2<fp16_t>(unsigned w, float
   asm("{ .reg .f16 l, h; mov.b32 { l, h }, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(w));
 }
 __device__ __forceinline__ float mk_exp(float x) { return expf(x); }
-__device__ __forceinline__ float mk_log1p(float x) { return log1pf(x); }
 __device__ __forceinline__ void mk_sincos(float x, float* s, float* c) { sincosf(x, s, c); }
 // bf16 is the top half of a float32: widening is a shift (both vendors).
 template <> __device__ __forceinline__ void mk_unpack2<bf16_t>(unsigned w, float& lo, float& hi) {
@@ -155,6 +154,18 @@ template <typename T> __device__ __forceinline__ void mk_unpack8(const uint4& v,
   mk_unpack2<T>(v.y, f[2], f[3]);
   mk_unpack2<T>(v.z, f[4], f[5]);
   mk_unpack2<T>(v.w, f[6], f[7]);
+}
+// reference.sigmoid, reference.silu: x sigmoid(x)
+__device__ __forceinline__ float lg_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float lg_silu(float x) { return x / (1.0f + expf(-x)); }
+// reference.softplus: torch's, beta 1, linear above the threshold 20
+__device__ __forceinline__ float lg_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// reference.l2norm's factor: x * lg_l2norm_scale(sum x^2) = x rsqrt(sum x^2 + 1e-6)
+__device__ __forceinline__ float lg_l2norm_scale(float sum_sq) { return rsqrtf(sum_sq + 1e-6f); }
+// The gated delta rule's per-head gates (reference Gated DeltaNet layer): g = -exp(A_log) softplus(a + dt_bias),
+// the log of the state's decay, and beta = sigmoid(b).
+__device__ __forceinline__ float lg_delta_log_decay(float a_log, float a, float dt_bias) {
+  return -expf(a_log) * lg_softplus(a + dt_bias);
 }
 
 typedef fp16_t wt_t;   // weight element (fp16)
@@ -518,9 +529,6 @@ __device__ __forceinline__ void block_matvec_split(MatSlice sl, const float* xs,
   }
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.f + mk_exp(-x)); }
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + mk_exp(-x)); }
-__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : mk_log1p(mk_exp(x)); }  // torch threshold 20
 
 __device__ __forceinline__ float load_wt(const wt_t* p) { return lg_to_float(*p); }
 
@@ -603,13 +611,13 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
 #pragma unroll
             for (int j = 0; j + 1 < CK - 1; ++j) w[j] = win[j + 1];
             w[CK - 2] = y;
-            publish(s + S_DN_IN + r, silu(out), epoch);
+            publish(s + S_DN_IN + r, lg_silu(out), epoch);
           } else if (r < CONV_DIM + VD) {
             publish(s + S_DN_Z + r - CONV_DIM, y, epoch);
           } else if (r < CONV_DIM + VD + NV) {
-            publish(s + S_DN_G + r - CONV_DIM - VD, -mk_exp(taps[0]) * softplus(y + taps[1]), epoch);
+            publish(s + S_DN_G + r - CONV_DIM - VD, lg_delta_log_decay(taps[0], y, taps[1]), epoch);
           } else {
-            publish(s + S_DN_BETA + r - CONV_DIM - VD - NV, sigmoid(y), epoch);
+            publish(s + S_DN_BETA + r - CONV_DIM - VD - NV, lg_sigmoid(y), epoch);
           }
         });
   } else if (phase == 1) {
@@ -642,7 +650,7 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
         qq += q[e] * q[e];
         kk += k[e] * k[e];
       }
-      const float qscale = rsqrtf(lg_warp_sum(qq) + 1e-6f) * Q_SCALE, kscale = rsqrtf(lg_warp_sum(kk) + 1e-6f);
+      const float qscale = lg_l2norm_scale(lg_warp_sum(qq)) * Q_SCALE, kscale = lg_l2norm_scale(lg_warp_sum(kk));
       const float decay = mk_exp(in[2 * KPL]), beta = in[2 * KPL + 1], value = in[2 * KPL + 2];
       S = a.recurrent + (((size_t)lw.slot * NV + h) * DV + v) * DK;
       if (col != c0 + warp)
@@ -683,7 +691,7 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
             const int i = threadIdx.x + k * THREADS;
             if (i < VD) {
               raw[i] = o[k];
-              xs[xs_index<VD>(i)] = silu(z[k]);
+              xs[xs_index<VD>(i)] = lg_silu(z[k]);
             }
           }
           __syncthreads();
@@ -897,7 +905,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
 #pragma unroll
           for (int k = 0; k < K; ++k) {
             const int i = threadIdx.x + k * THREADS;
-            if (i < AO) xs[xs_index<AO>(i)] = o[k] * sigmoid(gate[k]);
+            if (i < AO) xs[xs_index<AO>(i)] = o[k] * lg_sigmoid(gate[k]);
           }
           __syncthreads();
         },
@@ -920,7 +928,7 @@ __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& 
         [&] { stage_rmsnorm(a, a.wvec + lw.post_norm, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
         [](int) {},
         [&](int r, int k, const float* acc) {  // rows 2i, 2i+1 = gate i, up i
-          if ((r & 1) == 0) publish(s + S_ACT + r / 2, silu(acc[k]) * acc[k + 1], epoch);
+          if ((r & 1) == 0) publish(s + S_ACT + r / 2, lg_silu(acc[k]) * acc[k + 1], epoch);
         });
   } else {
     unsigned long long* x = s + S_X;

@@ -130,6 +130,18 @@ __device__ __forceinline__ void kv_store_group(kv_elem_t* __restrict__ kv, int m
 __device__ __forceinline__ void kv_copy_unit(kv_elem_t* __restrict__ kv, int max_context, size_t dst, size_t src, int u) {
   kv[dst * KV_HD + u] = kv[src * KV_HD + u];
 }
+// reference.sigmoid, reference.silu: x sigmoid(x)
+__device__ __forceinline__ float lg_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float lg_silu(float x) { return x / (1.0f + expf(-x)); }
+// reference.softplus: torch's, beta 1, linear above the threshold 20
+__device__ __forceinline__ float lg_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// reference.l2norm's factor: x * lg_l2norm_scale(sum x^2) = x rsqrt(sum x^2 + 1e-6)
+__device__ __forceinline__ float lg_l2norm_scale(float sum_sq) { return rsqrtf(sum_sq + 1e-6f); }
+// The gated delta rule's per-head gates (reference Gated DeltaNet layer): g = -exp(A_log) softplus(a + dt_bias),
+// the log of the state's decay, and beta = sigmoid(b).
+__device__ __forceinline__ float lg_delta_log_decay(float a_log, float a, float dt_bias) {
+  return -expf(a_log) * lg_softplus(a + dt_bias);
+}
 #define ATTN_HD 256
 #define ATTN_NH 8
 #define ATTN_NKV 2
@@ -142,7 +154,6 @@ __device__ __forceinline__ void kv_copy_unit(kv_elem_t* __restrict__ kv, int max
 __device__ __forceinline__ void attn_sincos(float x, float* s, float* c) {
   sincosf(x, s, c);
 }
-__device__ __forceinline__ float attn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // ------------------------------------------------------------------------------------------------ prepare
 // Reference.gated_attention minus the projections, for token t at position pos = pos0 + t (grid (T, NH + NKV + 1):
@@ -394,8 +405,8 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
 #pragma unroll
     for (int n = 0; n < ATTN_HD / 8; ++n) {
       const int d = n * 8 + 2 * ql;
-      const unsigned packed = attn_pack2(o[n][2 * i] * inv_l * attn_sigmoid(gate[d]),
-                                         o[n][2 * i + 1] * inv_l * attn_sigmoid(gate[d + 1]));
+      const unsigned packed = attn_pack2(o[n][2 * i] * inv_l * lg_sigmoid(gate[d]),
+                                         o[n][2 * i + 1] * inv_l * lg_sigmoid(gate[d + 1]));
       *reinterpret_cast<unsigned*>(dst + d) = packed;
     }
   }
