@@ -203,6 +203,41 @@ __device__ __forceinline__ float lg_l2norm_scale(float sum_sq) { return rsqrtf(s
 __device__ __forceinline__ float lg_delta_log_decay(float a_log, float a, float dt_bias) {
   return -expf(a_log) * lg_softplus(a + dt_bias);
 }
+// One key of a warp's online softmax (base e), s its scaled score: m' = max(m, s), corr = e^(m - m'),
+// p = e^(s - m'), l' = l corr + p. The caller scales its accumulators by corr and adds p v.
+__device__ __forceinline__ void lg_softmax_step(float& m, float& l, float s, float& corr, float& p) {
+  const float mn = fmaxf(m, s);
+  corr = expf(m - mn);
+  p = expf(s - mn);
+  l = l * corr + p;
+  m = mn;
+}
+// The warps meet in order: with M = max_w m_w and c_w = e^(m_w - M) (0 for a warp with no keys: m_w = -inf),
+// store(d, sum_w c_w acc_w[d] / sum_w c_w l_w) for each dim d. Every thread of the block calls it (one barrier);
+// part and stats are the block's shared scratch.
+template <int WARPS, int HD, int EPL, typename Store>
+__device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD], float (&stats)[2][WARPS],
+                                                       const float (&acc)[EPL], float m, float l, Store store) {
+  const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) part[warp][lane * EPL + e] = acc[e];
+  if (lane == 0) {
+    stats[0][warp] = m;
+    stats[1][warp] = l;
+  }
+  __syncthreads();
+  float mmax = stats[0][0];
+  for (int w = 1; w < WARPS; ++w) mmax = fmaxf(mmax, stats[0][w]);
+  for (int d = threadIdx.x; d < HD; d += WARPS * LG_WARP_SIZE) {
+    float o = 0.0f, lsum = 0.0f;
+    for (int w = 0; w < WARPS; ++w) {
+      const float c = expf(stats[0][w] - mmax);
+      o += c * part[w][d];
+      lsum += c * stats[1][w];
+    }
+    store(d, o / lsum);
+  }
+}
 #define TV_NT 256
 #define TV_NW 8
 #define TV_DK 128
@@ -386,8 +421,8 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
 //   the prepare kernel wrote at cache row pos0 + slot (pos0 read from device memory: one graph serves every
 //   step);  o = softmax_j(q . k_j * attn_scale) v_j;
 //   out[s, h] = o * sigmoid(gate[s, h]).
-// Warp w takes keys w, w + AT_WARPS, ... with an online softmax; the warps merge in order. The split depends only on
-// the key count, so a slot's result is the same in any tree.
+// Warp w takes keys w, w + AT_WARPS, ... (split_softmax.cuh): the split depends only on the key count, so a slot's
+// result is the same in any tree.
 extern "C" __global__ void __launch_bounds__(TV_AT_WARPS * LG_WARP_SIZE)
 tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
                int max_context, const int* __restrict__ anc, int anc_stride, const int* __restrict__ depth,
@@ -414,33 +449,16 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
     kv_load_run<EPL>(reader, k_head + row, lane * EPL, x);
 #pragma unroll
     for (int e = 0; e < EPL; ++e) dot += q[e] * x[e];
-    dot = lg_warp_sum(dot) * 0.0625f;
-    const float mn = fmaxf(m, dot), corr = expf(m - mn), p = expf(dot - mn);
-    l = l * corr + p;
+    float corr, p;
+    lg_softmax_step(m, l, lg_warp_sum(dot) * 0.0625f, corr, p);
     kv_load_run<EPL>(reader, v_head + row, lane * EPL, x);
 #pragma unroll
     for (int e = 0; e < EPL; ++e) acc[e] = acc[e] * corr + p * x[e];
-    m = mn;
   }
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) part[warp][lane * EPL + e] = acc[e];
-  if (lane == 0) {
-    stats[0][warp] = m;
-    stats[1][warp] = l;
-  }
-  __syncthreads();
-  float mmax = stats[0][0];
-  for (int w = 1; w < TV_AT_WARPS; ++w) mmax = fmaxf(mmax, stats[0][w]);
   const float* gate = proj + (size_t)s * TV_NIN_AT + h * 2 * TV_HD + TV_HD;
-  for (int d = threadIdx.x; d < TV_HD; d += TV_AT_WARPS * LG_WARP_SIZE) {
-    float o = 0.0f, lsum = 0.0f;
-    for (int w = 0; w < TV_AT_WARPS; ++w) {
-      const float c = expf(stats[0][w] - mmax);  // a warp with no keys: m = -inf, c = 0
-      o += c * part[w][d];
-      lsum += c * stats[1][w];
-    }
-    out[(size_t)s * TV_NH * TV_HD + h * TV_HD + d] = lg_from_float<bf16_t>(o / lsum * lg_sigmoid(gate[d]));
-  }
+  bf16_t* dst = out + (size_t)s * TV_NH * TV_HD + h * TV_HD;
+  lg_softmax_merge_warps(part, stats, acc, m, l,
+                         [&](int d, float o) { dst[d] = lg_from_float<bf16_t>(o * lg_sigmoid(gate[d])); });
 }
 
 // ------------------------------------------------------------------------------------------------ argmax

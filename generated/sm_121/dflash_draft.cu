@@ -100,6 +100,41 @@ __device__ __forceinline__ void lg_launch_dependents() {
 __device__ __forceinline__ void lg_grid_dependency_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
+// One key of a warp's online softmax (base e), s its scaled score: m' = max(m, s), corr = e^(m - m'),
+// p = e^(s - m'), l' = l corr + p. The caller scales its accumulators by corr and adds p v.
+__device__ __forceinline__ void lg_softmax_step(float& m, float& l, float s, float& corr, float& p) {
+  const float mn = fmaxf(m, s);
+  corr = expf(m - mn);
+  p = expf(s - mn);
+  l = l * corr + p;
+  m = mn;
+}
+// The warps meet in order: with M = max_w m_w and c_w = e^(m_w - M) (0 for a warp with no keys: m_w = -inf),
+// store(d, sum_w c_w acc_w[d] / sum_w c_w l_w) for each dim d. Every thread of the block calls it (one barrier);
+// part and stats are the block's shared scratch.
+template <int WARPS, int HD, int EPL, typename Store>
+__device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD], float (&stats)[2][WARPS],
+                                                       const float (&acc)[EPL], float m, float l, Store store) {
+  const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) part[warp][lane * EPL + e] = acc[e];
+  if (lane == 0) {
+    stats[0][warp] = m;
+    stats[1][warp] = l;
+  }
+  __syncthreads();
+  float mmax = stats[0][0];
+  for (int w = 1; w < WARPS; ++w) mmax = fmaxf(mmax, stats[0][w]);
+  for (int d = threadIdx.x; d < HD; d += WARPS * LG_WARP_SIZE) {
+    float o = 0.0f, lsum = 0.0f;
+    for (int w = 0; w < WARPS; ++w) {
+      const float c = expf(stats[0][w] - mmax);
+      o += c * part[w][d];
+      lsum += c * stats[1][w];
+    }
+    store(d, o / lsum);
+  }
+}
 #define DR_H 5120
 #define DR_TAPS 5
 #define DR_NH 32
@@ -218,7 +253,7 @@ draft_block_prepare(const float* __restrict__ proj, const float* __restrict__ q_
 //   keys: the ring's context positions max(0, start - ring) .. start - 1 (also >= start + t - window + 1 when the
 //   layer has a sliding window), then block rows j with (!causal || j <= t) && (!window || t - j < window);
 //   out[t, h] = softmax_j(q . k_j / sqrt(HD)) v_j.
-// Warp w takes keys w, w + AT_WARPS, ... with an online softmax; the warps merge in order.
+// Warp w takes keys w, w + AT_WARPS, ... (split_softmax.cuh); block row t itself is always a key.
 extern "C" __global__ void __launch_bounds__(DR_AT_WARPS * LG_WARP_SIZE)
 draft_attention(const bf16_t* __restrict__ q_ws, const bf16_t* __restrict__ cache, int ring,
                 const bf16_t* __restrict__ block_kv, const int* __restrict__ start_at, int causal, int window,
@@ -257,31 +292,13 @@ draft_attention(const bf16_t* __restrict__ q_ws, const bf16_t* __restrict__ cach
     float dot = 0.0f;
 #pragma unroll
     for (int e = 0; e < DR_EPL; ++e) dot += q[e] * lg_to_float(kr[lane * DR_EPL + e]);
-    dot = lg_warp_sum(dot) * 0.0883883461356163f;
-    const float mn = fmaxf(m, dot), corr = expf(m - mn), p = expf(dot - mn);
-    l = l * corr + p;
+    float corr, p;
+    lg_softmax_step(m, l, lg_warp_sum(dot) * 0.0883883461356163f, corr, p);
 #pragma unroll
     for (int e = 0; e < DR_EPL; ++e) acc[e] = acc[e] * corr + p * lg_to_float(vr[lane * DR_EPL + e]);
-    m = mn;
   }
-#pragma unroll
-  for (int e = 0; e < DR_EPL; ++e) part[warp][lane * DR_EPL + e] = acc[e];
-  if (lane == 0) {
-    stats[0][warp] = m;
-    stats[1][warp] = l;
-  }
-  __syncthreads();
-  float mmax = stats[0][0];
-  for (int w = 1; w < DR_AT_WARPS; ++w) mmax = fmaxf(mmax, stats[0][w]);
-  for (int d = threadIdx.x; d < DR_HD; d += DR_AT_WARPS * LG_WARP_SIZE) {
-    float o = 0.0f, lsum = 0.0f;
-    for (int w = 0; w < DR_AT_WARPS; ++w) {
-      const float c = stats[0][w] == lg_neg_inf() ? 0.0f : expf(stats[0][w] - mmax);  // a warp with no keys
-      o += c * part[w][d];
-      lsum += c * stats[1][w];
-    }
-    out[((size_t)t * DR_NH + h) * DR_HD + d] = lg_from_float<bf16_t>(o / lsum);
-  }
+  bf16_t* dst = out + ((size_t)t * DR_NH + h) * DR_HD;
+  lg_softmax_merge_warps(part, stats, acc, m, l, [&](int d, float o) { dst[d] = lg_from_float<bf16_t>(o); });
 }
 
 // ------------------------------------------------------------------------------------------------ top-k
