@@ -88,6 +88,32 @@ def test_speculative_engine_on_a_quantised_target(models, chip, draft_file, kv):
     assert dev.allocated == 0, f"{dev.allocated} bytes left allocated: {sorted(dev.live.values())}"
 
 
+def test_memory_plan_predicts_the_ledger(models):
+    """The plan measured on one engine (context 256, budget 8) predicts, byte for byte, what an engine of another
+    context, KV format and budget allocates: its per-slot, per-slot-pair and per-position terms are the buffers'."""
+    from lucegen.runtime.draft import DFlashDrafter
+    from lucegen.runtime.memory_plan import MemoryPlan
+    from lucegen.runtime.prefill.runner import Prefiller
+    from lucegen.runtime.quant_target import QuantDecoder
+    from lucegen.runtime.tree_verify import TreeVerifier
+
+    def engine(context, kv, budget):
+        dev = host("sm_90")
+        dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=context, kv_cache=kv)
+        draft = DFlashDrafter(dec, models / "draft-q8.gguf", k=4, ring=48, rows=64)
+        parts = [dec, draft, Prefiller(dec, draft=draft), TreeVerifier(dec, budget=budget, draft=draft)]
+        return dev, parts
+
+    dev, parts = engine(256, "q8_0", 8)
+    plan = MemoryPlan.of_engine(parts[0], parts[3], parts[1])
+    for part in reversed(parts):
+        part.close()
+    other, parts = engine(400, "q4_0", 13)
+    assert plan.bytes_at(400, 14, "q4_0") - plan.overhead == other.allocated
+    for part in reversed(parts):
+        part.close()
+
+
 @pytest.mark.parametrize("chip", ["sm_90", "gfx1100"])
 def test_megakernel_decoder_prefill_and_chain_verify(models, chip):
     """MegakernelDecoder (BF16) + the prefill kernels + a DFlash draft + chain verify, then the megakernel's own

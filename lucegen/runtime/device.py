@@ -425,6 +425,17 @@ class Device:
             _check("cuMemcpyHtoD", _driver().cuMemcpyHtoD(buffer.ptr, array.ctypes.data, array.nbytes))
         return buffer
 
+    def upload_async(self, array: np.ndarray, buffer: Buffer, stream: Stream) -> None:
+        """Copy a host array into ``buffer``, queued on ``stream``: after the kernels queued before it, before those
+        queued after it, with no host wait. The array is pageable memory, which the driver stages before returning,
+        so the caller may reuse or drop it at once."""
+        array = np.ascontiguousarray(array)
+        if array.nbytes > buffer.nbytes:
+            raise DeviceError(f"upload of {array.nbytes} bytes into a {buffer.nbytes}-byte buffer")
+        if array.nbytes:
+            _check("cuMemcpyHtoDAsync", _driver().cuMemcpyHtoDAsync(buffer.ptr, array.ctypes.data, array.nbytes,
+                                                                    stream.handle))
+
     def download(self, buffer: Buffer, dtype, shape: int | Sequence[int]) -> np.ndarray:
         out = np.empty(shape, dtype=dtype)
         if out.nbytes > buffer.nbytes:

@@ -283,7 +283,8 @@ class DFlashDrafter:
             raise LucegenError(f"draft context holds {self.position} positions, the commit starts at {pos0}")
         if not 1 <= path.size <= slots <= self.rows or path.min() < 0 or path.max() >= slots:
             raise LucegenError(f"draft commit: path {path.tolist()} of a {slots}-slot pass does not fit")
-        self.device.upload(np.concatenate([[pos0, path.size], path]).astype(np.int32), self.commit_in)
+        self.device.upload_async(np.concatenate([[pos0, path.size], path]).astype(np.int32), self.commit_in,
+                                 self.stream)
         self._run(("commit", slots), lambda: self.enqueue_ingest(slots, self.stream, from_commit=True))
         self.stream.synchronize()
         self.position += int(path.size)
@@ -358,8 +359,7 @@ class DFlashDrafter:
             raise LucegenError(f"draft root token {root} out of range [0, {c.vocab_size})")
         block = np.full(c.block_size + 1, c.mask_token_id, np.int32)
         block[0], block[-1] = root, dec.position
-        self.stream.synchronize()  # block_in may still feed a queued block
-        self.device.upload(block, self.block_in)
+        self.device.upload_async(block, self.block_in, self.stream)  # after a queued block that may still read it
         self._run("block", self._enqueue_block)
         self.stream.synchronize()
         rows = c.block_size - 1

@@ -255,6 +255,12 @@ class HostDevice:
         self.check_range("upload", buffer.ptr, array.nbytes)
         return buffer
 
+    def upload_async(self, array: np.ndarray, buffer: Buffer, stream) -> None:
+        array = np.ascontiguousarray(array)
+        if array.nbytes > buffer.nbytes:
+            raise DeviceError(f"upload of {array.nbytes} bytes into a {buffer.nbytes}-byte buffer")
+        self.check_range("upload_async", buffer.ptr, array.nbytes)
+
     def download(self, buffer: Buffer, dtype, shape) -> np.ndarray:
         out = np.zeros(shape, dtype=dtype)
         self.check_range("download", buffer.ptr, out.nbytes)

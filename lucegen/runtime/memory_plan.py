@@ -35,10 +35,10 @@ GIB = 2**30
 
 
 def slot_bytes(decoder, pf: dict) -> int:
-    """Device bytes one verify slot costs: TreeVerifier's slot buffers, its Activations row, the tree layout's
-    parent and depth entries (the path table's square term is :func:`verify_bytes`'s)."""
+    """Device bytes one verify slot costs: TreeVerifier's slot buffers, its Activations row, its step inputs'
+    token, parent and depth entries (the path table's square term is :func:`verify_bytes`'s)."""
     return (sum(slot_buffer_bytes(decoder, pf).values()) + sum(Activations.row_bytes(decoder.config, pf).values())
-            + 4 * 2)
+            + 4 * 3)
 
 
 def token_bytes(decoder, kv_format: kv_cache.KvFormat, draft=None) -> int:

@@ -44,13 +44,26 @@ def slot_buffer_bytes(decoder, pf: dict) -> dict[str, int]:
     """Bytes per verify slot of each of :class:`TreeVerifier`'s slot-sized buffers (besides its
     :class:`Activations` rows and the tree layout, whose path table grows with the square of the slots): the
     token-mix workspace, every DeltaNet layer's state and conv window, the attention's roped queries, the slot's
-    token, path entry, logits row and argmax."""
+    path entry, logits row and argmax. (Its token is in the step inputs: :func:`step_input_words`.)"""
     c, lay = decoder.config, decoder.layout
     return {"ws": 4 * (2 * pf["KD"] + 2 * pf["VD"] + 2 * pf["NV"]),
             "states": 4 * max(1, lay.n_dn) * lay.recurrent_state_floats,
             "windows": 4 * max(1, lay.n_dn) * lay.conv_window_floats,
             "q_ws": query_workspace_bytes(pf, 1),
-            "tokens": 4, "path": 4, "logits": 4 * c.vocab_size, "argmax": 4}
+            "path": 4, "logits": 4 * c.vocab_size, "argmax": 4}
+
+
+def step_input_words(slots: int) -> int:
+    """int32 words of what a pass of up to ``slots`` slots reads from the host, kept in one buffer so that one
+    upload sets them: pos0, the slots' tokens, then the tree layout (:func:`tree_layout`, 2 S + S^2 words)."""
+    return 1 + slots + (2 + slots) * slots
+
+
+def step_inputs(position: int, tokens: np.ndarray, layout: np.ndarray, slots: int) -> np.ndarray:
+    """The step inputs of a pass at ``position``: pos0, ``tokens`` (its slots', padded to ``slots``), ``layout``."""
+    padded = np.zeros(slots, np.int32)
+    padded[: tokens.size] = tokens
+    return np.concatenate([np.array([position], np.int32), padded, layout.astype(np.int32)])
 
 
 def tree_layout(tree: ddtree.Tree) -> np.ndarray:
@@ -111,8 +124,10 @@ class TreeVerifier:
         self.acts = Activations(d, c, pf, S)
         for name, size in slot_buffer_bytes(self.dec, pf).items():
             setattr(self, name, d.alloc(S * size))
-        self.pos0 = d.alloc(4)
-        self.layout_buf = d.alloc(4 * (2 + S) * S)  # parent [S], depth [S], the path table [S][S]
+        self.step_in = d.alloc(4 * step_input_words(S))  # pos0, tokens [S], then parent, depth, the path table
+        self.pos0 = Buffer(self.step_in.ptr, 4, None)
+        self.tokens = Buffer(self.step_in.ptr + 4, 4 * S, None)
+        self.layout_buf = Buffer(self.step_in.ptr + 4 * (1 + S), 4 * (2 + S) * S, None)
         self.history = d.alloc(4 * self.token_buffers * self.dec.max_context)
 
     def close(self) -> None:
@@ -121,7 +136,7 @@ class TreeVerifier:
                 g.destroy()
         if hasattr(self, "acts"):
             self.acts.free()
-        for name in ("ws", "states", "windows", "q_ws", "tokens", "pos0", "layout_buf", "path", "history", "logits",
+        for name in ("ws", "states", "windows", "q_ws", "step_in", "path", "history", "logits",
                      "argmax"):
             b = getattr(self, name, None)
             if isinstance(b, Buffer):
@@ -201,10 +216,8 @@ class TreeVerifier:
         tokens = tree.verify_tokens(int(root_token))
         if tokens.min() < 0 or tokens.max() >= c.vocab_size:
             raise LucegenError(f"verify token id out of range [0, {c.vocab_size})")
-        self.stream.synchronize()  # the layout buffers may still feed a queued pass
-        self.device.upload(tokens.astype(np.int32), self.tokens)
-        self.device.upload(tree_layout(tree), self.layout_buf)
-        self.device.upload(np.array([dec.position], np.int32), self.pos0)
+        self.device.upload_async(step_inputs(dec.position, tokens, tree_layout(tree), self.slots), self.step_in,
+                                 self.stream)  # after any pass still queued, which may read the last step's
         self._run_pass(S)
         self.stream.synchronize()
         argmax = self.device.download(self.argmax, np.int32, (S,)).astype(np.int64)
@@ -233,7 +246,7 @@ class TreeVerifier:
         self._commit_deltanet(int(path[-1]))
         if lay.n_at and path.size > 1:
             c = self.config
-            self.device.upload(path, self.path)
+            self.device.upload_async(path, self.path, st)
             self.commit_kv_fn.launch((-(-2 * c.num_kv_heads * c.head_dim // THREADS), lay.n_at), THREADS,
                                      (address(dec.kv.ptr), np.uint64(dec.kv_layer_bytes), np.int32(dec.max_context),
                                       address(self.path.ptr),
@@ -261,10 +274,9 @@ class TreeVerifier:
         if n < 1 or dec.position + n > dec.max_context:
             raise LucegenError(f"decode: {dec.position} tokens so far + {n} exceed the allocated context of "
                                f"{dec.max_context} (--max-context)")
-        self.stream.synchronize()
-        self.device.upload(np.array([dec.next_token], np.int32), self.tokens)
-        self.device.upload(np.array([dec.position], np.int32), self.pos0)
-        self.device.upload(tree_layout(ddtree.chain(np.zeros(0, np.int64))), self.layout_buf)
+        root = tree_layout(ddtree.chain(np.zeros(0, np.int64)))
+        self.device.upload_async(step_inputs(dec.position, np.array([dec.next_token]), root, self.slots),
+                                 self.step_in, self.stream)
         for _ in range(n - 1):
             if not self.use_graphs:
                 self._enqueue_decode_step()
