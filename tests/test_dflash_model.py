@@ -204,3 +204,9 @@ def test_loading_a_damaged_draft_names_the_tensor(tmp_path):
         load_checkpoint(tmp_path / "extra")
     _write_draft(tmp_path / "prefixed", cfg, {"model." + n: s for n, s in good.items()})
     assert load_checkpoint(tmp_path / "prefixed").shape("fc.weight") == (128, 256)
+    # an index that lists a tensor its shard lacks (drafts share the target's shard and index checks)
+    _write_draft(tmp_path / "indexed", cfg, good)
+    index = {"weight_map": dict({n: "model.safetensors" for n in good}, **{"extra.weight": "model.safetensors"})}
+    (tmp_path / "indexed" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="tensor 'extra.weight' listed in model.safetensors.index.json is missing"):
+        load_checkpoint(tmp_path / "indexed")

@@ -192,6 +192,25 @@ def load_hf_directory(directory) -> SafetensorsCheckpoint:
     if dflash.is_dflash_config(dflash.read_json(config_path)):
         return dflash.load_dflash_directory(directory)
     config = ModelConfig.from_file(config_path)
+    expected = config.tensor_shapes()
+
+    def internal(stored: str, path: Path) -> str | None:
+        name = internal_name(stored)
+        if name is None or (name == "lm_head.weight" and config.tie_word_embeddings):
+            return None  # not a text-model tensor; or tied: the embedding is the head
+        if name not in expected:
+            raise CheckpointError(f"{path}: unexpected tensor {stored!r} for this config "
+                                  f"({config.num_layers} layers, {_layer_kind(name, config)})")
+        return name
+
+    return read_safetensors_directory(directory, config, internal, "tensor")
+
+
+def read_safetensors_directory(directory: Path, config, internal, what: str) -> SafetensorsCheckpoint:
+    """The checkpoint in ``directory``'s safetensors shards (and their index, if any) with the tensors of
+    ``config.tensor_shapes()``: ``internal(stored, path)`` names each stored tensor (None: skip it; it raises for
+    one that does not belong). Every shard and index entry is checked against the other, and every tensor for
+    presence, dtype and shape; ``what`` names the tensors in the error for a missing one."""
     files, weight_map = _shard_files(directory)
     opened = {f.name: SafetensorsFile(f) for f in files}
     expected = config.tensor_shapes()
@@ -203,15 +222,9 @@ def load_hf_directory(directory) -> SafetensorsCheckpoint:
                     raise CheckpointError(f"{sf.path}: tensor {stored!r}: the index says it lives in "
                                           f"{weight_map[stored]!r}")
                 raise CheckpointError(f"{sf.path}: tensor {stored!r} is not listed in {INDEX_NAME}")
-            name = internal_name(stored)
-            if name is None:
-                continue
-            if name == "lm_head.weight" and config.tie_word_embeddings:
-                continue  # tied: the embedding is the head
-            if name not in expected:
-                raise CheckpointError(f"{sf.path}: unexpected tensor {stored!r} for this config "
-                                      f"({config.num_layers} layers, {_layer_kind(name, config)})")
-            record_tensor(sf.path, fname, stored, name, info, expected, where)
+            name = internal(stored, sf.path)
+            if name is not None:
+                record_tensor(sf.path, fname, stored, name, info, expected, where)
     if weight_map is not None:
         for stored, fname in weight_map.items():
             if stored not in opened[fname].tensors:
@@ -219,9 +232,8 @@ def load_hf_directory(directory) -> SafetensorsCheckpoint:
     missing = [n for n in expected if n not in where]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"{directory}: missing tensor {missing[0]!r}{more}")
-    ordered = {n: where[n] for n in expected}
-    return SafetensorsCheckpoint(directory, config, opened, ordered)
+        raise CheckpointError(f"{directory}: missing {what} {missing[0]!r}{more}")
+    return SafetensorsCheckpoint(directory, config, opened, {n: where[n] for n in expected})
 
 
 def _layer_kind(name: str, config: ModelConfig) -> str:

@@ -467,27 +467,16 @@ def load_dflash_directory(directory):
     """A draft's HF directory -> a :class:`~lucegen.model.checkpoint.SafetensorsCheckpoint` whose ``config`` is a
     :class:`DFlashConfig`; every tensor checked for presence, dtype and shape. Names may carry a ``model.`` prefix
     (stripped)."""
-    from .checkpoint import INDEX_NAME, SafetensorsCheckpoint, _shard_files, record_tensor
-    from .safetensors_io import SafetensorsFile
+    from .checkpoint import read_safetensors_directory
 
     directory = Path(directory)
-    config_path = directory / "config.json"
-    config = DFlashConfig.from_file(config_path)
-    files, weight_map = _shard_files(directory)
-    opened = {f.name: SafetensorsFile(f) for f in files}
+    config = DFlashConfig.from_file(directory / "config.json")
     expected = config.tensor_shapes()
-    where: dict[str, tuple[str, str]] = {}
-    for fname, sf in opened.items():
-        for stored, info in sf.tensors.items():
-            if weight_map is not None and weight_map.get(stored) != fname:
-                raise CheckpointError(f"{sf.path}: tensor {stored!r} is not listed for this file in {INDEX_NAME}")
-            name = stored.removeprefix("model.")
-            if name not in expected:
-                raise CheckpointError(f"{sf.path}: unexpected tensor {stored!r} for a {config.num_layers}-layer "
-                                      "DFlash draft")
-            record_tensor(sf.path, fname, stored, name, info, expected, where)
-    missing = [n for n in expected if n not in where]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"{directory}: missing draft tensor {missing[0]!r}{more}")
-    return SafetensorsCheckpoint(directory, config, opened, {n: where[n] for n in expected})
+
+    def internal(stored: str, path: Path) -> str:
+        name = stored.removeprefix("model.")
+        if name not in expected:
+            raise CheckpointError(f"{path}: unexpected tensor {stored!r} for a {config.num_layers}-layer DFlash draft")
+        return name
+
+    return read_safetensors_directory(directory, config, internal, "draft tensor")

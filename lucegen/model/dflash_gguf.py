@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from .dflash import FULL, SLIDING, DFlashConfig, build_target_layer_ids
-from .gguf_io import LAYER_NAMES as TARGET_LAYER_NAMES, GGUFFile, GGUFStoredCheckpoint
+from .gguf_io import LAYER_NAMES as TARGET_LAYER_NAMES, GGUFFile, GGUFStoredCheckpoint, gguf_name
 from .quant import READABLE, nbytes
 
 ARCH = "qwen35-dflash-draft"
@@ -51,12 +51,7 @@ LAYER_ALIASES = {"post_attention_norm.weight": "ffn_norm.weight"}
 
 def draft_gguf_name(name: str) -> str:
     """The GGUF name of draft tensor ``name`` (a safetensors name)."""
-    if name in GLOBAL_NAMES:
-        return GLOBAL_NAMES[name]
-    m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
-    if not m or m.group(2) not in LAYER_NAMES:
-        raise KeyError(name)
-    return f"blk.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
+    return gguf_name(name, GLOBAL_NAMES, LAYER_NAMES)
 
 
 def _canonical(gname: str) -> str:

@@ -54,13 +54,15 @@ ONE_PLUS_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "
                   "self_attn.k_norm.weight")
 
 
-def gguf_name(name: str) -> str:
-    if name in GLOBAL_NAMES:
-        return GLOBAL_NAMES[name]
+def gguf_name(name: str, global_names: dict = GLOBAL_NAMES, layer_names: dict = LAYER_NAMES) -> str:
+    """The GGUF name of tensor ``name`` (an internal name: ``layers.<i>.<rest>`` or a global one) under the given
+    tables (the text model's by default); KeyError for a name they do not hold."""
+    if name in global_names:
+        return global_names[name]
     m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
-    if not m or m.group(2) not in LAYER_NAMES:
+    if not m or m.group(2) not in layer_names:
         raise KeyError(name)
-    return f"blk.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
+    return f"blk.{m.group(1)}.{layer_names[m.group(2)]}"
 
 
 # ------------------------------------------------------------------------------------------------ reading
