@@ -24,6 +24,11 @@ def test_pack_unpack_round_trip(qtype, rows, blocks, seed):
     packed = tile_pack(raw, qtype, rows, blocks * values)
     assert packed.size == tile_bytes(qtype, rows, blocks * values)
     np.testing.assert_array_equal(tile_unpack(packed, qtype, rows, blocks * values), raw)
+    # byte i of every tile-block is byte _tile_map[i] of its 16 rows' block (the pack moves words, the map bytes)
+    padded = np.zeros((-(-rows // 16) * 16, blocks, size), np.uint8)
+    padded[:rows] = raw.reshape(rows, blocks, size)
+    per_block = padded.reshape(-1, 16, blocks, size).transpose(0, 2, 1, 3).reshape(-1, blocks, 16 * size)
+    np.testing.assert_array_equal(packed, per_block[:, :, _tile_map(qtype)].reshape(-1))
 
 
 def test_q4_k_lane_chunk_holds_its_fragment_bytes():
