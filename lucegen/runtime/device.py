@@ -77,6 +77,16 @@ class Buffer:
         return self.ptr
 
 
+def upload_pair(device, array: np.ndarray, buffer: Buffer | None) -> tuple[np.ndarray, Buffer]:
+    """What every device's upload copies: ``array`` made contiguous, and ``buffer`` (a new one of ``device`` if None)
+    checked to hold it."""
+    array = np.ascontiguousarray(array)
+    buffer = buffer or device.alloc(max(array.nbytes, 1))
+    if array.nbytes > buffer.nbytes:
+        raise DeviceError(f"upload of {array.nbytes} bytes into a {buffer.nbytes}-byte buffer")
+    return array, buffer
+
+
 class Stream:
     def __init__(self, handle):
         self.handle = handle
@@ -417,10 +427,7 @@ class Device:
 
     def upload(self, array: np.ndarray, buffer: Buffer | None = None) -> Buffer:
         """Copy a host array to the device (into ``buffer`` if given, else a new one)."""
-        array = np.ascontiguousarray(array)
-        buffer = buffer or self.alloc(max(array.nbytes, 1))
-        if array.nbytes > buffer.nbytes:
-            raise DeviceError(f"upload of {array.nbytes} bytes into a {buffer.nbytes}-byte buffer")
+        array, buffer = upload_pair(self, array, buffer)
         if array.nbytes:
             _check("cuMemcpyHtoD", _driver().cuMemcpyHtoD(buffer.ptr, array.ctypes.data, array.nbytes))
         return buffer
@@ -429,9 +436,7 @@ class Device:
         """Copy a host array into ``buffer``, queued on ``stream``: after the kernels queued before it, before those
         queued after it, with no host wait. The array is pageable memory, which the driver stages before returning,
         so the caller may reuse or drop it at once."""
-        array = np.ascontiguousarray(array)
-        if array.nbytes > buffer.nbytes:
-            raise DeviceError(f"upload of {array.nbytes} bytes into a {buffer.nbytes}-byte buffer")
+        array, buffer = upload_pair(self, array, buffer)
         if array.nbytes:
             _check("cuMemcpyHtoDAsync", _driver().cuMemcpyHtoDAsync(buffer.ptr, array.ctypes.data, array.nbytes,
                                                                     stream.handle))

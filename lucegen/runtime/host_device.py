@@ -27,7 +27,7 @@ import numpy as np
 
 from ..compile.elf import cubin_parameters
 from ..errors import DeviceError
-from .device import Buffer, ByValue, TensorMap, check_tensor_map_2d
+from .device import Buffer, ByValue, TensorMap, check_tensor_map_2d, upload_pair
 
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
 DECLARED_BYTES = {"address": 8, "int32": 4, "float": 4, "int64": 8, "struct": None}
@@ -248,17 +248,12 @@ class HostDevice:
         return self.target.memory_bytes - self.allocated - self.driver_bytes, self.target.memory_bytes
 
     def upload(self, array: np.ndarray, buffer: Buffer | None = None) -> Buffer:
-        array = np.ascontiguousarray(array)
-        buffer = buffer or self.alloc(max(array.nbytes, 1))
-        if array.nbytes > buffer.nbytes:
-            raise DeviceError(f"upload of {array.nbytes} bytes into a {buffer.nbytes}-byte buffer")
+        array, buffer = upload_pair(self, array, buffer)
         self.check_range("upload", buffer.ptr, array.nbytes)
         return buffer
 
     def upload_async(self, array: np.ndarray, buffer: Buffer, stream) -> None:
-        array = np.ascontiguousarray(array)
-        if array.nbytes > buffer.nbytes:
-            raise DeviceError(f"upload of {array.nbytes} bytes into a {buffer.nbytes}-byte buffer")
+        array, buffer = upload_pair(self, array, buffer)
         self.check_range("upload_async", buffer.ptr, array.nbytes)
 
     def download(self, buffer: Buffer, dtype, shape) -> np.ndarray:

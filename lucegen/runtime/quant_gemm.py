@@ -97,6 +97,7 @@ def tile_bytes(type_name: str, rows: int, cols: int) -> int:
     return math.ceil(rows / TILE_ROWS) * (cols // values) * TILE_ROWS * size
 
 
+@functools.cache
 def _tile_gather(type_name: str, blocks: int) -> tuple[np.dtype, np.ndarray]:
     """Where each word of a row tile's tile-blocks comes from: (word type, index) such that tile-block b's words are
     ``words[index[b W : (b + 1) W]]`` of the tile's 16 GGML rows as one run of words (rows of ``blocks`` blocks)."""
