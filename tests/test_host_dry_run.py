@@ -80,7 +80,7 @@ def test_speculative_engine_on_a_quantised_target(models, chip, draft_file, kv):
     pre.prefill(np.arange(100, dtype=np.int32) % dec.config.vocab_size)
     spec.generate(12)
     launched = kernels(dev)
-    assert any(k.startswith("quant_gemm_nt") for k in launched)
+    assert any(k.startswith("quant_gemm_nt") for k in launched) and "quant_gemm_m1" in launched
     assert {"draft_capture", "draft_context_store", "draft_attention", "tree_delta_rule"} <= launched
     for part in (spec, ver, pre, draft, dec):
         if hasattr(part, "close"):
@@ -194,7 +194,7 @@ def test_the_checks_can_fail(models):
 
     dev = HostDevice(load_target("sm_90"))
     qg = QuantGemm(dev, dev.target, 64, 1e-6)
-    fn = qg.functions[1]
+    fn = qg.functions["nt1"]
     kinds = kernel_kinds(codegen.render_family(dev.target, codegen.family("quant_gemm")))["quant_gemm_nt1"]
     assert kinds[:4] == ("struct", "int32", "address", "int32")
     good = [device_module.ByValue(bytes(fn.sizes[0])), np.int32(1), device_module.address(0), np.int32(64)]

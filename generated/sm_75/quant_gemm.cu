@@ -106,7 +106,6 @@ __device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4]
 
 #define QG_WARPS 8
 #define QG_THREADS (8 * LG_WARP_SIZE)
-#define QG_NT_MAX 4
 // 2-byte float bits of BIAS + b for a byte b below 256: the byte goes into the low mantissa bits.
 #define QG_MAGIC_WORD 0x64646464u
 
@@ -138,12 +137,18 @@ __device__ __forceinline__ unsigned qg_pack2(float lo, float hi) {
 }
 
 // The A fragment of one k16 step from the lane's four quants of row g (bytes of wg, value 4t + e in byte e) and of
-// row g + 8 (wg8), each q < 256: BIAS + q by byte placement, then - (BIAS + offset), exact.
+// row g + 8 (wg8), each q < 256: 1024 + q by byte placement (exact).
+__device__ __forceinline__ void qg_fragment_biased(unsigned (&a)[4], unsigned wg, unsigned wg8) {
+  a[0] = qg_byte_perm(wg, 0x4140u);
+  a[1] = qg_byte_perm(wg8, 0x4140u);
+  a[2] = qg_byte_perm(wg, 0x4342u);
+  a[3] = qg_byte_perm(wg8, 0x4342u);
+}
+// The same, then - (1024 + offset): q - offset, exact.
 __device__ __forceinline__ void qg_fragment(unsigned (&a)[4], unsigned wg, unsigned wg8, unsigned unbias) {
-  a[0] = qg_sub2(qg_byte_perm(wg, 0x4140u), unbias);
-  a[1] = qg_sub2(qg_byte_perm(wg8, 0x4140u), unbias);
-  a[2] = qg_sub2(qg_byte_perm(wg, 0x4342u), unbias);
-  a[3] = qg_sub2(qg_byte_perm(wg8, 0x4342u), unbias);
+  qg_fragment_biased(a, wg, wg8);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = qg_sub2(a[i], unbias);
 }
 // The 2-byte float pair (x, x) as bits.
 __device__ __forceinline__ unsigned qg_splat(float x) { return qg_pack2(x, x); }
@@ -154,13 +159,29 @@ __device__ __forceinline__ unsigned qg_byte(const uint4& v, int i) {
   return (w >> (8 * (i & 3))) & 0xFFu;
 }
 
-// K-quant 6-bit scale and min of sub-block s from a row's 16-byte header (d, dmin, 12 bytes of scales):
-// quant.py k_scale_min. ds = d * sc and dm = dmin * m are exact.
-__device__ __forceinline__ void qg_k_scale(const uint4& h, int s, float& ds, float& dm) {
-  const int sc = s < 4 ? qg_byte(h, 4 + s) & 63 : (qg_byte(h, 4 + s + 4) & 0x0F) | ((qg_byte(h, 4 + s - 4) >> 6) << 4);
-  const int m = s < 4 ? qg_byte(h, 4 + s + 4) & 63 : (qg_byte(h, 4 + s + 4) >> 4) | ((qg_byte(h, 4 + s) >> 6) << 4);
-  ds = qg_f16(h.x & 0xFFFFu) * (float)sc;
-  dm = qg_f16(h.x >> 16) * (float)m;
+// The 6-bit scales and mins of a K-quant row's 8 sub-blocks (quant.py k_scale_min), a byte each, from its 16-byte
+// header (d, dmin, 12 bytes of scales q[0..11] in h.y, h.z, h.w), all unpacked at once:
+//   s < 4:  sc = q[s] & 63                            m = q[s + 4] & 63
+//   s >= 4: sc = (q[s + 4] & 15) | (q[s - 4] >> 6) << 4   m = q[s + 4] >> 4 | (q[s] >> 6) << 4
+struct QgKScales {
+  unsigned sc[2], m[2];  // byte s & 3 of word s / 4
+  float d, dmin;
+};
+__device__ __forceinline__ QgKScales qg_k_scales(const uint4& h) {
+  QgKScales k;
+  k.sc[0] = h.y & 0x3F3F3F3Fu;
+  k.m[0] = h.z & 0x3F3F3F3Fu;
+  k.sc[1] = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+  k.m[1] = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+  k.d = qg_f16(h.x & 0xFFFFu);
+  k.dmin = qg_f16(h.x >> 16);
+  return k;
+}
+// ds = d * sc and dm = dmin * m of sub-block s, both exact.
+__device__ __forceinline__ void qg_k_scale(const QgKScales& k, int s, float& ds, float& dm) {
+  const int shift = 8 * (s & 3);
+  ds = k.d * (float)((k.sc[s >> 2] >> shift) & 0xFFu);
+  dm = k.dmin * (float)((k.m[s >> 2] >> shift) & 0xFFu);
 }
 
 // ---- one block type each: the lane's bytes of a tile-block (load), the A fragment of step j of sub-block s
@@ -169,6 +190,7 @@ __device__ __forceinline__ void qg_k_scale(const uint4& h, int s, float& ds, flo
 // Q4_K (256 values, 144 bytes): [16 headers of 16 B][4 chunks of qs: sub-blocks 2p (low nibbles), 2p + 1 (high)].
 struct QgQ4K {
   static constexpr int VALUES = 256, BYTES = 144, SUBS = 8, STEPS = 2, HAS_MIN = 1;
+  static constexpr float KEPT_BIAS = 1024.0f;  // its fragments hold KEPT_BIAS + q
   struct Raw { uint4 h, h8, qs[4]; };
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
     r.h = qg_load16(tb + 16 * (lane >> 2));
@@ -179,17 +201,18 @@ struct QgQ4K {
   static __device__ __forceinline__ void fragment(const Raw& r, int s, int j, unsigned (&a)[4]) {
     const uint4& c = r.qs[s >> 1];
     const int shift = 4 * (s & 1);
-    qg_fragment(a, ((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu, ((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu, qg_splat(1024.0f));
+    qg_fragment_biased(a, ((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu, ((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu);
   }
   static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2], float (&dm)[2]) {
-    qg_k_scale(r.h, s, ds[0], dm[0]);
-    qg_k_scale(r.h8, s, ds[1], dm[1]);
+    qg_k_scale(qg_k_scales(r.h), s, ds[0], dm[0]);
+    qg_k_scale(qg_k_scales(r.h8), s, ds[1], dm[1]);
   }
 };
 
 // Q5_K (256 values, 176 bytes): as Q4_K with a chunk of high bits (bit s of byte l: sub-block s, value l) between.
 struct QgQ5K {
   static constexpr int VALUES = 256, BYTES = 176, SUBS = 8, STEPS = 2, HAS_MIN = 1;
+  static constexpr float KEPT_BIAS = 1024.0f;
   struct Raw { uint4 h, h8, qh, qs[4]; };
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
     r.h = qg_load16(tb + 16 * (lane >> 2));
@@ -203,12 +226,11 @@ struct QgQ5K {
     const int shift = 4 * (s & 1);
     const unsigned hg = (((j ? r.qh.y : r.qh.x) >> s) & 0x01010101u) << 4;
     const unsigned hg8 = (((j ? r.qh.w : r.qh.z) >> s) & 0x01010101u) << 4;
-    qg_fragment(a, (((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu) | hg, (((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu) | hg8,
-                qg_splat(1024.0f));
+    qg_fragment_biased(a, (((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu) | hg, (((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu) | hg8);
   }
   static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2], float (&dm)[2]) {
-    qg_k_scale(r.h, s, ds[0], dm[0]);
-    qg_k_scale(r.h8, s, ds[1], dm[1]);
+    qg_k_scale(qg_k_scales(r.h), s, ds[0], dm[0]);
+    qg_k_scale(qg_k_scales(r.h8), s, ds[1], dm[1]);
   }
 };
 
@@ -217,6 +239,7 @@ struct QgQ5K {
 // chunk h (word i, shifted 2 u); value q - 32.
 struct QgQ6K {
   static constexpr int VALUES = 256, BYTES = 210, SUBS = 16, STEPS = 1, HAS_MIN = 0;
+  static constexpr float KEPT_BIAS = 0.0f;  // no min to take a bias off with: the fragments subtract it
   struct Raw { uint4 sc, sc8, ql[4], qh[2]; unsigned d, d8; };
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
     r.sc = qg_load16(tb + 16 * (lane >> 2));
@@ -249,6 +272,7 @@ struct QgQ6K {
 // Q8_0 (32 values, 34 bytes): [16 x f16 d][1 chunk of int8 quants]; values converted through f32 (exact).
 struct QgQ8_0 {
   static constexpr int VALUES = 32, BYTES = 34, SUBS = 1, STEPS = 2, HAS_MIN = 0;
+  static constexpr float KEPT_BIAS = 0.0f;
   struct Raw { uint4 qs; unsigned d, d8; };
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
     r.d = qg_load2(tb + 2 * (lane >> 2));
@@ -279,7 +303,8 @@ __device__ __forceinline__ uint2 qg_load_b(const fp16_t* __restrict__ A, int lda
 
 // acc (this warp's share of a 16-row tile times NT groups of 8 tokens) += the tile-blocks b = part, part + parts, ...
 // of one matrix row tile `tile` (K / VALUES blocks per row), the next block's bytes loaded while this one computes.
-template <typename Q, int NT>
+// ONE_ROW (M = 1): only token column 0 is kept (c = 0, 2), the same operations on it as any NT = 1 launch.
+template <typename Q, int NT, bool ONE_ROW>
 __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K,
                                         int part, int parts, const fp16_t* __restrict__ A, int lda, int m0, int M) {
   const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
@@ -312,10 +337,14 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
       }
       float ds[2], dm[2];
       Q::scales(cur, s, ds, dm);
+      if (Q::KEPT_BIAS != 0.0f) {  // sum_k q A = dot - KEPT_BIAS sum: the bias comes off with the min
+        dm[0] = fmaf(ds[0], Q::KEPT_BIAS, dm[0]);
+        dm[1] = fmaf(ds[1], Q::KEPT_BIAS, dm[1]);
+      }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) {
           acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
           if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[nt][c], acc[nt][c]);
         }
@@ -357,7 +386,7 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   }
 }
 
-template <int NT>
+template <int NT, bool ONE_ROW>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const fp16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -402,25 +431,25 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       case 0: {  // Q8_0
         const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
                                     (size_t)tile_local(j, seg) * (K / QgQ8_0::VALUES) * (16 * QgQ8_0::BYTES);
-        qg_tile<QgQ8_0, NT>(acc, tile, K, part, parts, A, lda, m0, M);
+        qg_tile<QgQ8_0, NT, ONE_ROW>(acc, tile, K, part, parts, A, lda, m0, M);
         break;
       }
       case 1: {  // Q4_K
         const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
                                     (size_t)tile_local(j, seg) * (K / QgQ4K::VALUES) * (16 * QgQ4K::BYTES);
-        qg_tile<QgQ4K, NT>(acc, tile, K, part, parts, A, lda, m0, M);
+        qg_tile<QgQ4K, NT, ONE_ROW>(acc, tile, K, part, parts, A, lda, m0, M);
         break;
       }
       case 2: {  // Q5_K
         const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
                                     (size_t)tile_local(j, seg) * (K / QgQ5K::VALUES) * (16 * QgQ5K::BYTES);
-        qg_tile<QgQ5K, NT>(acc, tile, K, part, parts, A, lda, m0, M);
+        qg_tile<QgQ5K, NT, ONE_ROW>(acc, tile, K, part, parts, A, lda, m0, M);
         break;
       }
       case 3: {  // Q6_K
         const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
                                     (size_t)tile_local(j, seg) * (K / QgQ6K::VALUES) * (16 * QgQ6K::BYTES);
-        qg_tile<QgQ6K, NT>(acc, tile, K, part, parts, A, lda, m0, M);
+        qg_tile<QgQ6K, NT, ONE_ROW>(acc, tile, K, part, parts, A, lda, m0, M);
         break;
       }
     }
@@ -508,12 +537,21 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<1, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key);
+}
+
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
 quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w,
-                  xn, ss_out, argmax_key);
+  quant_gemm<1, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key);
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
@@ -521,8 +559,8 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<2>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w,
-                  xn, ss_out, argmax_key);
+  quant_gemm<2, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key);
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
@@ -530,8 +568,8 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<3>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w,
-                  xn, ss_out, argmax_key);
+  quant_gemm<3, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key);
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
@@ -539,6 +577,6 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<4>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w,
-                  xn, ss_out, argmax_key);
+  quant_gemm<4, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key);
 }

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import GEMM_TYPES, MAX_SEGMENTS, NT_MAX, WARPS
+from ..families.quant_gemm import GEMM_TYPES, INSTANCES, MAX_SEGMENTS, NT_MAX, WARPS
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -208,7 +208,7 @@ class QuantGemm:
     def __init__(self, device, target, norm_dim: int, eps: float):
         self.device, self.target, self.norm_dim, self.eps = device, target, norm_dim, eps
         self.module = device.load(codegen.build(target, "quant_gemm"))
-        self.functions = {nt: self.module.function(f"quant_gemm_nt{nt}") for nt in range(1, NT_MAX + 1)}
+        self.functions = {name: self.module.function(f"quant_gemm_{name}") for name, _, _ in INSTANCES}
         self.threads = WARPS * target.warp_size
 
     def matrix(self, segments, K: int, *, pair: bool = False) -> QuantMatrix:
@@ -253,7 +253,7 @@ class QuantGemm:
         parts = self.parts(W)
         nt = min(NT_MAX, math.ceil(M / 8))
         grid = (self.grid_width(W), math.ceil(M / (8 * nt)))
-        self.functions[nt].launch(grid, self.threads, (
+        self.functions["m1" if M == 1 else f"nt{nt}"].launch(grid, self.threads, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
