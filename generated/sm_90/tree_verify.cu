@@ -226,8 +226,8 @@ __device__ __forceinline__ tree_ws tv_workspace(float* base, int slots) {
 // Block (slot s, group y): y < 2 NK is q head y or k head y - NK (DK channels, normalised together); the rest are
 // chunks of TV_NT value channels, the first of which also computes the slot's g and beta.
 __device__ __forceinline__ float tv_conv_silu(const float* __restrict__ proj, const float* __restrict__ conv_w,
-                                              const float* __restrict__ conv_state, const int* __restrict__ parent,
-                                              float* __restrict__ windows, int s, int c) {
+                                              const float* conv_state, const int* __restrict__ parent, float* windows,
+                                              int s, int c) {
   float seq[TV_CK];
   int cur = s, w = TV_CK - 2;  // the next committed window entry, once the walk passes the root
 #pragma unroll
@@ -248,9 +248,9 @@ __device__ __forceinline__ float tv_conv_silu(const float* __restrict__ proj, co
 }
 
 extern "C" __global__ void __launch_bounds__(TV_NT)
-tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv_w, const float* __restrict__ conv_state,
+tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv_w, const float* conv_state,
                   const float* __restrict__ a_log, const float* __restrict__ dt_bias, const int* __restrict__ parent,
-                  float* __restrict__ workspace, float* __restrict__ windows, int n_slots) {
+                  float* __restrict__ workspace, float* windows, int n_slots) {
   __shared__ float head[TV_DK];
   __shared__ float warp_sums[TV_NW];
   const tree_ws ws = tv_workspace(workspace, n_slots);
@@ -293,10 +293,12 @@ tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv
 // with S_parent the committed state for the root. States are [NV][DV][DK] (S transposed: one column contiguous,
 // the megakernel's layout); every slot's is kept in `states` [S][NV][DV][DK] for its children and the commit. Slots
 // run in order; the warp keeps the last slot's column in registers and reloads only where the parent is not the
-// previous slot (its own earlier store: same thread, no fence needed).
+// previous slot (its own earlier store: same thread, no fence needed). A one-slot greedy decode step passes the
+// live state as both `committed` and `states` (and tree_conv_prepare the live conv window as both of its own): each
+// thread reads its elements before it writes them, so the update is in place and needs no commit.
 extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_delta_rule(const float* __restrict__ workspace, const int* __restrict__ parent,
-                const float* __restrict__ committed, float* __restrict__ states, int n_slots) {
+                const float* committed, float* states, int n_slots) {
   constexpr int KPL = TV_DK / LG_WARP_SIZE;
   const tree_ws ws = tv_workspace(const_cast<float*>(workspace), n_slots);
   const int col = blockIdx.x * TV_COLS_PER_BLOCK + threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
@@ -445,7 +447,7 @@ rows_argmax(const float* __restrict__ logits, int n_cols, int* __restrict__ toke
 // ------------------------------------------------------------------------------------------------ commit
 // The hand-over between two one-slot passes of a greedy decode queued on the device: the pass's argmax is the next
 // pass's token and history[pos0] (the token after position pos0), and the position advances (the slot's K/V row is
-// already at pos0, its DeltaNet state committed by tree_commit_deltanet).
+// already at pos0; its DeltaNet state and conv window were written in place by the pass).
 extern "C" __global__ void tree_greedy_advance(const int* __restrict__ argmax, int* __restrict__ tokens,
                                                int* __restrict__ pos0, int* __restrict__ history) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {

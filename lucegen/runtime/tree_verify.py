@@ -143,8 +143,13 @@ class TreeVerifier:
                 b.free()
 
     # ------------------------------------------------------------------------------------------ one pass
-    def _mix(self, S: int):
+    def _mix(self, S: int, in_place: bool = False):
+        """The layer mixers of an S-slot pass. ``in_place`` (one slot, always committed: a greedy decode step) writes
+        the slot's DeltaNet state and conv window over the live ones, which the kernels read first, so no commit
+        copy follows."""
         c, dec, st, pf, acts, lay = self.config, self.dec, self.stream, self.pf, self.acts, self.dec.layout
+        if in_place and S != 1:
+            raise LucegenError(f"an in-place pass has one slot, got {S}")
         wvec = lambda off: wvec_at(dec, off)  # noqa: E731
         parent = self.layout_buf.ptr
         depth, anc = parent + 4 * S, parent + 8 * S
@@ -152,8 +157,11 @@ class TreeVerifier:
 
         def mix(l, T):
             if l.kind == 0:
-                states = self.states.ptr + 4 * l.slot * self.slots * lay.recurrent_state_floats
-                windows = self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
+                if in_place:
+                    states, windows = recurrent_layer(dec, l), conv_layer(dec, l)
+                else:
+                    states = self.states.ptr + 4 * l.slot * self.slots * lay.recurrent_state_floats
+                    windows = self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
                 conv_groups = 2 * pf["NK"] + -(-pf["VD"] // THREADS)  # q/k heads, then value chunks
                 self.conv_fn.launch((S, conv_groups), THREADS,
                                     (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv_layer(dec, l)),
@@ -179,11 +187,11 @@ class TreeVerifier:
                                        address(acts.mix.ptr), n, address(self.pos0.ptr)), stream=st)
         return mix
 
-    def _enqueue_pass(self, S: int) -> None:
+    def _enqueue_pass(self, S: int, in_place: bool = False) -> None:
         """Queue a whole verify pass of S slots on ``self.stream``: every argument is fixed by S (the tree, the
         tokens and pos0 live in device memory), so one captured graph per S serves every step."""
         c, st, acts = self.config, self.stream, self.acts
-        enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr, S, self._mix(S), st,
+        enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr, S, self._mix(S, in_place), st,
                        after_layer=self.draft.capture_hook(st) if self.draft else None)
         self.weights.lm_head(acts.xn.ptr, S, acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, st)
         self.argmax_fn.launch(S, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax.ptr)),
@@ -257,10 +265,10 @@ class TreeVerifier:
 
     # ------------------------------------------------------------------------------------------ plain greedy
     def _enqueue_decode_step(self) -> None:
-        """One greedy step on the device: the one-slot pass at pos0 with tokens[0], its slot committed, then
-        tree_greedy_advance (argmax -> tokens[0] and history[pos0], pos0 + 1)."""
-        self._enqueue_pass(1)
-        self._commit_deltanet(0)
+        """One greedy step on the device: the one-slot pass at pos0 with tokens[0], its DeltaNet state and conv
+        window written in place (what committing its slot would copy), then tree_greedy_advance (argmax -> tokens[0]
+        and history[pos0], pos0 + 1)."""
+        self._enqueue_pass(1, in_place=True)
         self.advance_fn.launch(1, 32, (address(self.argmax.ptr), address(self.tokens.ptr), address(self.pos0.ptr),
                                        address(self.history.ptr)), stream=self.stream)
 
