@@ -233,18 +233,14 @@ __device__ __forceinline__ unsigned qg_sub2(unsigned x, unsigned y) {  // exact:
 }
 
 // The A fragment of one k16 step from the lane's four quants of row g (bytes of wg, value 4t + e in byte e) and of
-// row g + 8 (wg8), each q < 128: 128 + q by byte placement (exact).
-__device__ __forceinline__ void qg_fragment_biased(unsigned (&a)[4], unsigned wg, unsigned wg8) {
-  a[0] = qg_byte_perm(wg, 0x4140u);
-  a[1] = qg_byte_perm(wg8, 0x4140u);
-  a[2] = qg_byte_perm(wg, 0x4342u);
-  a[3] = qg_byte_perm(wg8, 0x4342u);
-}
-// The same, then - (128 + offset): q - offset, exact.
+// row g + 8 (wg8), each q < 128: BIAS + q by byte placement, then - (BIAS + offset), exact.
+// (Keeping the bias and taking it off with the min saves the subtractions, but the cancellation in
+// ds sum (BIAS + q) A - (BIAS ds + dm) sum A loses bits: a q4_0 KV cache then rounds to other codes.)
 __device__ __forceinline__ void qg_fragment(unsigned (&a)[4], unsigned wg, unsigned wg8, unsigned unbias) {
-  qg_fragment_biased(a, wg, wg8);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) a[i] = qg_sub2(a[i], unbias);
+  a[0] = qg_sub2(qg_byte_perm(wg, 0x4140u), unbias);
+  a[1] = qg_sub2(qg_byte_perm(wg8, 0x4140u), unbias);
+  a[2] = qg_sub2(qg_byte_perm(wg, 0x4342u), unbias);
+  a[3] = qg_sub2(qg_byte_perm(wg8, 0x4342u), unbias);
 }
 // The 2-byte float pair (x, x) as bits.
 __device__ __forceinline__ unsigned qg_splat(float x) { return qg_pack2(x, x); }
@@ -286,7 +282,6 @@ __device__ __forceinline__ void qg_k_scale(const QgKScales& k, int s, float& ds,
 // Q4_K (256 values, 144 bytes): [16 headers of 16 B][4 chunks of qs: sub-blocks 2p (low nibbles), 2p + 1 (high)].
 struct QgQ4K {
   static constexpr int VALUES = 256, BYTES = 144, SUBS = 8, STEPS = 2, HAS_MIN = 1;
-  static constexpr float KEPT_BIAS = 128.0f;  // its fragments hold KEPT_BIAS + q
   struct Raw { uint4 h, h8, qs[4]; };
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
     r.h = qg_load16(tb + 16 * (lane >> 2));
@@ -297,7 +292,7 @@ struct QgQ4K {
   static __device__ __forceinline__ void fragment(const Raw& r, int s, int j, unsigned (&a)[4]) {
     const uint4& c = r.qs[s >> 1];
     const int shift = 4 * (s & 1);
-    qg_fragment_biased(a, ((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu, ((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu);
+    qg_fragment(a, ((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu, ((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu, qg_splat(128.0f));
   }
   static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2], float (&dm)[2]) {
     qg_k_scale(qg_k_scales(r.h), s, ds[0], dm[0]);
@@ -308,7 +303,6 @@ struct QgQ4K {
 // Q5_K (256 values, 176 bytes): as Q4_K with a chunk of high bits (bit s of byte l: sub-block s, value l) between.
 struct QgQ5K {
   static constexpr int VALUES = 256, BYTES = 176, SUBS = 8, STEPS = 2, HAS_MIN = 1;
-  static constexpr float KEPT_BIAS = 128.0f;
   struct Raw { uint4 h, h8, qh, qs[4]; };
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
     r.h = qg_load16(tb + 16 * (lane >> 2));
@@ -322,7 +316,8 @@ struct QgQ5K {
     const int shift = 4 * (s & 1);
     const unsigned hg = (((j ? r.qh.y : r.qh.x) >> s) & 0x01010101u) << 4;
     const unsigned hg8 = (((j ? r.qh.w : r.qh.z) >> s) & 0x01010101u) << 4;
-    qg_fragment_biased(a, (((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu) | hg, (((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu) | hg8);
+    qg_fragment(a, (((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu) | hg, (((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu) | hg8,
+                qg_splat(128.0f));
   }
   static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2], float (&dm)[2]) {
     qg_k_scale(qg_k_scales(r.h), s, ds[0], dm[0]);
@@ -335,7 +330,6 @@ struct QgQ5K {
 // chunk h (word i, shifted 2 u); value q - 32.
 struct QgQ6K {
   static constexpr int VALUES = 256, BYTES = 210, SUBS = 16, STEPS = 1, HAS_MIN = 0;
-  static constexpr float KEPT_BIAS = 0.0f;  // no min to take a bias off with: the fragments subtract it
   struct Raw { uint4 sc, sc8, ql[4], qh[2]; unsigned d, d8; };
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
     r.sc = qg_load16(tb + 16 * (lane >> 2));
@@ -368,7 +362,6 @@ struct QgQ6K {
 // Q8_0 (32 values, 34 bytes): [16 x f16 d][1 chunk of int8 quants]; values converted through f32 (exact).
 struct QgQ8_0 {
   static constexpr int VALUES = 32, BYTES = 34, SUBS = 1, STEPS = 2, HAS_MIN = 0;
-  static constexpr float KEPT_BIAS = 0.0f;
   struct Raw { uint4 qs; unsigned d, d8; };
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
     r.d = qg_load2(tb + 2 * (lane >> 2));
@@ -433,10 +426,6 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
       }
       float ds[2], dm[2];
       Q::scales(cur, s, ds, dm);
-      if (Q::KEPT_BIAS != 0.0f) {  // sum_k q A = dot - KEPT_BIAS sum: the bias comes off with the min
-        dm[0] = fmaf(ds[0], Q::KEPT_BIAS, dm[0]);
-        dm[1] = fmaf(ds[1], Q::KEPT_BIAS, dm[1]);
-      }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
