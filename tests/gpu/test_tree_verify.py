@@ -39,6 +39,10 @@ pytestmark = pytest.mark.gpu
 PRESETS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa", "0.8b": "qwen3.5-0.8b", "tiny-q": "tiny-q"}
 QUANTISED = {"tiny-q", "27b"}  # GGUF Q4_K_M, loaded by QuantDecoder (tests/gpu/test_quant_target.py)
 BUDGET = 24
+# The logits bound (rel, cos) of a quantised KV cache, where a K/V value may sit one code away from the Reference's
+# (gpu_models.py): a q4_0 code is an eighth of its block's absmax. Measured worst: rel 0.055, cos 0.99838 (tiny-q,
+# a one-token prompt: the one cached row carries the whole attention), on main and on the m1 GEMM alike.
+KV_LOGITS_BOUNDS = {"q4_0": (8e-2, 0.997)}
 
 
 def model_of(preset: str) -> tuple[str, str | None]:
@@ -108,7 +112,9 @@ def check_slots(preset: str, length: int, seed: int, budget: int) -> None:
     tree = random_tree(rng, vocab, budget)
     argmax, logits = ver.verify(tree, root, logits=True)
     assert np.array_equal(argmax, logits.argmax(axis=1)), "the device argmax is the argmax of its logits"
-    tol, cos_min, state_tol = BOUNDS[model_of(preset)[0]]["rounded"]
+    model, kv = model_of(preset)
+    tol, cos_min, state_tol = BOUNDS[model]["rounded"]
+    tol, cos_min = KV_LOGITS_BOUNDS.get(kv, (tol, cos_min))
     tokens = tree.verify_tokens(root)
     paths = [[]] + [tree.path(i) for i in range(tree.n_nodes)]
     for slot, path in enumerate(paths):
