@@ -176,7 +176,8 @@ __device__ __forceinline__ QgKScales qg_k_scales(const uint4& h) {
   k.dmin = qg_f16(h.x >> 16);
   return k;
 }
-// ds = d * sc and dm = dmin * m of sub-block s, both exact.
+// ds = d * sc and dm = dmin * m of sub-block s, both exact. (The sub-block loop is unrolled: the unpacking above is
+// done once per row and tile-block, not per sub-block.)
 __device__ __forceinline__ void qg_k_scale(const QgKScales& k, int s, float& ds, float& dm) {
   const int shift = 8 * (s & 3);
   ds = k.d * (float)((k.sc[s >> 2] >> shift) & 0xFFu);

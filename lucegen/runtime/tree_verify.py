@@ -157,19 +157,20 @@ class TreeVerifier:
 
         def mix(l, T):
             if l.kind == 0:
+                live_state, live_window = recurrent_layer(dec, l), conv_layer(dec, l)
                 if in_place:
-                    states, windows = recurrent_layer(dec, l), conv_layer(dec, l)
+                    states, windows = live_state, live_window
                 else:
                     states = self.states.ptr + 4 * l.slot * self.slots * lay.recurrent_state_floats
                     windows = self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
                 conv_groups = 2 * pf["NK"] + -(-pf["VD"] // THREADS)  # q/k heads, then value chunks
                 self.conv_fn.launch((S, conv_groups), THREADS,
-                                    (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv_layer(dec, l)),
+                                    (address(acts.proj.ptr), address(wvec(l.conv_w)), address(live_window),
                                      address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
                                      address(self.ws.ptr), address(windows), n), stream=st)
                 cols_per_block = THREADS // self.target.warp_size
                 self.rule_fn.launch(-(-pf["NV"] * pf["DV"] // cols_per_block), THREADS,
-                                    (address(self.ws.ptr), address(parent), address(recurrent_layer(dec, l)),
+                                    (address(self.ws.ptr), address(parent), address(live_state),
                                      address(states), n),
                                     stream=st)
                 self.norm_fn.launch((S, -(-pf["NV"] // cols_per_block)), THREADS,  # a warp per value head
