@@ -391,50 +391,58 @@ __device__ __forceinline__ uint2 qg_load_b(const bf16_t* __restrict__ A, int lda
   return m < M ? *reinterpret_cast<const uint2*>(A + (size_t)m * lda + k) : make_uint2(0u, 0u);
 }
 
-// acc (this warp's share of a 16-row tile times NT groups of 8 tokens) += the tile-blocks b = part, part + parts, ...
-// of one matrix row tile `tile` (K / VALUES blocks per row), the next block's bytes loaded while this one computes.
+// acc (this warp's share of a 16-row tile times NT groups of 8 tokens) += one tile-block of weights (cur) times the
+// activations, bfrag(nt, step) giving the B fragment of tokens 8 nt + g at values 16 step + 4 t .. + 3 of the block.
 // ONE_ROW (M = 1): only token column 0 is kept (c = 0, 2), the same operations on it as any NT = 1 launch.
+template <typename Q, int NT, bool ONE_ROW, typename BFragment>
+__device__ __forceinline__ void qg_tile_block(float (&acc)[NT][4], const typename Q::Raw& cur, BFragment bfrag) {
+  const unsigned ones[4] = {qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f)};
+#pragma unroll
+  for (int s = 0; s < Q::SUBS; ++s) {
+    float dot[NT][4], sum[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) dot[nt][c] = sum[nt][c] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Q::STEPS; ++j) {
+      unsigned a[4];
+      Q::fragment(cur, s, j, a);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint2 bf = bfrag(nt, s * Q::STEPS + j);
+        lg_mma_k16(dot[nt], a, bf.x, bf.y);
+        if (Q::HAS_MIN) lg_mma_k16(sum[nt], ones, bf.x, bf.y);
+      }
+    }
+    float ds[2], dm[2];
+    Q::scales(cur, s, ds, dm);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) {
+        acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
+        if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[nt][c], acc[nt][c]);
+      }
+  }
+}
+
+// acc += the tile-blocks b = part, part + parts, ... of one matrix row tile `tile` (K / VALUES blocks per row), the
+// next block's bytes loaded while this one computes, the activations read from global memory as the MMAs need them.
 template <typename Q, int NT, bool ONE_ROW>
 __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K,
                                         int part, int parts, const bf16_t* __restrict__ A, int lda, int m0, int M) {
   const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
   const int blocks = K / Q::VALUES;
   constexpr int TB = 16 * Q::BYTES;
-  const unsigned ones[4] = {qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f)};
   typename Q::Raw cur, next;
   if (part < blocks) Q::load(cur, tile + (size_t)part * TB, lane);
   lg_grid_dependency_wait();  // the first weights are on their way; A may come from the previous kernel
   for (int b = part; b < blocks; b += parts) {
     if (b + parts < blocks) Q::load(next, tile + (size_t)(b + parts) * TB, lane);
-#pragma unroll
-    for (int s = 0; s < Q::SUBS; ++s) {
-      float dot[NT][4], sum[NT][4];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) dot[nt][c] = sum[nt][c] = 0.0f;
-#pragma unroll
-      for (int j = 0; j < Q::STEPS; ++j) {
-        unsigned a[4];
-        Q::fragment(cur, s, j, a);
-        const int k = b * Q::VALUES + (s * Q::STEPS + j) * 16 + 4 * t;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint2 bf = qg_load_b(A, lda, m0 + 8 * nt + g, M, k);
-          lg_mma_k16(dot[nt], a, bf.x, bf.y);
-          if (Q::HAS_MIN) lg_mma_k16(sum[nt], ones, bf.x, bf.y);
-        }
-      }
-      float ds[2], dm[2];
-      Q::scales(cur, s, ds, dm);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) {
-          acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
-          if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[nt][c], acc[nt][c]);
-        }
-    }
+    qg_tile_block<Q, NT, ONE_ROW>(acc, cur, [&](int nt, int step) {
+      return qg_load_b(A, lda, m0 + 8 * nt + g, M, b * Q::VALUES + 16 * step + 4 * t);
+    });
     cur = next;
   }
 }
@@ -472,7 +480,7 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   }
 }
 
-template <int NT, bool ONE_ROW>
+template <int NT, bool ONE_ROW, bool STAGED>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -627,7 +635,7 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -636,7 +644,7 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -645,7 +653,7 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<2, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -654,7 +662,7 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<3, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -663,6 +671,6 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<4, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<4, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }

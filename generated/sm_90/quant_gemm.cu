@@ -88,6 +88,16 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
   for (int i = 0; i < 8; ++i) out[i] = lg_to_float(e[i]);
 }
 
+// Asynchronous 16-byte copies global -> shared (sm_80+): src-size 0 (pred false) writes zeros and reads nothing;
+// lg_cp_async_wait<N>() returns once all but the N most recently committed groups of this thread have landed.
+__device__ __forceinline__ void lg_cp_async16(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void lg_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void lg_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+
 // Programmatic dependent launch (features.programmatic_launch): a kernel launched with the programmatic
 // stream-serialization attribute may start while the previous kernel of its stream drains. It reads only data that
 // no earlier kernel writes (weights) before lg_grid_dependency_wait(), which returns once the previous grid has
@@ -298,51 +308,112 @@ __device__ __forceinline__ uint2 qg_load_b(const bf16_t* __restrict__ A, int lda
   return m < M ? *reinterpret_cast<const uint2*>(A + (size_t)m * lda + k) : make_uint2(0u, 0u);
 }
 
-// acc (this warp's share of a 16-row tile times NT groups of 8 tokens) += the tile-blocks b = part, part + parts, ...
-// of one matrix row tile `tile` (K / VALUES blocks per row), the next block's bytes loaded while this one computes.
+// acc (this warp's share of a 16-row tile times NT groups of 8 tokens) += one tile-block of weights (cur) times the
+// activations, bfrag(nt, step) giving the B fragment of tokens 8 nt + g at values 16 step + 4 t .. + 3 of the block.
 // ONE_ROW (M = 1): only token column 0 is kept (c = 0, 2), the same operations on it as any NT = 1 launch.
+template <typename Q, int NT, bool ONE_ROW, typename BFragment>
+__device__ __forceinline__ void qg_tile_block(float (&acc)[NT][4], const typename Q::Raw& cur, BFragment bfrag) {
+  const unsigned ones[4] = {qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f)};
+#pragma unroll
+  for (int s = 0; s < Q::SUBS; ++s) {
+    float dot[NT][4], sum[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) dot[nt][c] = sum[nt][c] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Q::STEPS; ++j) {
+      unsigned a[4];
+      Q::fragment(cur, s, j, a);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint2 bf = bfrag(nt, s * Q::STEPS + j);
+        lg_mma_k16(dot[nt], a, bf.x, bf.y);
+        if (Q::HAS_MIN) lg_mma_k16(sum[nt], ones, bf.x, bf.y);
+      }
+    }
+    float ds[2], dm[2];
+    Q::scales(cur, s, ds, dm);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) {
+        acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
+        if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[nt][c], acc[nt][c]);
+      }
+  }
+}
+
+// acc += the tile-blocks b = part, part + parts, ... of one matrix row tile `tile` (K / VALUES blocks per row), the
+// next block's bytes loaded while this one computes, the activations read from global memory as the MMAs need them.
 template <typename Q, int NT, bool ONE_ROW>
 __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K,
                                         int part, int parts, const bf16_t* __restrict__ A, int lda, int m0, int M) {
   const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
   const int blocks = K / Q::VALUES;
   constexpr int TB = 16 * Q::BYTES;
-  const unsigned ones[4] = {qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f)};
   typename Q::Raw cur, next;
   if (part < blocks) Q::load(cur, tile + (size_t)part * TB, lane);
   lg_grid_dependency_wait();  // the first weights are on their way; A may come from the previous kernel
   for (int b = part; b < blocks; b += parts) {
     if (b + parts < blocks) Q::load(next, tile + (size_t)(b + parts) * TB, lane);
-#pragma unroll
-    for (int s = 0; s < Q::SUBS; ++s) {
-      float dot[NT][4], sum[NT][4];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) dot[nt][c] = sum[nt][c] = 0.0f;
-#pragma unroll
-      for (int j = 0; j < Q::STEPS; ++j) {
-        unsigned a[4];
-        Q::fragment(cur, s, j, a);
-        const int k = b * Q::VALUES + (s * Q::STEPS + j) * 16 + 4 * t;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint2 bf = qg_load_b(A, lda, m0 + 8 * nt + g, M, k);
-          lg_mma_k16(dot[nt], a, bf.x, bf.y);
-          if (Q::HAS_MIN) lg_mma_k16(sum[nt], ones, bf.x, bf.y);
-        }
-      }
-      float ds[2], dm[2];
-      Q::scales(cur, s, ds, dm);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) {
-          acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
-          if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[nt][c], acc[nt][c]);
-        }
-    }
+    qg_tile_block<Q, NT, ONE_ROW>(acc, cur, [&](int nt, int step) {
+      return qg_load_b(A, lda, m0 + 8 * nt + g, M, b * Q::VALUES + 16 * step + 4 * t);
+    });
     cur = next;
+  }
+}
+
+// ---- staged rounds (cp.async): round i is the 256-value blocks parts i .. parts i + parts - 1 of K, which every
+// warp of part p (whatever its tile) reads from sub-buffer p. The block copies a round's activations once, a round
+// ahead, into one of two buffers: stage[r][p][256] for token row r (zero past M), rows padded by 16 values so that
+// the 8-byte fragment loads of a half-warp (4 rows at a row stride of 32 mod 128 bytes, 4 lanes each) meet 16
+// distinct bank pairs. parts is a power of two. ----
+__device__ __forceinline__ int qg_stage_row(int parts) { return 256 * parts + 16; }
+
+template <int NT>
+__device__ __forceinline__ void qg_stage_round(bf16_t* stage, const bf16_t* __restrict__ A, int lda, int m0, int M,
+                                               int block0, int count, int parts) {
+  const int shift = 4 + __ffs(parts);  // log2 of the 32 parts chunks of a row
+  for (int i = threadIdx.x; i < (8 * NT) << shift; i += QG_THREADS) {
+    const int r = i >> shift, pc = i & ((1 << shift) - 1), m = m0 + r;
+    if ((pc >> 5) < count)
+      lg_cp_async16(stage + r * qg_stage_row(parts) + 8 * pc, A + (size_t)(m < M ? m : 0) * lda + 256 * block0 + 8 * pc,
+                    m < M);
+  }
+  lg_cp_async_commit();
+}
+
+// qg_tile over staged rounds: the same tile-blocks in the same order, so the same bits. Every warp of the block calls
+// it (tile null: the warp only helps copy), since each round ends in a block barrier.
+template <typename Q, int NT>
+__device__ __forceinline__ void qg_tile_staged(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K,
+                                               int part, int parts, const bf16_t* __restrict__ A, int lda, int m0,
+                                               int M, bf16_t* stage) {
+  static_assert(Q::VALUES == 256, "staged rounds walk K in 256-value blocks");
+  const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
+  const int blocks = K / Q::VALUES, rounds = (blocks + parts - 1) / parts, round_elems = 8 * NT * qg_stage_row(parts);
+  constexpr int TB = 16 * Q::BYTES;
+  typename Q::Raw cur, next;
+  if (tile != nullptr && part < blocks) Q::load(cur, tile + (size_t)part * TB, lane);
+  lg_grid_dependency_wait();  // the first weights are on their way; A may come from the previous kernel
+  qg_stage_round<NT>(stage, A, lda, m0, M, 0, min(parts, blocks), parts);
+  for (int i = 0; i < rounds; ++i) {
+    const int b = i * parts + part;
+    const bool mine = tile != nullptr && b < blocks;
+    if (mine && b + parts < blocks) Q::load(next, tile + (size_t)(b + parts) * TB, lane);
+    lg_cp_async_wait<0>();
+    __syncthreads();  // round i has landed for every thread, and every warp is done with round i - 1's buffer
+    if (i + 1 < rounds)
+      qg_stage_round<NT>(stage + ((i + 1) & 1) * round_elems, A, lda, m0, M, (i + 1) * parts,
+                         min(parts, blocks - (i + 1) * parts), parts);
+    if (mine) {
+      const bf16_t* lane_rows = stage + (i & 1) * round_elems + g * qg_stage_row(parts) + part * 256 + 4 * t;
+      qg_tile_block<Q, NT, false>(acc, cur, [&](int nt, int step) {
+        return *reinterpret_cast<const uint2*>(lane_rows + 8 * nt * qg_stage_row(parts) + 16 * step);
+      });
+      cur = next;
+    }
   }
 }
 
@@ -379,7 +450,7 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   }
 }
 
-template <int NT, bool ONE_ROW>
+template <int NT, bool ONE_ROW, bool STAGED>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -418,6 +489,30 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[nt][c] = 0.0f;
   const int j = warp / parts, part = warp % parts, seg = tile_seg(j);
+  if (STAGED) {  // every warp walks the rounds: a launch of K-quants alone (QuantGemm), each a 256-value block type
+    extern __shared__ __align__(16) unsigned char qg_stage_bytes[];
+    bf16_t* stage = reinterpret_cast<bf16_t*>(qg_stage_bytes);
+    const int type = seg >= 0 ? segs.seg[seg].type : -1;
+    switch (type) {
+      case 1:  // Q4_K
+        qg_tile_staged<QgQ4K, NT>(acc, reinterpret_cast<const unsigned char*>(segs.seg[seg].weights) +
+                                          (size_t)tile_local(j, seg) * (K / 256) * (16 * QgQ4K::BYTES),
+                                    K, part, parts, A, lda, m0, M, stage);
+        break;
+      case 2:  // Q5_K
+        qg_tile_staged<QgQ5K, NT>(acc, reinterpret_cast<const unsigned char*>(segs.seg[seg].weights) +
+                                          (size_t)tile_local(j, seg) * (K / 256) * (16 * QgQ5K::BYTES),
+                                    K, part, parts, A, lda, m0, M, stage);
+        break;
+      case 3:  // Q6_K
+        qg_tile_staged<QgQ6K, NT>(acc, reinterpret_cast<const unsigned char*>(segs.seg[seg].weights) +
+                                          (size_t)tile_local(j, seg) * (K / 256) * (16 * QgQ6K::BYTES),
+                                    K, part, parts, A, lda, m0, M, stage);
+        break;
+      default:  // no tile: copy and keep step (every K-quant walks the same rounds)
+        qg_tile_staged<QgQ4K, NT>(acc, nullptr, K, part, parts, A, lda, m0, M, stage);
+    }
+  } else
   if (seg >= 0) {
     const QgSegment& sg = segs.seg[seg];
     switch (sg.type) {
@@ -534,7 +629,7 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -543,7 +638,7 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -552,7 +647,7 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<2, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -561,7 +656,7 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<3, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -570,6 +665,24 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<4, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<4, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key);
+}
+
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
+quant_gemm_nt2s(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<2, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key);
+}
+
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
+quant_gemm_nt3s(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<3, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }

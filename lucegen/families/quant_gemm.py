@@ -7,16 +7,45 @@ from ..codegen import KernelFamily
 
 #: Block types in the kernels' type switch, in the order of QgSegment.type (the Q4_K_M mix: Q4_K, Q5_K, Q6_K; Q8_0).
 GEMM_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
+#: The types of 256-value blocks: a staged kernel's launch holds these alone (its rounds walk K in 256-value blocks).
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 #: Warps per block (tuning choice: 8 row-tile parts share one block's reduction and epilogue).
 WARPS = 8
 #: Groups of 8 tokens per block, at most (kernels quant_gemm_nt1 .. nt4: 8 .. 32 tokens).
 NT_MAX = 4
-#: The kernels: (name, groups of 8 tokens, one row only). quant_gemm_m1 is nt1 keeping token column 0 alone (M = 1,
-#: the decode step): the same operations on that column, fewer on the columns it drops.
-INSTANCES = (("m1", 1, True),) + tuple((f"nt{nt}", nt, False) for nt in range(1, NT_MAX + 1))
+#: Groups of 8 tokens whose kernels also come staged (tuning choice): the block copies each round's activations
+#: into shared memory once, a round ahead, for all its warps (quant_gemm_nt<N>s).
+STAGED_NT = (2, 3)
+#: Static shared memory of a staged kernel, at most (the parts' reduction and the epilogue's squares).
+STAGED_STATIC_BYTES = 32 * 1024
+
+
+def staged_smem_bytes(nt: int, parts: int, element_bytes: int = 2) -> int:
+    """Dynamic shared memory of a staged launch: two rounds of 8 nt token rows of parts blocks of 256 values, each
+    row padded by 16 values (the template's qg_stage_row)."""
+    return 2 * 8 * nt * (256 * parts + 16) * element_bytes
+
+
+def instances(target) -> tuple[tuple[str, int, bool, bool], ...]:
+    """The kernels for ``target``: (name, groups of 8 tokens, one row only, staged). quant_gemm_m1 is nt1 keeping
+    token column 0 alone (M = 1, the decode step): the same operations on that column, fewer on the columns it
+    drops. A staged instance exists where the chip has cp.async and room for the rounds of a launch of WARPS parts."""
+    plain = (("m1", 1, True, False),) + tuple((f"nt{nt}", nt, False, False) for nt in range(1, NT_MAX + 1))
+    room = target.smem_per_block_optin - STAGED_STATIC_BYTES
+    staged = tuple((f"nt{nt}s", nt, False, True) for nt in STAGED_NT
+                   if target.features.cp_async and staged_smem_bytes(nt, WARPS) <= room)
+    return plain + staged
+
+
 #: Matrices of one launch, at most (the segment table is a kernel parameter of this many entries).
 MAX_SEGMENTS = 8
 
-FAMILIES = (KernelFamily("quant_gemm", "kernels/quant_gemm.cu.j2",
-                         params=lambda target: {"types": GEMM_TYPES, "warps": WARPS, "instances": INSTANCES,
-                                                "max_segments": MAX_SEGMENTS}),)
+
+
+def _params(target) -> dict:
+    kernels = instances(target)
+    return {"types": GEMM_TYPES, "k_quants": K_QUANTS, "warps": WARPS, "instances": kernels,
+            "staged_any": any(staged for _, _, _, staged in kernels), "max_segments": MAX_SEGMENTS}
+
+
+FAMILIES = (KernelFamily("quant_gemm", "kernels/quant_gemm.cu.j2", params=_params),)

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import GEMM_TYPES, INSTANCES, MAX_SEGMENTS, NT_MAX, WARPS
+from ..families.quant_gemm import GEMM_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, WARPS, instances, staged_smem_bytes
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -152,6 +152,15 @@ def plan_parts(tiles: int, compute_units: int, most: int = WARPS) -> int:
     return parts
 
 
+#: Stage a launch's activations when its blocks' row tiles times its groups of 8 tokens (how many times a block
+#: would read each activation row, in 8-token loads) reach this (tuning choice). Measured on the 27B's shapes
+#: (tools/quant_gemm_bench.py 9 16 23, H100, plain -> staged, us): gate/up (4 tiles) 116.8 -> 89.8 at 9 rows and
+#: 125.9 -> 110.5 at 23; the lm_head (8 tiles) 568 -> 492 and 859 -> 553; the in-projection (2 tiles) 41.0 -> 47.3
+#: at 9 rows but 65.6 -> 60.8 at 23; the residuals (1 tile) lose or tie (down Q4_K 89.0 -> 92.2 at 23 rows): a
+#: round's block barrier costs more than the loads it saves when no other tile shares them.
+STAGE_MIN_REUSE = 6
+
+
 class QuantMatrix:
     """A matrix group on the device: segments (type, rows) of K columns each, stacked into the output columns in
     order; its tile-blocks live in ``segment_buffers`` (those it allocated, and frees, in ``buffers``), its segment
@@ -208,7 +217,10 @@ class QuantGemm:
     def __init__(self, device, target, norm_dim: int, eps: float):
         self.device, self.target, self.norm_dim, self.eps = device, target, norm_dim, eps
         self.module = device.load(codegen.build(target, "quant_gemm"))
-        self.functions = {name: self.module.function(f"quant_gemm_{name}") for name, _, _ in INSTANCES}
+        self.functions = {name: self.module.function(f"quant_gemm_{name}") for name, _, _, _ in instances(target)}
+        for name, nt, _, staged in instances(target):
+            if staged:
+                self.functions[name].set_max_dynamic_smem(staged_smem_bytes(nt, WARPS))
         self.threads = WARPS * target.warp_size
 
     def matrix(self, segments, K: int, *, pair: bool = False) -> QuantMatrix:
@@ -253,12 +265,25 @@ class QuantGemm:
         parts = self.parts(W)
         nt = min(NT_MAX, math.ceil(M / 8))
         grid = (self.grid_width(W), math.ceil(M / (8 * nt)))
-        self.functions["m1" if M == 1 else f"nt{nt}"].launch(grid, self.threads, (
+        name, smem = self.kernel(W, M, A, lda)
+        self.functions[name].launch(grid, self.threads, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
-            address(xn), address(ss_out), address(argmax_key)), stream=stream,
+            address(xn), address(ss_out), address(argmax_key)), smem=smem, stream=stream,
             programmatic=self.target.features.programmatic_launch)
+
+    def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
+        """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory: m1 for
+        one row, else nt<groups of 8 tokens>, or its staged twin (the same bits) where one exists for this target, the
+        group holds 256-value block types alone, the activation rows can be copied in 16-byte pieces, and a staged
+        row would otherwise be read often enough (STAGE_MIN_REUSE)."""
+        nt = min(NT_MAX, math.ceil(M / 8))
+        name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
+        if (f"{name}s" in self.functions and all(t in K_QUANTS for t in W.types) and int(A) % 16 == 0
+                and lda % 8 == 0 and WARPS // parts * nt >= STAGE_MIN_REUSE):
+            return f"{name}s", staged_smem_bytes(nt, parts)
+        return name, 0
 
     def rows_f32(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
                  ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0) -> None:

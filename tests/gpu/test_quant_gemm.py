@@ -97,6 +97,32 @@ def test_rows_f32_matches_numpy(qg, types, rows, kblocks, M, source, seed):
         W.free()
 
 
+@pytest.mark.parametrize("M", [9, 16, 23])
+def test_staged_rounds_match_the_plain_kernel(qg, M):
+    """A group wide enough for two K parts (four row tiles a block) takes the staged kernel at 9 to 24 rows: its rows
+    match numpy and, bit for bit, the same rows launched alone (the one-row kernel reads activations directly). K of
+    five blocks leaves the last round with one of its two parts."""
+    plain = f"nt{-(-M // 8)}"
+    if f"{plain}s" not in qg.functions:
+        pytest.skip(f"{qg.device.target.name} has no staged {plain}")
+    rng = np.random.default_rng(M)
+    K = 256 * 5
+    cu = qg.device.target.compute_units  # 8 cu tiles: two parts give every SM two blocks' worth of warps
+    segs, dense = group(rng, ["Q4_K", "Q6_K", "Q5_K"], [64 * cu, 32 * cu, 32 * cu], K, "quantized")
+    W = qg.matrix(segs, K)
+    try:
+        a = activations(rng, M, K)
+        with qg.device.upload(a) as da:
+            assert (qg.parts(W), qg.kernel(W, M, da.ptr, K)[0]) == (2, f"{plain}s")
+        got, _ = run_rows(qg, W, a)
+        check_close(got, bf16_bits_to_f32(a), dense)
+        for m in range(M):
+            alone, _ = run_rows(qg, W, a[m : m + 1])
+            np.testing.assert_array_equal(alone[0].view(np.uint32), got[m].view(np.uint32))
+    finally:
+        W.free()
+
+
 def test_row_scale_and_argmax(qg):
     rng = np.random.default_rng(7)
     K, N = 256, 300
