@@ -72,9 +72,10 @@ def test_bad_matrices_are_refused():
 
 def test_plan_depends_on_the_matrix_only():
     assert plan_parts(15520, 132) == 1  # the 27B lm_head: one warp per tile
-    assert plan_parts(320, 132) == 8  # a 5120-row residual: split K over the block's 8 warps
-    assert plan_parts(1030, 132) == 4  # the 27B DeltaNet in-projection
-    assert plan_parts(1088, 132, most=4) == 2  # the gate/up pair (its tiles counted once)
+    assert plan_parts(320, 132) == 4  # a 5120-row residual: K split over 4 warps, two tiles a block
+    assert plan_parts(40, 132) == 8  # a small matrix: K split over the block's 8 warps
+    assert plan_parts(1030, 132) == 2  # the 27B DeltaNet in-projection
+    assert plan_parts(1088, 132, most=4, blocks_per_cu=2) == 2  # the gate/up pair (its tiles counted once)
     assert all(plan_parts(t, 132) in (1, 2, 4, 8) for t in range(1, 5000, 37))
 
 
@@ -101,7 +102,7 @@ def test_grid_of_the_27b_launches():
     from lucegen.runtime.host_device import HostDevice
 
     qg = QuantGemm(HostDevice(load_target("sm_90")), load_target("sm_90"), 5120, 1e-6)
-    shapes = {"down": (320, False, 320, 16), "in-projection": (1030, False, 515, 32),
+    shapes = {"down": (320, False, 160, 32), "in-projection": (1030, False, 258, 64),
               "gate/up": (2176, True, 544, 32), "lm_head": (15520, False, 1940, 128)}
     for name, (tiles, pair, blocks, columns) in shapes.items():
         W = types.SimpleNamespace(tiles=tiles, pair=pair)

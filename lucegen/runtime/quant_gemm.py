@@ -139,25 +139,27 @@ def tile_unpack(packed: np.ndarray, type_name: str, rows: int, cols: int) -> np.
     return out[: rows * nb * size]
 
 
-def plan_parts(tiles: int, compute_units: int, most: int = WARPS) -> int:
-    """Warps per row tile (each summing every parts-th block of K): the fewest that give every compute unit two
-    blocks' worth of warps (a pair counts its gate/up tiles once). Fewer parts mean longer runs of K per warp (its
-    first load's latency paid once), more fill the chip; measured on the 27B shapes (tools/quant_gemm_bench.py
-    --parts, H100): the in-projection (1030 tiles) 28.7 -> 25.4 us at one row and 79 -> 66 us at 23 rows going
-    from four blocks' worth (8 parts) to two (4). Depends on the matrix alone, never on the row count (batch
-    invariance)."""
+def plan_parts(tiles: int, compute_units: int, most: int = WARPS, blocks_per_cu: int = 1) -> int:
+    """Warps per row tile (each summing every parts-th block of K): the fewest that give every compute unit
+    ``blocks_per_cu`` blocks' worth of warps. Fewer parts mean longer runs of K per warp (its first load's latency
+    paid once) and, staged, more tiles sharing a block's activations; more fill the chip. Depends on the matrix
+    alone, never on the row count (batch invariance). Measured on the 27B's shapes (tools/quant_gemm_bench.py
+    1 9 23 --parts 1,2,4,8, H100, us at 1 / 23 rows): one block's worth for a matrix, so the residuals (320 tiles)
+    take 4 parts, not 8 (down Q6_K 40.7 -> 36.1 / 102.7 -> 78.4, dn_out 13.4 -> 11.9 / 37.2 -> 36.3) and the
+    in-projection (1030 tiles) 2, not 4 (23.1 -> 22.9 / 60.4 -> 50.3); two blocks' worth for a gate/up pair, counted
+    by its tiles of one matrix (2 parts: 46.2 / 110.4, against 1 part: 56.1 / 123.2)."""
     parts = 1
-    while parts < most and tiles * parts < 2 * WARPS * compute_units:
+    while parts < most and tiles * parts < blocks_per_cu * WARPS * compute_units:
         parts *= 2
     return parts
 
 
 #: Stage a launch's activations when its blocks' row tiles times its groups of 8 tokens (how many times a block
 #: would read each activation row, in 8-token loads) reach this (tuning choice). Measured on the 27B's shapes
-#: (tools/quant_gemm_bench.py 9 16 23, H100, plain -> staged, us): gate/up (4 tiles) 116.8 -> 89.8 at 9 rows and
-#: 125.9 -> 110.5 at 23; the lm_head (8 tiles) 568 -> 492 and 859 -> 553; the in-projection (2 tiles) 41.0 -> 47.3
-#: at 9 rows but 65.6 -> 60.8 at 23; the residuals (1 tile) lose or tie (down Q4_K 89.0 -> 92.2 at 23 rows): a
-#: round's block barrier costs more than the loads it saves when no other tile shares them.
+#: (tools/quant_gemm_bench.py, H100, plain -> staged, us): gate/up (4 tiles) 116.8 -> 89.8 at 9 rows and
+#: 125.9 -> 110.5 at 23; the lm_head (8 tiles) 568 -> 492 and 859 -> 553; 2 tiles at 23 rows (the in-projection
+#: at 4 parts) 65.6 -> 60.8. Below 6 staging loses: 2 tiles at 9 rows (down Q6_K at 4 parts) 49.6 -> 62.5, 1 tile
+#: at 23 rows (down Q4_K at 8 parts) 89.0 -> 92.2: a round's block barrier costs more than the loads it saves.
 STAGE_MIN_REUSE = 6
 
 
@@ -229,7 +231,7 @@ class QuantGemm:
 
     def parts(self, W: QuantMatrix) -> int:
         if W.pair:
-            return plan_parts(W.tiles // 2, self.target.compute_units, most=WARPS // 2)
+            return plan_parts(W.tiles // 2, self.target.compute_units, most=WARPS // 2, blocks_per_cu=2)
         return plan_parts(W.tiles, self.target.compute_units)
 
     def block_columns(self, W: QuantMatrix) -> int:

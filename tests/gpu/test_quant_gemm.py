@@ -107,8 +107,8 @@ def test_staged_rounds_match_the_plain_kernel(qg, M):
         pytest.skip(f"{qg.device.target.name} has no staged {plain}")
     rng = np.random.default_rng(M)
     K = 256 * 5
-    cu = qg.device.target.compute_units  # 8 cu tiles: two parts give every SM two blocks' worth of warps
-    segs, dense = group(rng, ["Q4_K", "Q6_K", "Q5_K"], [64 * cu, 32 * cu, 32 * cu], K, "quantized")
+    cu = qg.device.target.compute_units  # 4 cu tiles: two parts give every SM one block's worth of warps
+    segs, dense = group(rng, ["Q4_K", "Q6_K", "Q5_K"], [32 * cu, 16 * cu, 16 * cu], K, "quantized")
     W = qg.matrix(segs, K)
     try:
         a = activations(rng, M, K)
