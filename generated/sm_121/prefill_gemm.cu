@@ -157,16 +157,6 @@ __device__ __forceinline__ void gemm_load_row_scale(float* row_scale, const floa
   }
 }
 
-// 16-byte global -> shared copy; src-size 0 (pred false) writes zeros without reading.
-__device__ __forceinline__ void gemm_cp_async16(void* dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void gemm_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void gemm_cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING) : "memory");
-}
 __device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
@@ -212,17 +202,17 @@ struct GemmTile {
 #pragma unroll
     for (int s = 0; s < GEMM_STAGES - 1; ++s) {
       if (s < k_tiles) loads.issue(smem + s * STAGE_ELEMS, s, K);
-      gemm_cp_async_commit();
+      lg_cp_async_commit();
     }
     for (int kt = 0; kt < k_tiles; ++kt) {
-      gemm_cp_async_wait<GEMM_STAGES - 2>();
+      lg_cp_async_wait<GEMM_STAGES - 2>();
       __syncthreads();
       const int next = kt + GEMM_STAGES - 1;
       if (next < k_tiles) loads.issue(smem + (next % GEMM_STAGES) * STAGE_ELEMS, next, K);
-      gemm_cp_async_commit();
+      lg_cp_async_commit();
       multiply_fast(smem + (kt % GEMM_STAGES) * STAGE_ELEMS, frag);
     }
-    gemm_cp_async_wait<0>();
+    lg_cp_async_wait<0>();
   }
 
 
@@ -278,7 +268,7 @@ struct GemmTile {
       for (int it = 0; it < LOAD_ITERS; ++it) {
         if (TILE_CHUNKS % GEMM_THREADS == 0 || threadIdx.x + it * GEMM_THREADS < TILE_CHUNKS) {
           const bool ok = k_ok && ((valid >> it) & 1u);
-          gemm_cp_async16(stage + smem_off[it], src[it] + (ok ? kt * GEMM_BK : 0), ok);
+          lg_cp_async16(stage + smem_off[it], src[it] + (ok ? kt * GEMM_BK : 0), ok);
         }
       }
     }

@@ -157,16 +157,6 @@ __device__ __forceinline__ void gemm_load_row_scale(float* row_scale, const floa
   }
 }
 
-// 16-byte global -> shared copy; src-size 0 (pred false) writes zeros without reading.
-__device__ __forceinline__ void gemm_cp_async16(void* dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void gemm_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void gemm_cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING) : "memory");
-}
 // Hopper warpgroup MMA: D (64 x 128, f32 registers) += A (64 x 16, shared) * B (128 x 16, shared), both
 // operands K-major [rows][64] tiles whose 128-byte rows are 16-byte-chunk XOR-swizzled by row % 8 (gemm_smem_offset
 // with tile_k 64 is exactly the 128-byte swizzle pattern; tile bases are 1024-byte aligned).
@@ -383,7 +373,7 @@ struct GemmTile {
       for (int it = 0; it < LOAD_ITERS; ++it) {
         if (TILE_CHUNKS % GEMM_THREADS == 0 || threadIdx.x + it * GEMM_THREADS < TILE_CHUNKS) {
           const bool ok = k_ok && ((valid >> it) & 1u);
-          gemm_cp_async16(stage + smem_off[it], src[it] + (ok ? kt * GEMM_BK : 0), ok);
+          lg_cp_async16(stage + smem_off[it], src[it] + (ok ? kt * GEMM_BK : 0), ok);
         }
       }
     }
