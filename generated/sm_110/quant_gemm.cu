@@ -374,7 +374,7 @@ __device__ __forceinline__ int qg_stage_row(int parts) { return 256 * parts + 16
 template <int NT>
 __device__ __forceinline__ void qg_stage_round(bf16_t* stage, const bf16_t* __restrict__ A, int lda, int m0, int M,
                                                int block0, int count, int parts) {
-  const int shift = 4 + __ffs(parts);  // log2 of the 32 parts chunks of a row
+  const int shift = 4 + __ffs(parts);  // log2 of a row's 32 parts 16-byte chunks
   for (int i = threadIdx.x; i < (8 * NT) << shift; i += QG_THREADS) {
     const int r = i >> shift, pc = i & ((1 << shift) - 1), m = m0 + r;
     if ((pc >> 5) < count)
@@ -489,7 +489,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[nt][c] = 0.0f;
   const int j = warp / parts, part = warp % parts, seg = tile_seg(j);
-  if (STAGED) {  // every warp walks the rounds: a launch of K-quants alone (QuantGemm), each a 256-value block type
+  if (STAGED) {  // every warp walks the rounds; QuantGemm.kernel stages launches of 256-value block types alone
     extern __shared__ __align__(16) unsigned char qg_stage_bytes[];
     bf16_t* stage = reinterpret_cast<bf16_t*>(qg_stage_bytes);
     const int type = seg >= 0 ? segs.seg[seg].type : -1;

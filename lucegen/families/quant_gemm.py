@@ -41,8 +41,8 @@ def instances(target) -> tuple[tuple[str, int, bool, bool], ...]:
 MAX_SEGMENTS = 8
 
 
-
 def _params(target) -> dict:
+    """The template parameters: the block types, the warps and the kernels to emit for ``target``."""
     kernels = instances(target)
     return {"types": GEMM_TYPES, "k_quants": K_QUANTS, "warps": WARPS, "instances": kernels,
             "staged_any": any(staged for _, _, _, staged in kernels), "max_segments": MAX_SEGMENTS}
