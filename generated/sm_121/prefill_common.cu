@@ -88,15 +88,23 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
   for (int i = 0; i < 8; ++i) out[i] = lg_to_float(e[i]);
 }
 
-// Asynchronous 16-byte copies global -> shared (sm_80+): src-size 0 (pred false) writes zeros and reads nothing;
-// lg_cp_async_wait<N>() returns once all but the N most recently committed groups of this thread have landed.
+// Asynchronous 16-byte copies global -> shared (sm_80+): lg_cp_async16's src-size 0 (pred false) writes zeros and
+// reads nothing; lg_copy16 always copies; lg_cp_async_wait<N>() returns once all but the N most recently committed
+// groups of this thread have landed.
 __device__ __forceinline__ void lg_cp_async16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void lg_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
+  lg_cp_async16(dst, src, true);
+}
+__device__ __forceinline__ void lg_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
-__device__ __forceinline__ void lg_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+__device__ __forceinline__ void lg_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
 
 // Programmatic dependent launch (features.programmatic_launch): a kernel launched with the programmatic
 // stream-serialization attribute may start while the previous kernel of its stream drains. It reads only data that

@@ -86,6 +86,17 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
   for (int i = 0; i < 8; ++i) out[i] = lg_to_float(e[i]);
 }
 
+// 16-byte copies global -> shared, on a chip without asynchronous ones: a load and a store (lg_copy16), so that
+// committing and waiting have nothing to do.
+__device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+__device__ __forceinline__ void lg_cp_async_commit() {
+}
+template <int N>
+__device__ __forceinline__ void lg_cp_async_wait() {
+}
+
 // Programmatic dependent launch (features.programmatic_launch): a kernel launched with the programmatic
 // stream-serialization attribute may start while the previous kernel of its stream drains. It reads only data that
 // no earlier kernel writes (weights) before lg_grid_dependency_wait(), which returns once the previous grid has
@@ -222,15 +233,6 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
 #define ATTN_ROW 264
 #define ATTN_NW 4
 
-// 16 bytes global -> shared
-__device__ __forceinline__ void attn_copy16(void* dst, const void* src) {
-  *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
-}
-__device__ __forceinline__ void attn_copy_commit() {
-}
-template <int N>
-__device__ __forceinline__ void attn_copy_wait() {
-}
 // Turing: two m16n8k8 ops, k 0-7 from a[0], a[1], b0 and k 8-15 from a[2], a[3], b1.
 __device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 { %0, %1, %2, %3}, { %4, %5}, { %6}, { %0, %1, %2, %3};\n"
@@ -251,7 +253,7 @@ __device__ __forceinline__ void attn_load_tile(E* dst, const E* src, int row0, i
   for (int i = threadIdx.x; i < ROWS * CHUNKS; i += ATTN_NW * 32) {
     const int rr = i / CHUNKS, c = i % CHUNKS;
     E* d = dst + rr * ATTN_ROW + c * 8;
-    if (row0 + rr < row_end) attn_copy16(d, src + (size_t)(row0 + rr) * ATTN_HD + c * 8);
+    if (row0 + rr < row_end) lg_copy16(d, src + (size_t)(row0 + rr) * ATTN_HD + c * 8);
     else *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
   }
 }
@@ -288,7 +290,7 @@ prefill_attention(const fp16_t* __restrict__ q_ws, const float* __restrict__ pro
   attn_load_tile<ATTN_BQ>(sq, q_ws + (size_t)g * n_rows * ATTN_HD, row0, n_rows);
   attn_load_kv_tile(sk, reader, k_head, 0, max_pos + 1);
   attn_load_kv_tile(sv, reader, v_head, 0, max_pos + 1);
-  attn_copy_commit();
+  lg_cp_async_commit();
 
   float o[ATTN_HD / 8][4];
 #pragma unroll
@@ -303,9 +305,9 @@ prefill_attention(const fp16_t* __restrict__ q_ws, const float* __restrict__ pro
     if (j > 0) {
       attn_load_kv_tile(sk, reader, k_head, key0, max_pos + 1);
       attn_load_kv_tile(sv, reader, v_head, key0, max_pos + 1);
-      attn_copy_commit();
+      lg_cp_async_commit();
     }
-    attn_copy_wait<0>();
+    lg_cp_async_wait<0>();
     __syncthreads();
     if (key0 <= warp_max_pos) {  // some key of this tile is visible to some row of this warp
       // S = Q K^T for this warp's 16 rows x BKV keys

@@ -86,6 +86,17 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
   for (int i = 0; i < 8; ++i) out[i] = lg_to_float(e[i]);
 }
 
+// 16-byte copies global -> shared, on a chip without asynchronous ones: a load and a store (lg_copy16), so that
+// committing and waiting have nothing to do.
+__device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+__device__ __forceinline__ void lg_cp_async_commit() {
+}
+template <int N>
+__device__ __forceinline__ void lg_cp_async_wait() {
+}
+
 // Programmatic dependent launch (features.programmatic_launch): a kernel launched with the programmatic
 // stream-serialization attribute may start while the previous kernel of its stream drains. It reads only data that
 // no earlier kernel writes (weights) before lg_grid_dependency_wait(), which returns once the previous grid has
@@ -417,30 +428,21 @@ deltanet_chunk_prepare(float* __restrict__ workspace, int n_tokens) {
 // apart, so the VKS lanes of a task (reading rows 4 d4 .. 4 d4 + 3 for neighbouring d4) do not conflict
 #define DN_SROW 20
 #define DN_VKS 4
-__device__ __forceinline__ unsigned dn_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-// 16 bytes global -> shared
-__device__ __forceinline__ void dn_copy16(float* dst, const float* src) {
-  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
-}
-__device__ __forceinline__ void dn_copy_commit() {
-}
-__device__ __forceinline__ void dn_copy_wait_all() {
-}
 // one chunk's buffer: W [C][TS] | k [C][TS] | U [C][DVT] | gc [C]
 __device__ __forceinline__ void dn_load_chunk(float* buf, const float* w_src, const float* k_src, const float* u_src,
                                               const float* gc_src) {
   for (int e = threadIdx.x; e < DN_C * DN_DK / 4; e += DN_NT) {
     const int i = e / (DN_DK / 4), d = 4 * (e % (DN_DK / 4));
-    dn_copy16(buf + i * DN_TS + d, w_src + (size_t)i * DN_DK + d);
-    dn_copy16(buf + (DN_C + i) * DN_TS + d, k_src + (size_t)i * DN_DK + d);
+    lg_copy16(buf + i * DN_TS + d, w_src + (size_t)i * DN_DK + d);
+    lg_copy16(buf + (DN_C + i) * DN_TS + d, k_src + (size_t)i * DN_DK + d);
   }
   float* const u_dst = buf + 2 * DN_C * DN_TS;
   for (int e = threadIdx.x; e < DN_C * DN_JG; e += DN_NT) {
     const int i = e / DN_JG, j = 4 * (e % DN_JG);
-    dn_copy16(u_dst + i * DN_DVT + j, u_src + (size_t)i * DN_DV + j);
+    lg_copy16(u_dst + i * DN_DVT + j, u_src + (size_t)i * DN_DV + j);
   }
-  for (int e = threadIdx.x; e < DN_C / 4; e += DN_NT) dn_copy16(u_dst + DN_C * DN_DVT + 4 * e, gc_src + 4 * e);
-  dn_copy_commit();
+  for (int e = threadIdx.x; e < DN_C / 4; e += DN_NT) lg_copy16(u_dst + DN_C * DN_DVT + 4 * e, gc_src + 4 * e);
+  lg_cp_async_commit();
 }
 
 extern "C" __global__ void __launch_bounds__(DN_NT)
@@ -464,7 +466,7 @@ deltanet_chunk_scan(float* __restrict__ workspace, float* __restrict__ recurrent
     const size_t vrow0 = (size_t)h * tp + c * DN_C, krow0 = (size_t)kh * tp + c * DN_C;
     __syncthreads();  // the buffer's previous chunk is no longer read
     dn_load_chunk(bufs, ws.w + vrow0 * DN_DK, ws.k + krow0 * DN_DK, ws.u + vrow0 * DN_DV + j0, ws.gc + vrow0);
-    dn_copy_wait_all();
+    lg_cp_async_wait<0>();
     __syncthreads();
     const float* const buf = bufs;
     const float* const tw = buf;

@@ -86,6 +86,17 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
   for (int i = 0; i < 8; ++i) out[i] = lg_to_float(e[i]);
 }
 
+// 16-byte copies global -> shared, on a chip without asynchronous ones: a load and a store (lg_copy16), so that
+// committing and waiting have nothing to do.
+__device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+__device__ __forceinline__ void lg_cp_async_commit() {
+}
+template <int N>
+__device__ __forceinline__ void lg_cp_async_wait() {
+}
+
 // Programmatic dependent launch (features.programmatic_launch): a kernel launched with the programmatic
 // stream-serialization attribute may start while the previous kernel of its stream drains. It reads only data that
 // no earlier kernel writes (weights) before lg_grid_dependency_wait(), which returns once the previous grid has

@@ -86,15 +86,23 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
   for (int i = 0; i < 8; ++i) out[i] = lg_to_float(e[i]);
 }
 
-// Asynchronous 16-byte copies global -> shared (sm_80+): src-size 0 (pred false) writes zeros and reads nothing;
-// lg_cp_async_wait<N>() returns once all but the N most recently committed groups of this thread have landed.
+// Asynchronous 16-byte copies global -> shared (sm_80+): lg_cp_async16's src-size 0 (pred false) writes zeros and
+// reads nothing; lg_copy16 always copies; lg_cp_async_wait<N>() returns once all but the N most recently committed
+// groups of this thread have landed.
 __device__ __forceinline__ void lg_cp_async16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void lg_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
+  lg_cp_async16(dst, src, true);
+}
+__device__ __forceinline__ void lg_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
-__device__ __forceinline__ void lg_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+__device__ __forceinline__ void lg_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
 
 // Programmatic dependent launch (features.programmatic_launch): a kernel launched with the programmatic
 // stream-serialization attribute may start while the previous kernel of its stream drains. It reads only data that
@@ -232,17 +240,6 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
 #define ATTN_ROW 264
 #define ATTN_NW 4
 
-// 16 bytes global -> shared (asynchronous)
-__device__ __forceinline__ void attn_copy16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(lg_smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void attn_copy_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void attn_copy_wait() {
-  asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
-}
 __device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
@@ -262,7 +259,7 @@ __device__ __forceinline__ void attn_load_tile(E* dst, const E* src, int row0, i
   for (int i = threadIdx.x; i < ROWS * CHUNKS; i += ATTN_NW * 32) {
     const int rr = i / CHUNKS, c = i % CHUNKS;
     E* d = dst + rr * ATTN_ROW + c * 8;
-    if (row0 + rr < row_end) attn_copy16(d, src + (size_t)(row0 + rr) * ATTN_HD + c * 8);
+    if (row0 + rr < row_end) lg_copy16(d, src + (size_t)(row0 + rr) * ATTN_HD + c * 8);
     else *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
   }
 }
@@ -299,7 +296,7 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
   attn_load_tile<ATTN_BQ>(sq, q_ws + (size_t)g * n_rows * ATTN_HD, row0, n_rows);
   attn_load_kv_tile(sk, reader, k_head, 0, max_pos + 1);
   attn_load_kv_tile(sv, reader, v_head, 0, max_pos + 1);
-  attn_copy_commit();
+  lg_cp_async_commit();
 
   float o[ATTN_HD / 8][4];
 #pragma unroll
@@ -314,10 +311,10 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
     if (j + 1 < n_kv_tiles) {  // fill the other stage (freed by the barrier that ended iteration j - 1)
       attn_load_kv_tile(sk + ((j + 1) & 1) * ATTN_BKV * ATTN_ROW, reader, k_head, key0 + ATTN_BKV, max_pos + 1);
       attn_load_kv_tile(sv + ((j + 1) & 1) * ATTN_BKV * ATTN_ROW, reader, v_head, key0 + ATTN_BKV, max_pos + 1);
-      attn_copy_commit();
-      attn_copy_wait<1>();
+      lg_cp_async_commit();
+      lg_cp_async_wait<1>();
     } else {
-      attn_copy_wait<0>();
+      lg_cp_async_wait<0>();
     }
     __syncthreads();
     if (key0 <= warp_max_pos) {  // some key of this tile is visible to some row of this warp

@@ -86,15 +86,23 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
   for (int i = 0; i < 8; ++i) out[i] = lg_to_float(e[i]);
 }
 
-// Asynchronous 16-byte copies global -> shared (sm_80+): src-size 0 (pred false) writes zeros and reads nothing;
-// lg_cp_async_wait<N>() returns once all but the N most recently committed groups of this thread have landed.
+// Asynchronous 16-byte copies global -> shared (sm_80+): lg_cp_async16's src-size 0 (pred false) writes zeros and
+// reads nothing; lg_copy16 always copies; lg_cp_async_wait<N>() returns once all but the N most recently committed
+// groups of this thread have landed.
 __device__ __forceinline__ void lg_cp_async16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void lg_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
+  lg_cp_async16(dst, src, true);
+}
+__device__ __forceinline__ void lg_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
-__device__ __forceinline__ void lg_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+__device__ __forceinline__ void lg_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
 
 // Programmatic dependent launch (features.programmatic_launch): a kernel launched with the programmatic
 // stream-serialization attribute may start while the previous kernel of its stream drains. It reads only data that
@@ -427,32 +435,21 @@ deltanet_chunk_prepare(float* __restrict__ workspace, int n_tokens) {
 // apart, so the VKS lanes of a task (reading rows 4 d4 .. 4 d4 + 3 for neighbouring d4) do not conflict
 #define DN_SROW 20
 #define DN_VKS 2
-__device__ __forceinline__ unsigned dn_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-// 16 bytes global -> shared (asynchronous)
-__device__ __forceinline__ void dn_copy16(float* dst, const float* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dn_smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void dn_copy_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-__device__ __forceinline__ void dn_copy_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::);
-}
 // one chunk's buffer: W [C][TS] | k [C][TS] | U [C][DVT] | gc [C]
 __device__ __forceinline__ void dn_load_chunk(float* buf, const float* w_src, const float* k_src, const float* u_src,
                                               const float* gc_src) {
   for (int e = threadIdx.x; e < DN_C * DN_DK / 4; e += DN_NT) {
     const int i = e / (DN_DK / 4), d = 4 * (e % (DN_DK / 4));
-    dn_copy16(buf + i * DN_TS + d, w_src + (size_t)i * DN_DK + d);
-    dn_copy16(buf + (DN_C + i) * DN_TS + d, k_src + (size_t)i * DN_DK + d);
+    lg_copy16(buf + i * DN_TS + d, w_src + (size_t)i * DN_DK + d);
+    lg_copy16(buf + (DN_C + i) * DN_TS + d, k_src + (size_t)i * DN_DK + d);
   }
   float* const u_dst = buf + 2 * DN_C * DN_TS;
   for (int e = threadIdx.x; e < DN_C * DN_JG; e += DN_NT) {
     const int i = e / DN_JG, j = 4 * (e % DN_JG);
-    dn_copy16(u_dst + i * DN_DVT + j, u_src + (size_t)i * DN_DV + j);
+    lg_copy16(u_dst + i * DN_DVT + j, u_src + (size_t)i * DN_DV + j);
   }
-  for (int e = threadIdx.x; e < DN_C / 4; e += DN_NT) dn_copy16(u_dst + DN_C * DN_DVT + 4 * e, gc_src + 4 * e);
-  dn_copy_commit();
+  for (int e = threadIdx.x; e < DN_C / 4; e += DN_NT) lg_copy16(u_dst + DN_C * DN_DVT + 4 * e, gc_src + 4 * e);
+  lg_cp_async_commit();
 }
 
 extern "C" __global__ void __launch_bounds__(DN_NT)
@@ -476,7 +473,7 @@ deltanet_chunk_scan(float* __restrict__ workspace, float* __restrict__ recurrent
     const size_t vrow0 = (size_t)h * tp + c * DN_C, krow0 = (size_t)kh * tp + c * DN_C;
     __syncthreads();  // the buffer's previous chunk is no longer read
     dn_load_chunk(bufs, ws.w + vrow0 * DN_DK, ws.k + krow0 * DN_DK, ws.u + vrow0 * DN_DV + j0, ws.gc + vrow0);
-    dn_copy_wait_all();
+    lg_cp_async_wait<0>();
     __syncthreads();
     const float* const buf = bufs;
     const float* const tw = buf;

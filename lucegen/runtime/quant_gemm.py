@@ -154,6 +154,11 @@ def plan_parts(tiles: int, compute_units: int, most: int = WARPS, blocks_per_cu:
     return parts
 
 
+def token_groups(M: int) -> int:
+    """Groups of 8 tokens per block of an M-row launch (the kernel's NT)."""
+    return min(NT_MAX, math.ceil(M / 8))
+
+
 #: Stage a launch's activations when its blocks' row tiles times its groups of 8 tokens (how many times a block
 #: would read each activation row, in 8-token loads) reach this (tuning choice). Measured on the 27B's shapes
 #: (tools/quant_gemm_bench.py, H100, plain -> staged, us): gate/up (4 tiles) 116.8 -> 89.8 at 9 rows and
@@ -219,8 +224,9 @@ class QuantGemm:
     def __init__(self, device, target, norm_dim: int, eps: float):
         self.device, self.target, self.norm_dim, self.eps = device, target, norm_dim, eps
         self.module = device.load(codegen.build(target, "quant_gemm"))
-        self.functions = {name: self.module.function(f"quant_gemm_{name}") for name, _, _, _ in instances(target)}
+        self.functions = {}
         for name, nt, _, staged in instances(target):
+            self.functions[name] = self.module.function(f"quant_gemm_{name}")
             if staged:
                 self.functions[name].set_max_dynamic_smem(staged_smem_bytes(nt, WARPS))
         self.threads = WARPS * target.warp_size
@@ -265,8 +271,7 @@ class QuantGemm:
         if ss and (ss_parts < 1 or ss_stride < M):
             raise LucegenError(f"quant_gemm_{kind}: ss needs ss_parts >= 1 and ss_stride >= M")
         parts = self.parts(W)
-        nt = min(NT_MAX, math.ceil(M / 8))
-        grid = (self.grid_width(W), math.ceil(M / (8 * nt)))
+        grid = (self.grid_width(W), math.ceil(M / (8 * token_groups(M))))
         name, smem = self.kernel(W, M, A, lda)
         self.functions[name].launch(grid, self.threads, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
@@ -280,7 +285,7 @@ class QuantGemm:
         one row, else nt<groups of 8 tokens>, or its staged twin (the same bits) where one exists for this target, the
         group holds 256-value block types alone, the activation rows can be copied in 16-byte pieces, and a staged
         row would otherwise be read often enough (STAGE_MIN_REUSE)."""
-        nt = min(NT_MAX, math.ceil(M / 8))
+        nt = token_groups(M)
         name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
         if (f"{name}s" in self.functions and all(t in K_QUANTS for t in W.types) and int(A) % 16 == 0
                 and lda % 8 == 0 and WARPS // parts * nt >= STAGE_MIN_REUSE):
