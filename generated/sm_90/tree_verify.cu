@@ -215,14 +215,16 @@ __device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD],
 #define TV_COLS_PER_BLOCK 8
 
 
-// The f32 workspace of the DeltaNet kernels, slot-major (S = slots of this verify).
+// The f32 workspace of one DeltaNet layer's kernels, slot-major (S = slots of this verify). It outlives the pass:
+// the commit replays the accepted slots' updates (k, g, delta) from it.
 struct tree_ws {
-  float* q;     // [S][KD]  l2norm(q) * q_scale
-  float* k;     // [S][KD]  l2norm(k)
-  float* v;     // [S][VD]
-  float* g;     // [S][NV]  -exp(A_log) * softplus(a + dt_bias)
-  float* beta;  // [S][NV]  sigmoid(b)
-  float* o;     // [S][VD]  the delta rule's output
+  float* q;      // [S][KD]  l2norm(q) * q_scale
+  float* k;      // [S][KD]  l2norm(k)
+  float* v;      // [S][VD]
+  float* g;      // [S][NV]  -exp(A_log) * softplus(a + dt_bias)
+  float* beta;   // [S][NV]  sigmoid(b)
+  float* o;      // [S][VD]  the delta rule's output
+  float* delta;  // [S][VD]  the delta rule's (v - S^T k) * beta
 };
 __device__ __forceinline__ tree_ws tv_workspace(float* base, int slots) {
   tree_ws w;
@@ -233,6 +235,7 @@ __device__ __forceinline__ tree_ws tv_workspace(float* base, int slots) {
   w.g = w.v + s * TV_VD;
   w.beta = w.g + s * TV_NV;
   w.o = w.beta + s * TV_NV;
+  w.delta = w.o + s * TV_VD;
   return w;
 }
 
@@ -309,26 +312,43 @@ tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv
 // ggml's tiled value heads) along each slot's path:
 //   S = S_parent * exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S = S + k delta;  o = S^T q
 // with S_parent the committed state for the root. States are [NV][DV][DK] (S transposed: one column contiguous,
-// the megakernel's layout); every slot's is kept in `states` [S][NV][DV][DK] for its children and the commit. Slots
-// run in order; the warp keeps the last slot's column in registers and reloads only where the parent is not the
-// previous slot (its own earlier store: same thread, no fence needed). A one-slot greedy decode step passes the
-// live state as both `committed` and `states` (and tree_conv_prepare the live conv window as both of its own): each
-// thread reads its elements before it writes them, so the update is in place and needs no commit.
+// the megakernel's layout). No slot's state is stored: a slot's update is (g, k, delta), and tv_apply_update
+// rebuilds any state from the committed one along its path with the very operations of the pass, so bit for bit.
+// Slots run in order; the warp keeps the last slot's column in registers and rebuilds only where the parent is not
+// the previous slot (from the deltas it stored itself). The commit replays the accepted path the
+// same way (tree_commit_deltanet). A one-slot greedy decode step passes the live state as both `committed` and
+// `live_out` (and tree_conv_prepare the live conv window as both of its own): each thread reads its elements before
+// it writes them, so the update is in place and needs no commit.
+__device__ __forceinline__ int tv_key_head(int h) { return h / (TV_NV / TV_NK); }  // pf.v_heads
+
+// S = S * exp(g[a]) + k[a] delta[a] for slot a's update of value column col (head h): the pass's own operations.
+template <int KPL>
+__device__ __forceinline__ void tv_apply_update(float (&st)[KPL], const tree_ws& ws, int a, int col, int lane) {
+  const int h = col / TV_DV;
+  const float decay = expf(ws.g[(size_t)a * TV_NV + h]), delta = ws.delta[(size_t)a * TV_VD + col];
+  const float* k = ws.k + (size_t)a * TV_KD + tv_key_head(h) * TV_DK;
+#pragma unroll
+  for (int e = 0; e < KPL; ++e) st[e] = fmaf(k[lane + e * LG_WARP_SIZE], delta, lg_mul_rn(st[e], decay));
+}
+
 extern "C" __global__ void __launch_bounds__(TV_NT)
-tree_delta_rule(const float* __restrict__ workspace, const int* __restrict__ parent,
-                const float* committed, float* states, int n_slots) {
+tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, const int* __restrict__ depth,
+                const int* __restrict__ anc, const float* committed, float* live_out, int n_slots) {
   constexpr int KPL = TV_DK / LG_WARP_SIZE;
-  const tree_ws ws = tv_workspace(const_cast<float*>(workspace), n_slots);
+  const tree_ws ws = tv_workspace(workspace, n_slots);
   const int col = blockIdx.x * TV_COLS_PER_BLOCK + threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
   if (col >= TV_NV * TV_DV) return;
-  const int h = col / TV_DV, hk = h / (TV_NV / TV_NK);  // pf.v_heads
-  float st[KPL];
+  const int h = col / TV_DV, hk = tv_key_head(h);
+  float root[KPL], st[KPL];
+#pragma unroll
+  for (int e = 0; e < KPL; ++e) root[e] = committed[(size_t)col * TV_DK + lane + e * LG_WARP_SIZE];
   for (int s = 0; s < n_slots; ++s) {
     const int p = parent[s];
-    if (s == 0 || p != s - 1) {
-      const float* src = p < 0 ? committed + (size_t)col * TV_DK : states + ((size_t)p * TV_NV * TV_DV + col) * TV_DK;
+    if (s == 0 || p != s - 1) {  // the parent's state: the committed one, then the updates on the way to p
 #pragma unroll
-      for (int e = 0; e < KPL; ++e) st[e] = src[lane + e * LG_WARP_SIZE];
+      for (int e = 0; e < KPL; ++e) st[e] = root[e];
+      if (p >= 0)
+        for (int d = 0; d <= depth[p]; ++d) tv_apply_update(st, ws, anc[(size_t)p * n_slots + d], col, lane);
     }
     const float decay = expf(ws.g[(size_t)s * TV_NV + h]), beta = ws.beta[(size_t)s * TV_NV + h];
     const float value = ws.v[(size_t)s * TV_VD + col];
@@ -337,21 +357,23 @@ tree_delta_rule(const float* __restrict__ workspace, const int* __restrict__ par
     float kv = 0.0f;
 #pragma unroll
     for (int e = 0; e < KPL; ++e) {
-      st[e] *= decay;
+      st[e] = lg_mul_rn(st[e], decay);
       kv += st[e] * k[lane + e * LG_WARP_SIZE];
     }
     const float delta = (value - lg_warp_sum(kv)) * beta;
     float o = 0.0f;
-    float* dst = states + ((size_t)s * TV_NV * TV_DV + col) * TV_DK;
 #pragma unroll
     for (int e = 0; e < KPL; ++e) {
-      st[e] += k[lane + e * LG_WARP_SIZE] * delta;
-      dst[lane + e * LG_WARP_SIZE] = st[e];
+      st[e] = fmaf(k[lane + e * LG_WARP_SIZE], delta, st[e]);
       o += st[e] * q[lane + e * LG_WARP_SIZE];
     }
     o = lg_warp_sum(o);
     if (lane == 0) ws.o[(size_t)s * TV_VD + col] = o;
+    ws.delta[(size_t)s * TV_VD + col] = delta;  // every lane: the sum is the same in each, and each reads its own
   }
+  if (live_out)
+#pragma unroll
+    for (int e = 0; e < KPL; ++e) live_out[(size_t)col * TV_DK + lane + e * LG_WARP_SIZE] = st[e];
 }
 
 // ------------------------------------------------------------------------------------------------ gated norm
@@ -476,17 +498,30 @@ extern "C" __global__ void tree_greedy_advance(const int* __restrict__ argmax, i
   }
 }
 
-// For every DeltaNet layer (blockIdx.y): the accepted slot's state and conv window become the live ones.
-//   recurrent[l] = states[l][slot]  (NV * DV * DK floats),  conv[l] = windows[l][slot]  (CD * (CK - 1) floats)
+// For every DeltaNet layer (blockIdx.y) of an n_slots pass: the accepted path's state and conv window become the live
+// ones. A warp per value column replays the path's updates path[0] (the root) .. path[n] over the committed state
+// (tv_apply_update: the pass's operations, so the state the pass computed for slot path[n]); then
+//   conv[l] = windows[l][path[n]]  (CD * (CK - 1) floats).
+// The grid's x covers NV * DV / TV_COLS_PER_BLOCK blocks.
 extern "C" __global__ void __launch_bounds__(TV_NT)
-tree_commit_deltanet(const float* __restrict__ states, size_t states_layer_stride, const float* __restrict__ windows,
-                     size_t windows_layer_stride, float* __restrict__ recurrent, float* __restrict__ conv, int slot) {
+tree_commit_deltanet(float* __restrict__ workspaces, size_t ws_layer_stride, const float* __restrict__ windows,
+                     size_t windows_layer_stride, float* __restrict__ recurrent, float* __restrict__ conv,
+                     const int* __restrict__ path, int n, int n_slots) {
+  constexpr int KPL = TV_DK / LG_WARP_SIZE;
   constexpr size_t STATE = (size_t)TV_NV * TV_DV * TV_DK, WINDOW = (size_t)TV_CD * (TV_CK - 1);
   const size_t l = blockIdx.y;
-  const float4* src = reinterpret_cast<const float4*>(states + l * states_layer_stride + (size_t)slot * STATE);
-  float4* dst = reinterpret_cast<float4*>(recurrent + l * STATE);
-  for (size_t i = (size_t)blockIdx.x * TV_NT + threadIdx.x; i < STATE / 4; i += (size_t)gridDim.x * TV_NT) dst[i] = src[i];
-  const float* wsrc = windows + l * windows_layer_stride + (size_t)slot * WINDOW;
+  const tree_ws ws = tv_workspace(workspaces + l * ws_layer_stride, n_slots);
+  const int col = blockIdx.x * TV_COLS_PER_BLOCK + threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+  if (col < TV_NV * TV_DV) {
+    float* live = recurrent + l * STATE + (size_t)col * TV_DK;
+    float st[KPL];
+#pragma unroll
+    for (int e = 0; e < KPL; ++e) st[e] = live[lane + e * LG_WARP_SIZE];
+    for (int d = 0; d <= n; ++d) tv_apply_update(st, ws, path[d], col, lane);
+#pragma unroll
+    for (int e = 0; e < KPL; ++e) live[lane + e * LG_WARP_SIZE] = st[e];
+  }
+  const float* wsrc = windows + l * windows_layer_stride + (size_t)path[n] * WINDOW;
   for (size_t i = (size_t)blockIdx.x * TV_NT + threadIdx.x; i < WINDOW; i += (size_t)gridDim.x * TV_NT)
     conv[l * WINDOW + i] = wsrc[i];
 }

@@ -37,20 +37,24 @@ MODULE = "tree_verify"
 THREADS = 256  # templates/dflash/tree_verify.cu.j2: TV_NT
 # TV_AT_WARPS: a one-slot pass at a 16K context is latency-bound in the key walk (4 warps: 71 ms a token)
 ATTENTION_WARPS = 16
-COMMIT_BLOCKS = 64
 
 
 def slot_buffer_bytes(decoder, pf: dict) -> dict[str, int]:
     """Bytes per verify slot of each of :class:`TreeVerifier`'s slot-sized buffers (besides its
-    :class:`Activations` rows and the tree layout, whose path table grows with the square of the slots): the
-    token-mix workspace, every DeltaNet layer's state and conv window, the attention's roped queries, the slot's
-    path entry, logits row and argmax. (Its token is in the step inputs: :func:`step_input_words`.)"""
+    :class:`Activations` rows and the tree layout, whose path table grows with the square of the slots): every
+    DeltaNet layer's token-mix workspace (which keeps the slot's state update for the commit) and conv window, the
+    attention's roped queries, the slot's path entry, logits row and argmax. (Its token is in the step inputs:
+    :func:`step_input_words`.)"""
     c, lay = decoder.config, decoder.layout
-    return {"ws": 4 * (2 * pf["KD"] + 2 * pf["VD"] + 2 * pf["NV"]),
-            "states": 4 * max(1, lay.n_dn) * lay.recurrent_state_floats,
+    return {"ws": 4 * max(1, lay.n_dn) * ws_floats(pf),
             "windows": 4 * max(1, lay.n_dn) * lay.conv_window_floats,
             "q_ws": query_workspace_bytes(pf, 1),
             "path": 4, "logits": 4 * c.vocab_size, "argmax": 4}
+
+
+def ws_floats(pf: dict) -> int:
+    """Floats per slot of one DeltaNet layer's workspace (tree_verify.cu.j2's tree_ws): q, k, v, g, beta, o, delta."""
+    return 2 * pf["KD"] + 3 * pf["VD"] + 2 * pf["NV"]
 
 
 def step_input_words(slots: int) -> int:
@@ -136,7 +140,7 @@ class TreeVerifier:
                 g.destroy()
         if hasattr(self, "acts"):
             self.acts.free()
-        for name in ("ws", "states", "windows", "q_ws", "step_in", "path", "history", "logits",
+        for name in ("ws", "windows", "q_ws", "step_in", "path", "history", "logits",
                      "argmax"):
             b = getattr(self, name, None)
             if isinstance(b, Buffer):
@@ -146,7 +150,7 @@ class TreeVerifier:
     def _mix(self, S: int, in_place: bool = False):
         """The layer mixers of an S-slot pass. ``in_place`` (one slot, always committed: a greedy decode step) writes
         the slot's DeltaNet state and conv window over the live ones, which the kernels read first, so no commit
-        copy follows."""
+        follows."""
         c, dec, st, pf, acts, lay = self.config, self.dec, self.stream, self.pf, self.acts, self.dec.layout
         if in_place and S != 1:
             raise LucegenError(f"an in-place pass has one slot, got {S}")
@@ -158,23 +162,22 @@ class TreeVerifier:
         def mix(l, T):
             if l.kind == 0:
                 live_state, live_window = recurrent_layer(dec, l), conv_layer(dec, l)
+                ws = self._layer_ws(l)
                 if in_place:
-                    states, windows = live_state, live_window
+                    live_out, windows = live_state, live_window
                 else:
-                    states = self.states.ptr + 4 * l.slot * self.slots * lay.recurrent_state_floats
-                    windows = self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
+                    live_out, windows = 0, self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
                 conv_groups = 2 * pf["NK"] + -(-pf["VD"] // THREADS)  # q/k heads, then value chunks
                 self.conv_fn.launch((S, conv_groups), THREADS,
                                     (address(acts.proj.ptr), address(wvec(l.conv_w)), address(live_window),
                                      address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
-                                     address(self.ws.ptr), address(windows), n), stream=st)
-                cols_per_block = THREADS // self.target.warp_size
-                self.rule_fn.launch(-(-pf["NV"] * pf["DV"] // cols_per_block), THREADS,
-                                    (address(self.ws.ptr), address(parent), address(live_state),
-                                     address(states), n),
+                                     address(ws), address(windows), n), stream=st)
+                self.rule_fn.launch(self._column_blocks(), THREADS,
+                                    (address(ws), address(parent), address(depth), address(anc), address(live_state),
+                                     address(live_out), n),
                                     stream=st)
-                self.norm_fn.launch((S, -(-pf["NV"] // cols_per_block)), THREADS,  # a warp per value head
-                                    (address(acts.proj.ptr), address(wvec(l.gnorm)), address(self.ws.ptr),
+                self.norm_fn.launch((S, -(-pf["NV"] // self._columns_per_block())), THREADS,  # a warp per value head
+                                    (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws),
                                      address(acts.mix.ptr), n), stream=st)
             else:
                 kv = kv_layer(dec, l)
@@ -228,19 +231,33 @@ class TreeVerifier:
         self.device.upload_async(step_inputs(dec.position, tokens, tree_layout(tree), self.slots), self.step_in,
                                  self.stream)  # after any pass still queued, which may read the last step's
         self._run_pass(S)
+        self._verified = S  # the commit replays the updates this pass left in the layer workspaces
         self.stream.synchronize()
         argmax = self.device.download(self.argmax, np.int32, (S,)).astype(np.int64)
         if logits:
             return argmax, self.device.download(self.logits, np.float32, (S, c.vocab_size))
         return argmax
 
-    def _commit_deltanet(self, slot: int) -> None:
+    def _columns_per_block(self) -> int:
+        return THREADS // self.target.warp_size  # tree_delta_rule / tree_commit_deltanet: a warp per value column
+
+    def _column_blocks(self) -> int:
+        return -(-self.pf["NV"] * self.pf["DV"] // self._columns_per_block())
+
+    def _layer_ws(self, l) -> int:
+        """The device address of DeltaNet layer ``l``'s workspace (kept from the verify to the commit)."""
+        return self.ws.ptr + 4 * l.slot * self.slots * ws_floats(self.pf)
+
+    def _commit_deltanet(self, path_len: int, slots: int) -> None:
+        """Replay the accepted path (``self.path``, ``path_len`` slots of a ``slots``-slot pass) over every DeltaNet
+        layer's state; its last slot's conv window becomes the live one."""
         lay = self.dec.layout
         if lay.n_dn:
-            self.commit_dn_fn.launch((COMMIT_BLOCKS, lay.n_dn), THREADS,
-                                     (address(self.states.ptr), np.uint64(self.slots * lay.recurrent_state_floats),
+            self.commit_dn_fn.launch((self._column_blocks(), lay.n_dn), THREADS,
+                                     (address(self.ws.ptr), np.uint64(self.slots * ws_floats(self.pf)),
                                       address(self.windows.ptr), np.uint64(self.slots * lay.conv_window_floats),
-                                      address(self.dec.recurrent.ptr), address(self.dec.conv.ptr), np.int32(slot)),
+                                      address(self.dec.recurrent.ptr), address(self.dec.conv.ptr),
+                                      address(self.path.ptr), np.int32(path_len - 1), np.int32(slots)),
                                      stream=self.stream)
 
     def commit(self, tree: ddtree.Tree, accepted, bonus: int) -> None:
@@ -252,10 +269,15 @@ class TreeVerifier:
         path = np.concatenate([[0], np.asarray(accepted, np.int64) + 1]).astype(np.int32)
         if np.any(tree.verify_parents()[path[1:]] != path[:-1]):
             raise LucegenError(f"commit: nodes {list(accepted)} are not a path from the root of the tree")
-        self._commit_deltanet(int(path[-1]))
+        S = tree.n_nodes + 1
+        if getattr(self, "_verified", None) != S:
+            raise LucegenError(f"commit: the last verify was not of this tree ({S} slots; verified: "
+                               f"{getattr(self, '_verified', None)})")
+        self._verified = None  # the commit consumes the pass
+        self.device.upload_async(path, self.path, st)
+        self._commit_deltanet(int(path.size), S)
         if lay.n_at and path.size > 1:
             c = self.config
-            self.device.upload_async(path, self.path, st)
             self.commit_kv_fn.launch((-(-2 * c.num_kv_heads * c.head_dim // THREADS), lay.n_at), THREADS,
                                      (address(dec.kv.ptr), np.uint64(dec.kv_layer_bytes), np.int32(dec.max_context),
                                       address(self.path.ptr),

@@ -136,6 +136,38 @@ def check_slots(preset: str, length: int, seed: int, budget: int) -> None:
     assert not bad, f"states off after the commit (relative error, layer): {bad}"
 
 
+def test_commit_replays_the_pass_bit_for_bit():
+    """The verify keeps each slot's DeltaNet update (g, k, delta), not its state, and the commit replays the accepted
+    path's updates over the committed state. What it leaves (states, conv windows, KV rows) equals, bit for bit, what
+    one one-slot pass per token of the path leaves: the lossless property rests on it."""
+    dec, _, ver = engine("tiny-gqa")
+    rng = np.random.default_rng(11)
+    vocab = dec.config.vocab_size
+    prompt = rng.integers(0, vocab, 9)
+    for trial in range(3):
+        root = start("tiny-gqa", prompt)
+        tree = random_tree(rng, vocab, BUDGET)
+        tokens = tree.verify_tokens(root)
+        argmax = ver.verify(tree, root)
+        slot = int(np.argmax(np.concatenate([[0], tree.depth])))  # a deepest slot
+        nodes = [] if slot == 0 else tree.path(slot - 1)
+        ver.commit(tree, nodes, int(argmax[slot]))
+        by_tree = dec.download_state()
+        start("tiny-gqa", prompt)
+        empty = ddtree.chain(np.zeros(0, np.int64))
+        path_tokens = [int(tokens[0])] + [int(tokens[n + 1]) for n in nodes]
+        for i, token in enumerate(path_tokens):
+            ver.verify(empty, token)
+            ver.commit(empty, [], path_tokens[i + 1] if i + 1 < len(path_tokens) else 0)
+        by_steps = dec.download_state()
+        assert by_tree["position"] == by_steps["position"]
+        for layer, (a, b) in enumerate(zip(by_tree["layers"], by_steps["layers"])):
+            for key in a:
+                assert np.array_equal(a[key], b[key]), (trial, layer, key, nodes)
+    with pytest.raises(LucegenError, match="last verify"):
+        ver.commit(empty, [], 0)  # the pass was committed already
+
+
 def test_verify_rejects_bad_requests():
     dec, pre, ver = engine("tiny")
     root = start("tiny", [1, 2, 3])
