@@ -9,9 +9,10 @@
 
 The pass is the prefill's layer loop (:func:`lucegen.runtime.prefill.runner.enqueue_layers`: the same GEMMs) with
 the token mixing of ``templates/dflash/tree_verify.cu.j2``: the conv window and DeltaNet state of every slot derive
-from its parent's, attention sees the committed context plus the slot's ancestors. Every slot's state and conv
-window are kept, so the commit copies the accepted slot's (no recompute) and moves the accepted path's KV rows into
-sequence order. Until ``commit`` the decoder's state is only read (the pass writes its slots' KV rows past the
+from its parent's, attention sees the committed context plus the slot's ancestors. Every slot's conv window and
+DeltaNet state *update* (g, k, delta: each layer's workspace) are kept, not its state, so the commit replays the
+accepted path's updates over the live state with the pass's own operations (the same bits), copies the accepted
+slot's conv window and moves the accepted path's KV rows into sequence order. Until ``commit`` the decoder's state is only read (the pass writes its slots' KV rows past the
 committed position, which no sequence position refers to): a rejected tree leaves no trace.
 
 Lossless by construction, bit for bit: every kernel computes a slot from its own path in a fixed order, and the
