@@ -369,11 +369,14 @@ tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv
 // the megakernel's layout). No slot's state is stored: a slot's update is (g, k, delta), and tv_apply_update
 // rebuilds any state from the committed one along its path with the very operations of the pass, so bit for bit.
 // Slots run in order; the warp keeps the last slot's column in registers and rebuilds only where the parent is not
-// the previous slot (from the deltas it stored itself). The commit replays the accepted path the
-// same way (tree_commit_deltanet). A one-slot greedy decode step passes the live state as both `committed` and
+// the previous slot (from the deltas it stored itself). The commit replays the accepted path the same way
+// (tree_commit_deltanet). A one-slot greedy decode step passes the live state as both `committed` and
 // `live_out` (and tree_conv_prepare the live conv window as both of its own): each thread reads its elements before
 // it writes them, so the update is in place and needs no commit.
-__device__ __forceinline__ int tv_key_head(int h) { return h / (TV_NV / TV_NK); }  // pf.v_heads
+// The key head of value head h (pf.v_heads: grouped, or ggml's tiled order).
+__device__ __forceinline__ int tv_key_head(int h) {
+  return h / (TV_NV / TV_NK);
+}
 
 // S = S * exp(g[a]) + k[a] delta[a] for slot a's update of value column col (head h): the pass's own operations.
 template <int KPL>

@@ -13,7 +13,8 @@ Device memory at context C with a verify of S slots is
 - **fixed**: lucegen's buffers that depend on neither: weights (target and draft), the live DeltaNet state,
   prefill and draft workspaces, measured here (the ledger, less the two parts below);
 - **per_slot**: one verify slot: its token-mix workspace (with its DeltaNet state updates) and conv windows (every
-  DeltaNet layer), its logits row and its layer-loop activations (:func:`slot_bytes`); S = the descriptor's tree budget + 1;
+  DeltaNet layer), its logits row and its layer-loop activations (:func:`slot_bytes`); S = the descriptor's tree
+  budget + 1;
 - **per_token**: one context position: the target's KV rows in the format (every attention layer, k and v),
   the draft's context ring rows (when the ring spans the context, its default; a bounded ring is fixed) and the
   int32 token and history entries.

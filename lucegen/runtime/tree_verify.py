@@ -12,8 +12,9 @@ the token mixing of ``templates/dflash/tree_verify.cu.j2``: the conv window and 
 from its parent's, attention sees the committed context plus the slot's ancestors. Every slot's conv window and
 DeltaNet state *update* (g, k, delta: each layer's workspace) are kept, not its state, so the commit replays the
 accepted path's updates over the live state with the pass's own operations (the same bits), copies the accepted
-slot's conv window and moves the accepted path's KV rows into sequence order. Until ``commit`` the decoder's state is only read (the pass writes its slots' KV rows past the
-committed position, which no sequence position refers to): a rejected tree leaves no trace.
+slot's conv window and moves the accepted path's KV rows into sequence order. Until ``commit`` the decoder's state
+is only read (the pass writes its slots' KV rows past the committed position, which no sequence position refers
+to): a rejected tree leaves no trace.
 
 Lossless by construction, bit for bit: every kernel computes a slot from its own path in a fixed order, and the
 GEMMs run one fixed tiling whatever the row count (no GEMV path for few rows, no split-K), so a slot's logits do
