@@ -122,6 +122,7 @@ class TreeVerifier:
         self.use_graphs = graphs
         self._graphs: dict[int, object] = {}  # slots -> the captured pass (pos0 and the tree come from memory)
         self._decode_graph = None  # one greedy step: pass, commit, advance (see decode)
+        self._verified: int | None = None  # slots of the last verify not yet committed (its updates are in self.ws)
         self._allocate()
 
     # ------------------------------------------------------------------------------------------ memory
@@ -272,9 +273,8 @@ class TreeVerifier:
         if np.any(tree.verify_parents()[path[1:]] != path[:-1]):
             raise LucegenError(f"commit: nodes {list(accepted)} are not a path from the root of the tree")
         S = tree.n_nodes + 1
-        if getattr(self, "_verified", None) != S:
-            raise LucegenError(f"commit: the last verify was not of this tree ({S} slots; verified: "
-                               f"{getattr(self, '_verified', None)})")
+        if self._verified != S:
+            raise LucegenError(f"commit: the last verify was not of this tree ({S} slots; verified: {self._verified})")
         self._verified = None  # the commit consumes the pass
         self.device.upload_async(path, self.path, st)
         self._commit_deltanet(int(path.size), S)
