@@ -80,7 +80,7 @@ def test_speculative_engine_on_a_quantised_target(models, chip, draft_file, kv):
     pre.prefill(np.arange(100, dtype=np.int32) % dec.config.vocab_size)
     spec.generate(12)
     launched = kernels(dev)
-    assert any(k.startswith("quant_gemm_nt") for k in launched) and "quant_gemm_m1" in launched
+    assert any(k.startswith("quant_gemm_nt") for k in launched) and any(k.startswith("quant_gemm_m1") for k in launched)
     assert {"draft_capture", "draft_context_store", "draft_attention", "tree_delta_rule"} <= launched
     for part in (spec, ver, pre, draft, dec):
         if hasattr(part, "close"):

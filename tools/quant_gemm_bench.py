@@ -4,7 +4,9 @@ step, not from the L2. ``--parts`` also times the given K splits (QuantGemm.part
 ``--tiles`` times Q4_K matrices of those many 16-row tiles instead of the 27B's (an in-projection-like one, K = 5120,
 and a down-like one, K = 17408): how the grid's fill of the chip (waves of resident blocks) sets the bandwidth.
 
-    python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528]
+``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring).
+
+    python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1]
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ SHAPES = {  # name: (segments [(type, rows)], K, epilogue)
 }
 
 
-def main(ms, sweep=()):
+def main(ms, sweep=(), rings=(None,)):
     dev = Device.open()
     qg = QuantGemm(dev, dev.target, H, 1e-6)
     rng = np.random.default_rng(0)
@@ -43,8 +45,10 @@ def main(ms, sweep=()):
             copies.append(qg.matrix(raw, K, pair=ep == "swiglu"))
         W = copies[0]
         planned = QuantGemm.parts(qg, W)
-        for M, parts in [(M, p) for M in ms for p in [planned] + [p for p in sweep if p != planned]
-                         if not (ep == "swiglu" and p > WARPS // 2)]:  # a pair needs two tiles a block
+        for M, parts, ring in [(M, p, r) for M in ms for p in [planned] + [p for p in sweep if p != planned]
+                               for r in rings if not (ep == "swiglu" and p > WARPS // 2)]:  # a pair: 2 tiles a block
+            if ring is not None:
+                qg.use_ring = bool(ring)
             qg.parts = lambda _W, parts=parts: parts
             a = dev.upload(np.full((M, K), 0x3F80, np.uint16))
             N = W.rows
@@ -73,7 +77,8 @@ def main(ms, sweep=()):
             end.synchronize()
             ms_each = start.elapsed_ms(end) / reps
             print(f"{name:34s} M={M:3d}  {ms_each * 1e3:8.1f} us  {W.weight_bytes / ms_each / 1e6:7.0f} GB/s  "
-                  f"parts={parts}{' (planned)' if parts == planned else ''}", flush=True)
+                  f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={qg.kernel(W, M, a.ptr, K)[0]}"
+                  f"{'' if ring is None else f' ring={ring}'}", flush=True)
             graph.destroy()
             for b in (a, out, x, xn, w, ss):
                 b.free()
@@ -94,4 +99,9 @@ if __name__ == "__main__":
         del args[i : i + 2]
         SHAPES = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
                   for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in tiles}
-    main([int(m) for m in args] or [1, 8, 16, 23, 32], sweep)
+    rings = (None,)
+    if "--ring" in args:
+        i = args.index("--ring")
+        rings = tuple(int(r) for r in args[i + 1].split(","))
+        del args[i : i + 2]
+    main([int(m) for m in args] or [1, 8, 16, 23, 32], sweep, rings)

@@ -232,7 +232,9 @@ __device__ __forceinline__ unsigned qg_byte_perm(unsigned x, unsigned selector) 
   }
   return r;
 }
+template <bool SMEM = false>
 __device__ __forceinline__ uint4 qg_load16(const unsigned char* p) { return *reinterpret_cast<const uint4*>(p); }
+template <bool SMEM = false>
 __device__ __forceinline__ unsigned qg_load2(const unsigned char* p) { return *reinterpret_cast<const unsigned short*>(p); }
 __device__ __forceinline__ float qg_f16(unsigned bits) { return (float)__builtin_bit_cast(_Float16, (unsigned short)bits); }
 __device__ __forceinline__ float qg_half(unsigned bits) { return lg_to_float(__builtin_bit_cast(bf16_t, (unsigned short)bits)); }
@@ -295,11 +297,12 @@ __device__ __forceinline__ void qg_k_scale(const QgKScales& k, int s, float& ds,
 struct QgQ4K {
   static constexpr int VALUES = 256, BYTES = 144, SUBS = 8, STEPS = 2, HAS_MIN = 1;
   struct Raw { uint4 h, h8, qs[4]; };
+  template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
-    r.h = qg_load16(tb + 16 * (lane >> 2));
-    r.h8 = qg_load16(tb + 16 * (lane >> 2) + 128);
+    r.h = qg_load16<SMEM>(tb + 16 * (lane >> 2));
+    r.h8 = qg_load16<SMEM>(tb + 16 * (lane >> 2) + 128);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) r.qs[p] = qg_load16(tb + 256 + 512 * p + 16 * lane);
+    for (int p = 0; p < 4; ++p) r.qs[p] = qg_load16<SMEM>(tb + 256 + 512 * p + 16 * lane);
   }
   static __device__ __forceinline__ void fragment(const Raw& r, int s, int j, unsigned (&a)[4]) {
     const uint4& c = r.qs[s >> 1];
@@ -316,12 +319,13 @@ struct QgQ4K {
 struct QgQ5K {
   static constexpr int VALUES = 256, BYTES = 176, SUBS = 8, STEPS = 2, HAS_MIN = 1;
   struct Raw { uint4 h, h8, qh, qs[4]; };
+  template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
-    r.h = qg_load16(tb + 16 * (lane >> 2));
-    r.h8 = qg_load16(tb + 16 * (lane >> 2) + 128);
-    r.qh = qg_load16(tb + 256 + 16 * lane);
+    r.h = qg_load16<SMEM>(tb + 16 * (lane >> 2));
+    r.h8 = qg_load16<SMEM>(tb + 16 * (lane >> 2) + 128);
+    r.qh = qg_load16<SMEM>(tb + 256 + 16 * lane);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) r.qs[p] = qg_load16(tb + 768 + 512 * p + 16 * lane);
+    for (int p = 0; p < 4; ++p) r.qs[p] = qg_load16<SMEM>(tb + 768 + 512 * p + 16 * lane);
   }
   static __device__ __forceinline__ void fragment(const Raw& r, int s, int j, unsigned (&a)[4]) {
     const uint4& c = r.qs[s >> 1];
@@ -343,15 +347,16 @@ struct QgQ5K {
 struct QgQ6K {
   static constexpr int VALUES = 256, BYTES = 210, SUBS = 16, STEPS = 1, HAS_MIN = 0;
   struct Raw { uint4 sc, sc8, ql[4], qh[2]; unsigned d, d8; };
+  template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
-    r.sc = qg_load16(tb + 16 * (lane >> 2));
-    r.sc8 = qg_load16(tb + 16 * (lane >> 2) + 128);
-    r.d = qg_load2(tb + 256 + 2 * (lane >> 2));
-    r.d8 = qg_load2(tb + 256 + 2 * (lane >> 2) + 16);
+    r.sc = qg_load16<SMEM>(tb + 16 * (lane >> 2));
+    r.sc8 = qg_load16<SMEM>(tb + 16 * (lane >> 2) + 128);
+    r.d = qg_load2<SMEM>(tb + 256 + 2 * (lane >> 2));
+    r.d8 = qg_load2<SMEM>(tb + 256 + 2 * (lane >> 2) + 16);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) r.ql[c] = qg_load16(tb + 288 + 512 * c + 16 * lane);
+    for (int c = 0; c < 4; ++c) r.ql[c] = qg_load16<SMEM>(tb + 288 + 512 * c + 16 * lane);
 #pragma unroll
-    for (int c = 0; c < 2; ++c) r.qh[c] = qg_load16(tb + 2336 + 512 * c + 16 * lane);
+    for (int c = 0; c < 2; ++c) r.qh[c] = qg_load16<SMEM>(tb + 2336 + 512 * c + 16 * lane);
   }
   static __device__ __forceinline__ void fragment(const Raw& r, int s, int, unsigned (&a)[4]) {
     const int h = s >> 3, u = (s >> 1) & 3, i = s & 1;
@@ -375,10 +380,11 @@ struct QgQ6K {
 struct QgQ8_0 {
   static constexpr int VALUES = 32, BYTES = 34, SUBS = 1, STEPS = 2, HAS_MIN = 0;
   struct Raw { uint4 qs; unsigned d, d8; };
+  template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
-    r.d = qg_load2(tb + 2 * (lane >> 2));
-    r.d8 = qg_load2(tb + 2 * (lane >> 2) + 16);
-    r.qs = qg_load16(tb + 32 + 16 * lane);
+    r.d = qg_load2<SMEM>(tb + 2 * (lane >> 2));
+    r.d8 = qg_load2<SMEM>(tb + 2 * (lane >> 2) + 16);
+    r.qs = qg_load16<SMEM>(tb + 32 + 16 * lane);
   }
   static __device__ __forceinline__ unsigned pair(unsigned w, int e) {  // int8 bytes e, e + 1 of w
     return qg_pack2((float)(signed char)(w >> (8 * e)), (float)(signed char)(w >> (8 * e + 8)));
@@ -491,7 +497,7 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   }
 }
 
-template <int NT, bool ONE_ROW, bool STAGED>
+template <int NT, bool ONE_ROW, bool STAGED, bool RING>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -646,7 +652,7 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -655,7 +661,7 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -664,7 +670,7 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<2, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -673,7 +679,7 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<3, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -682,6 +688,6 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<4, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<4, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }

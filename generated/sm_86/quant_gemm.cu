@@ -141,8 +141,14 @@ struct QgSegmentTable {
 };
 
 __device__ __forceinline__ unsigned qg_byte_perm(unsigned x, unsigned selector) { return __byte_perm(x, QG_MAGIC_WORD, selector); }
-__device__ __forceinline__ uint4 qg_load16(const unsigned char* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-__device__ __forceinline__ unsigned qg_load2(const unsigned char* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
+template <bool SMEM = false>
+__device__ __forceinline__ uint4 qg_load16(const unsigned char* p) {
+  return SMEM ? *reinterpret_cast<const uint4*>(p) : __ldg(reinterpret_cast<const uint4*>(p));
+}
+template <bool SMEM = false>
+__device__ __forceinline__ unsigned qg_load2(const unsigned char* p) {
+  return SMEM ? *reinterpret_cast<const unsigned short*>(p) : __ldg(reinterpret_cast<const unsigned short*>(p));
+}
 __device__ __forceinline__ float qg_f16(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
 __device__ __forceinline__ unsigned qg_sub2(unsigned x, unsigned y) {
   const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&x), *reinterpret_cast<const __nv_bfloat162*>(&y));
@@ -205,11 +211,12 @@ __device__ __forceinline__ void qg_k_scale(const QgKScales& k, int s, float& ds,
 struct QgQ4K {
   static constexpr int VALUES = 256, BYTES = 144, SUBS = 8, STEPS = 2, HAS_MIN = 1;
   struct Raw { uint4 h, h8, qs[4]; };
+  template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
-    r.h = qg_load16(tb + 16 * (lane >> 2));
-    r.h8 = qg_load16(tb + 16 * (lane >> 2) + 128);
+    r.h = qg_load16<SMEM>(tb + 16 * (lane >> 2));
+    r.h8 = qg_load16<SMEM>(tb + 16 * (lane >> 2) + 128);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) r.qs[p] = qg_load16(tb + 256 + 512 * p + 16 * lane);
+    for (int p = 0; p < 4; ++p) r.qs[p] = qg_load16<SMEM>(tb + 256 + 512 * p + 16 * lane);
   }
   static __device__ __forceinline__ void fragment(const Raw& r, int s, int j, unsigned (&a)[4]) {
     const uint4& c = r.qs[s >> 1];
@@ -226,12 +233,13 @@ struct QgQ4K {
 struct QgQ5K {
   static constexpr int VALUES = 256, BYTES = 176, SUBS = 8, STEPS = 2, HAS_MIN = 1;
   struct Raw { uint4 h, h8, qh, qs[4]; };
+  template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
-    r.h = qg_load16(tb + 16 * (lane >> 2));
-    r.h8 = qg_load16(tb + 16 * (lane >> 2) + 128);
-    r.qh = qg_load16(tb + 256 + 16 * lane);
+    r.h = qg_load16<SMEM>(tb + 16 * (lane >> 2));
+    r.h8 = qg_load16<SMEM>(tb + 16 * (lane >> 2) + 128);
+    r.qh = qg_load16<SMEM>(tb + 256 + 16 * lane);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) r.qs[p] = qg_load16(tb + 768 + 512 * p + 16 * lane);
+    for (int p = 0; p < 4; ++p) r.qs[p] = qg_load16<SMEM>(tb + 768 + 512 * p + 16 * lane);
   }
   static __device__ __forceinline__ void fragment(const Raw& r, int s, int j, unsigned (&a)[4]) {
     const uint4& c = r.qs[s >> 1];
@@ -253,15 +261,16 @@ struct QgQ5K {
 struct QgQ6K {
   static constexpr int VALUES = 256, BYTES = 210, SUBS = 16, STEPS = 1, HAS_MIN = 0;
   struct Raw { uint4 sc, sc8, ql[4], qh[2]; unsigned d, d8; };
+  template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
-    r.sc = qg_load16(tb + 16 * (lane >> 2));
-    r.sc8 = qg_load16(tb + 16 * (lane >> 2) + 128);
-    r.d = qg_load2(tb + 256 + 2 * (lane >> 2));
-    r.d8 = qg_load2(tb + 256 + 2 * (lane >> 2) + 16);
+    r.sc = qg_load16<SMEM>(tb + 16 * (lane >> 2));
+    r.sc8 = qg_load16<SMEM>(tb + 16 * (lane >> 2) + 128);
+    r.d = qg_load2<SMEM>(tb + 256 + 2 * (lane >> 2));
+    r.d8 = qg_load2<SMEM>(tb + 256 + 2 * (lane >> 2) + 16);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) r.ql[c] = qg_load16(tb + 288 + 512 * c + 16 * lane);
+    for (int c = 0; c < 4; ++c) r.ql[c] = qg_load16<SMEM>(tb + 288 + 512 * c + 16 * lane);
 #pragma unroll
-    for (int c = 0; c < 2; ++c) r.qh[c] = qg_load16(tb + 2336 + 512 * c + 16 * lane);
+    for (int c = 0; c < 2; ++c) r.qh[c] = qg_load16<SMEM>(tb + 2336 + 512 * c + 16 * lane);
   }
   static __device__ __forceinline__ void fragment(const Raw& r, int s, int, unsigned (&a)[4]) {
     const int h = s >> 3, u = (s >> 1) & 3, i = s & 1;
@@ -285,10 +294,11 @@ struct QgQ6K {
 struct QgQ8_0 {
   static constexpr int VALUES = 32, BYTES = 34, SUBS = 1, STEPS = 2, HAS_MIN = 0;
   struct Raw { uint4 qs; unsigned d, d8; };
+  template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
-    r.d = qg_load2(tb + 2 * (lane >> 2));
-    r.d8 = qg_load2(tb + 2 * (lane >> 2) + 16);
-    r.qs = qg_load16(tb + 32 + 16 * lane);
+    r.d = qg_load2<SMEM>(tb + 2 * (lane >> 2));
+    r.d8 = qg_load2<SMEM>(tb + 2 * (lane >> 2) + 16);
+    r.qs = qg_load16<SMEM>(tb + 32 + 16 * lane);
   }
   static __device__ __forceinline__ unsigned pair(unsigned w, int e) {  // int8 bytes e, e + 1 of w
     return qg_pack2((float)(signed char)(w >> (8 * e)), (float)(signed char)(w >> (8 * e + 8)));
@@ -368,6 +378,60 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
   }
 }
 
+// ---- the weight ring (cp.async): each warp streams its tile-blocks through QG_RING_STAGES slots of shared memory,
+// QG_RING_STAGES - 1 of them in flight while it computes one, and holds only the one it computes in registers (the
+// register path above holds two). A slot is refilled right after the warp-wide barrier that follows its last reads,
+// so one __syncwarp per tile-block orders the ring. ----
+#define QG_RING_STAGES 3
+
+// Bytes of one tile-block of segment type `type`.
+__device__ __forceinline__ int qg_tile_block_bytes(int type) {
+  switch (type) {
+    case 3: return 16 * QgQ6K::BYTES;
+  }
+  return 0;
+}
+template <typename Q>
+__device__ __forceinline__ void qg_ring_fill(unsigned char* slot, const unsigned char* __restrict__ tb, int lane) {
+#pragma unroll
+  for (int c = 0; c < Q::BYTES; c += LG_WARP_SIZE)  // the tile-block's BYTES pieces of 16 bytes
+    if (c + lane < Q::BYTES) lg_cp_async16(slot + 16 * (c + lane), tb + 16 * (c + lane), true);
+  lg_cp_async_commit();
+}
+
+// qg_tile through the warp's ring (slots slot_bytes apart): the same tile-blocks in the same order, so the same bits.
+template <typename Q, int NT, bool ONE_ROW>
+__device__ __forceinline__ void qg_tile_ring(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K,
+                                             int part, int parts, const bf16_t* __restrict__ A, int lda, int m0,
+                                             int M, unsigned char* ring, int slot_bytes) {
+  constexpr int STAGES = QG_RING_STAGES, TB = 16 * Q::BYTES;
+  const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
+  const int blocks = K / Q::VALUES, mine = part < blocks ? (blocks - part + parts - 1) / parts : 0;
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {  // one group per slot, empty past the warp's last tile-block
+    if (i < mine) qg_ring_fill<Q>(ring + i * slot_bytes, tile + (size_t)(part + i * parts) * TB, lane);
+    else lg_cp_async_commit();
+  }
+  lg_grid_dependency_wait();  // the first weights are on their way; A may come from the previous kernel
+  int slot = 0, refill = STAGES - 1;
+  for (int i = 0; i < mine; ++i) {
+    lg_cp_async_wait<STAGES - 2>();  // tile-block i has landed (this lane's pieces) ...
+    __syncwarp();                    // ... and every lane's; every lane is done reading slot `refill` (block i - 1)
+    typename Q::Raw cur;
+    Q::template load<true>(cur, ring + slot * slot_bytes, lane);
+    if (i + STAGES - 1 < mine)
+      qg_ring_fill<Q>(ring + refill * slot_bytes, tile + (size_t)(part + (i + STAGES - 1) * parts) * TB, lane);
+    else
+      lg_cp_async_commit();
+    const int b = part + i * parts;
+    qg_tile_block<Q, NT, ONE_ROW>(acc, cur, [&](int nt, int step) {
+      return qg_load_b(A, lda, m0 + 8 * nt + g, M, b * Q::VALUES + 16 * step + 4 * t);
+    });
+    slot = slot + 1 == STAGES ? 0 : slot + 1;
+    refill = refill + 1 == STAGES ? 0 : refill + 1;
+  }
+}
+
 #define QG_ROWS_F32 0
 #define QG_SWIGLU 1
 #define QG_RESIDUAL 2
@@ -401,7 +465,7 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   }
 }
 
-template <int NT, bool ONE_ROW, bool STAGED>
+template <int NT, bool ONE_ROW, bool STAGED, bool RING>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -440,6 +504,23 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[nt][c] = 0.0f;
   const int j = warp / parts, part = warp % parts, seg = tile_seg(j);
+  if (RING) {  // the warps' rings, each QG_RING_STAGES slots of the launch's largest tile-block; ring_types alone
+    extern __shared__ __align__(16) unsigned char qg_ring_bytes[];
+    int slot_bytes = 0;
+    for (int s = 0; s < nseg; ++s) slot_bytes = max(slot_bytes, qg_tile_block_bytes(segs.seg[s].type));
+    unsigned char* ring = qg_ring_bytes + warp * QG_RING_STAGES * slot_bytes;
+    if (seg >= 0) {
+      const QgSegment& sg = segs.seg[seg];
+      switch (sg.type) {
+        case 3: {  // Q6_K
+          const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
+                                      (size_t)tile_local(j, seg) * (K / QgQ6K::VALUES) * (16 * QgQ6K::BYTES);
+          qg_tile_ring<QgQ6K, NT, ONE_ROW>(acc, tile, K, part, parts, A, lda, m0, M, ring, slot_bytes);
+          break;
+        }
+      }
+    }
+  } else
   if (seg >= 0) {
     const QgSegment& sg = segs.seg[seg];
     switch (sg.type) {
@@ -556,7 +637,7 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -565,7 +646,7 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -574,7 +655,7 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<2, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -583,7 +664,7 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<3, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -592,6 +673,15 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<4, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<4, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key);
+}
+
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<1, true, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }

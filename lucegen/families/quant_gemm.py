@@ -26,15 +26,38 @@ def staged_smem_bytes(nt: int, parts: int, element_bytes: int = 2) -> int:
     return 2 * 8 * nt * (256 * parts + 16) * element_bytes
 
 
-def instances(target) -> tuple[tuple[str, int, bool, bool], ...]:
-    """The kernels for ``target``: (name, groups of 8 tokens, one row only, staged). quant_gemm_m1 is nt1 keeping
-    token column 0 alone (M = 1, the decode step): the same operations on that column, fewer on the columns it
-    drops. A staged instance exists where the chip has cp.async and room for the rounds of a launch of WARPS parts."""
-    plain = (("m1", 1, True, False),) + tuple((f"nt{nt}", nt, False, False) for nt in range(1, NT_MAX + 1))
+#: Slots of a warp's weight ring (tuning choice: 2, 3, 4 and 6 slots timed within 3% of each other on the H100).
+RING_STAGES = 3
+#: The one-row launches that stream their weights through the ring: groups of these types alone (tuning choice).
+#: Q6_K's tile-block needs 34 registers a lane, so the register path's two of them spill; through the ring the lane
+#: holds one (tools/quant_gemm_bench.py 1, H100: lm_head 408 -> 358 us, down 35.9 -> 32.0). Q4_K and Q5_K, which fit,
+#: lose to the ring's extra instructions (gate/up 46.2 -> 48.3, dn_in 22.7 -> 24.4, dn_out 11.8 -> 13.3).
+RING_TYPES = ("Q6_K",)
+
+
+def ring_smem_bytes(slot_bytes: int) -> int:
+    """Dynamic shared memory of a ring launch whose largest tile-block is ``slot_bytes``: every warp's slots."""
+    return WARPS * RING_STAGES * slot_bytes
+
+
+def ring_fits(target, slot_bytes: int, static_bytes: int, blocks_per_cu: int) -> bool:
+    """Whether rings of ``slot_bytes`` slots leave ``blocks_per_cu`` blocks of a kernel with ``static_bytes`` of
+    static shared memory resident per compute unit (the driver keeps 1 KB per block)."""
+    per_block = min(target.smem_per_block_optin, target.smem_per_cu // blocks_per_cu - 1024)
+    return static_bytes + ring_smem_bytes(slot_bytes) <= per_block
+
+
+def instances(target) -> tuple[tuple[str, int, bool, bool, bool], ...]:
+    """The kernels for ``target``: (name, groups of 8 tokens, one row only, staged, ring). quant_gemm_m1 is nt1
+    keeping token column 0 alone (M = 1, the decode step): the same operations on that column, fewer on the columns
+    it drops. A staged instance exists where the chip has cp.async and room for the rounds of a launch of WARPS
+    parts; m1r, m1 streaming its weights through per-warp rings of shared memory, where the chip has cp.async."""
+    plain = (("m1", 1, True, False, False),) + tuple((f"nt{nt}", nt, False, False, False) for nt in range(1, NT_MAX + 1))
     room = target.smem_per_block_optin - STAGED_STATIC_BYTES
-    staged = tuple((f"nt{nt}s", nt, False, True) for nt in STAGED_NT
+    staged = tuple((f"nt{nt}s", nt, False, True, False) for nt in STAGED_NT
                    if target.features.cp_async and staged_smem_bytes(nt, WARPS) <= room)
-    return plain + staged
+    ring = (("m1r", 1, True, False, True),) if target.features.cp_async else ()
+    return plain + staged + ring
 
 
 #: Matrices of one launch, at most (the segment table is a kernel parameter of this many entries).
@@ -45,7 +68,8 @@ def _params(target) -> dict:
     """The template parameters: the block types, the warps and the kernels to emit for ``target``."""
     kernels = instances(target)
     return {"types": GEMM_TYPES, "k_quants": K_QUANTS, "warps": WARPS, "instances": kernels,
-            "staged_any": any(staged for _, _, _, staged in kernels), "max_segments": MAX_SEGMENTS}
+            "staged_any": any(k[3] for k in kernels), "ring_any": any(k[4] for k in kernels),
+            "ring_stages": RING_STAGES, "ring_types": RING_TYPES, "max_segments": MAX_SEGMENTS}
 
 
 FAMILIES = (KernelFamily("quant_gemm", "kernels/quant_gemm.cu.j2", params=_params),)

@@ -23,7 +23,8 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import GEMM_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, WARPS, instances, staged_smem_bytes
+from ..families.quant_gemm import (GEMM_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, WARPS, instances, ring_fits,
+                                   ring_smem_bytes, RING_TYPES, staged_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -225,11 +226,15 @@ class QuantGemm:
         self.device, self.target, self.norm_dim, self.eps = device, target, norm_dim, eps
         self.module = device.load(codegen.build(target, "quant_gemm"))
         self.functions = {}
-        for name, nt, _, staged in instances(target):
+        for name, nt, _, staged, ring in instances(target):
             self.functions[name] = self.module.function(f"quant_gemm_{name}")
             if staged:
                 self.functions[name].set_max_dynamic_smem(staged_smem_bytes(nt, WARPS))
+            if ring:
+                self.functions[name].set_max_dynamic_smem(
+                    target.smem_per_block_optin - self.functions[name].attribute("SHARED_SIZE_BYTES"))
         self.threads = WARPS * target.warp_size
+        self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
 
     def matrix(self, segments, K: int, *, pair: bool = False) -> QuantMatrix:
         """Repack and upload ``segments`` [(type, raw GGML bytes, rows, unused)] of K columns each."""
@@ -284,12 +289,18 @@ class QuantGemm:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory: m1 for
         one row, else nt<groups of 8 tokens>, or its staged twin (the same bits) where one exists for this target, the
         group holds 256-value block types alone, the activation rows can be copied in 16-byte pieces, and a staged
-        row would otherwise be read often enough (STAGE_MIN_REUSE)."""
+        row would otherwise be read often enough (STAGE_MIN_REUSE); at one row, m1r (the same bits) for a group of
+        RING_TYPES alone where its rings leave two blocks per compute unit."""
         nt = token_groups(M)
         name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
         if (f"{name}s" in self.functions and all(t in K_QUANTS for t in W.types) and int(A) % 16 == 0
                 and lda % 8 == 0 and WARPS // parts * nt >= STAGE_MIN_REUSE):
             return f"{name}s", staged_smem_bytes(nt, parts)
+        ring = self.functions.get(f"{name}r")
+        if ring is not None and self.use_ring and all(t in RING_TYPES for t in W.types):
+            slot = max(TILE_ROWS * TYPES[t][2] for t in W.types)
+            if ring_fits(self.target, slot, ring.attribute("SHARED_SIZE_BYTES"), 2):
+                return f"{name}r", ring_smem_bytes(slot)
         return name, 0
 
     def rows_f32(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,

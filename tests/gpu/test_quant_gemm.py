@@ -2,7 +2,8 @@
 
 - rows_f32 over matrix groups of mixed block types (real quantiser scales and random bytes): f32 accumulation of
   exact products, |gpu - ref64| <= 2e-5 * sum_k |A W| per element; with a row scale from RMSNorm partial sums.
-- batch invariance: every row of an M-row launch equals, bit for bit, the same row launched alone.
+- batch invariance: every row of an M-row launch equals, bit for bit, the same row launched alone; the one-row
+  weight ring (m1r) equals the register path.
 - swiglu and residual epilogues, the folded argmax, and the exact zero of padded rows.
 """
 
@@ -119,6 +120,34 @@ def test_staged_rounds_match_the_plain_kernel(qg, M):
         for m in range(M):
             alone, _ = run_rows(qg, W, a[m : m + 1])
             np.testing.assert_array_equal(alone[0].view(np.uint32), got[m].view(np.uint32))
+    finally:
+        W.free()
+
+
+def test_ring_matches_the_register_path(qg):
+    """A one-row launch over Q6_K alone streams its weights through the warps' rings (m1r): its row matches numpy
+    and, bit for bit, the register path (m1) and row 0 of a 9-row launch. 200 row tiles take 8 parts, so K of 7
+    blocks gives a warp one tile-block or none (fewer than the ring's slots), and the last tile is partial."""
+    if "m1r" not in qg.functions:
+        pytest.skip(f"{qg.device.target.name} has no weight ring")
+    rng = np.random.default_rng(7)
+    K = 256 * 7
+    segs, dense = group(rng, ["Q6_K"], [16 * 200 - 5], K, "quantized")
+    W = qg.matrix(segs, K)
+    try:
+        a = activations(rng, 9, K)
+        with qg.device.upload(a) as da:
+            assert (qg.parts(W), qg.kernel(W, 1, da.ptr, K)[0]) == (8, "m1r")
+        ring, _ = run_rows(qg, W, a[:1])
+        check_close(ring, bf16_bits_to_f32(a[:1]), dense)
+        qg.use_ring = False
+        try:
+            registers, _ = run_rows(qg, W, a[:1])
+        finally:
+            qg.use_ring = True
+        rows9, _ = run_rows(qg, W, a)
+        np.testing.assert_array_equal(ring.view(np.uint32), registers.view(np.uint32))
+        np.testing.assert_array_equal(ring[0].view(np.uint32), rows9[0].view(np.uint32))
     finally:
         W.free()
 
