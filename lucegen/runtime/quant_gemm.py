@@ -23,8 +23,8 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import (GEMM_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, WARPS, instances, ring_fits,
-                                   ring_smem_bytes, RING_TYPES, staged_smem_bytes)
+from ..families.quant_gemm import (GEMM_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, RING_TYPES, WARPS, instances,
+                                   ring_fits, ring_smem_bytes, staged_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 

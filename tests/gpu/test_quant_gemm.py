@@ -126,13 +126,15 @@ def test_staged_rounds_match_the_plain_kernel(qg, M):
 
 def test_ring_matches_the_register_path(qg):
     """A one-row launch over Q6_K alone streams its weights through the warps' rings (m1r): its row matches numpy
-    and, bit for bit, the register path (m1) and row 0 of a 9-row launch. 200 row tiles take 8 parts, so K of 7
-    blocks gives a warp one tile-block or none (fewer than the ring's slots), and the last tile is partial."""
+    and, bit for bit, the register path (m1) and row 0 of a 9-row launch. A few more row tiles than compute units
+    take 8 parts, so K of 7 blocks gives a warp one tile-block or none (fewer than the ring's slots), and the last
+    tile is partial."""
     if "m1r" not in qg.functions:
         pytest.skip(f"{qg.device.target.name} has no weight ring")
     rng = np.random.default_rng(7)
     K = 256 * 7
-    segs, dense = group(rng, ["Q6_K"], [16 * 200 - 5], K, "quantized")
+    tiles = qg.device.target.compute_units + 3
+    segs, dense = group(rng, ["Q6_K"], [16 * tiles - 5], K, "quantized")
     W = qg.matrix(segs, K)
     try:
         a = activations(rng, 9, K)
