@@ -325,6 +325,18 @@ struct QgQ8_0 {
 __device__ __forceinline__ uint2 qg_load_b(const bf16_t* __restrict__ A, int lda, int m, int M, int k) {
   return m < M ? *reinterpret_cast<const uint2*>(A + (size_t)m * lda + k) : make_uint2(0u, 0u);
 }
+// qg_tile_block's bfrag for tile-block b with the activations read from global memory as the MMAs need them.
+template <typename Q>
+__device__ __forceinline__ auto qg_global_bfrag(const bf16_t* __restrict__ A, int lda, int m0, int M, int b, int lane) {
+  return [=](int nt, int step) {
+    return qg_load_b(A, lda, m0 + 8 * nt + (lane >> 2), M, b * Q::VALUES + 16 * step + 4 * (lane & 3));
+  };
+}
+// The tile-blocks of row tile `tile` of segment sg (K / VALUES of them, in K order).
+template <typename Q>
+__device__ __forceinline__ const unsigned char* qg_tile_weights(const QgSegment& sg, int tile, int K) {
+  return reinterpret_cast<const unsigned char*>(sg.weights) + (size_t)tile * (K / Q::VALUES) * (16 * Q::BYTES);
+}
 
 // acc (this warp's share of a 16-row tile times NT groups of 8 tokens) += one tile-block of weights (cur) times the
 // activations, bfrag(nt, step) giving the B fragment of tokens 8 nt + g at values 16 step + 4 t .. + 3 of the block.
@@ -367,7 +379,7 @@ __device__ __forceinline__ void qg_tile_block(float (&acc)[NT][4], const typenam
 template <typename Q, int NT, bool ONE_ROW>
 __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K,
                                         int part, int parts, const bf16_t* __restrict__ A, int lda, int m0, int M) {
-  const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
+  const int lane = (int)lg_lane_id();
   const int blocks = K / Q::VALUES;
   constexpr int TB = 16 * Q::BYTES;
   typename Q::Raw cur, next;
@@ -375,9 +387,7 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
   lg_grid_dependency_wait();  // the first weights are on their way; A may come from the previous kernel
   for (int b = part; b < blocks; b += parts) {
     if (b + parts < blocks) Q::load(next, tile + (size_t)(b + parts) * TB, lane);
-    qg_tile_block<Q, NT, ONE_ROW>(acc, cur, [&](int nt, int step) {
-      return qg_load_b(A, lda, m0 + 8 * nt + g, M, b * Q::VALUES + 16 * step + 4 * t);
-    });
+    qg_tile_block<Q, NT, ONE_ROW>(acc, cur, qg_global_bfrag<Q>(A, lda, m0, M, b, lane));
     cur = next;
   }
 }
@@ -409,7 +419,7 @@ __device__ __forceinline__ void qg_tile_ring(float (&acc)[NT][4], const unsigned
                                              int part, int parts, const bf16_t* __restrict__ A, int lda, int m0,
                                              int M, unsigned char* ring, int slot_bytes) {
   constexpr int STAGES = QG_RING_STAGES, TB = 16 * Q::BYTES;
-  const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
+  const int lane = (int)lg_lane_id();
   const int blocks = K / Q::VALUES, mine = part < blocks ? (blocks - part + parts - 1) / parts : 0;
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {  // one group per slot, empty past the warp's last tile-block
@@ -427,10 +437,7 @@ __device__ __forceinline__ void qg_tile_ring(float (&acc)[NT][4], const unsigned
       qg_ring_fill<Q>(ring + refill * slot_bytes, tile + (size_t)(part + (i + STAGES - 1) * parts) * TB, lane);
     else
       lg_cp_async_commit();
-    const int b = part + i * parts;
-    qg_tile_block<Q, NT, ONE_ROW>(acc, cur, [&](int nt, int step) {
-      return qg_load_b(A, lda, m0 + 8 * nt + g, M, b * Q::VALUES + 16 * step + 4 * t);
-    });
+    qg_tile_block<Q, NT, ONE_ROW>(acc, cur, qg_global_bfrag<Q>(A, lda, m0, M, part + i * parts, lane));
     slot = slot + 1 == STAGES ? 0 : slot + 1;
     refill = refill + 1 == STAGES ? 0 : refill + 1;
   }
@@ -567,19 +574,16 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     const int type = seg >= 0 ? segs.seg[seg].type : -1;
     switch (type) {
       case 1:  // Q4_K
-        qg_tile_staged<QgQ4K, NT>(acc, reinterpret_cast<const unsigned char*>(segs.seg[seg].weights) +
-                                          (size_t)tile_local(j, seg) * (K / 256) * (16 * QgQ4K::BYTES),
-                                    K, part, parts, A, lda, m0, M, stage);
+        qg_tile_staged<QgQ4K, NT>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part, parts, A,
+                                    lda, m0, M, stage);
         break;
       case 2:  // Q5_K
-        qg_tile_staged<QgQ5K, NT>(acc, reinterpret_cast<const unsigned char*>(segs.seg[seg].weights) +
-                                          (size_t)tile_local(j, seg) * (K / 256) * (16 * QgQ5K::BYTES),
-                                    K, part, parts, A, lda, m0, M, stage);
+        qg_tile_staged<QgQ5K, NT>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part, parts, A,
+                                    lda, m0, M, stage);
         break;
       case 3:  // Q6_K
-        qg_tile_staged<QgQ6K, NT>(acc, reinterpret_cast<const unsigned char*>(segs.seg[seg].weights) +
-                                          (size_t)tile_local(j, seg) * (K / 256) * (16 * QgQ6K::BYTES),
-                                    K, part, parts, A, lda, m0, M, stage);
+        qg_tile_staged<QgQ6K, NT>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K), K, part, parts, A,
+                                    lda, m0, M, stage);
         break;
       default:  // no tile: copy and keep step (every K-quant walks the same rounds)
         qg_tile_staged<QgQ4K, NT>(acc, nullptr, K, part, parts, A, lda, m0, M, stage);
@@ -593,42 +597,32 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     if (seg >= 0) {
       const QgSegment& sg = segs.seg[seg];
       switch (sg.type) {
-        case 3: {  // Q6_K
-          const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
-                                      (size_t)tile_local(j, seg) * (K / QgQ6K::VALUES) * (16 * QgQ6K::BYTES);
-          qg_tile_ring<QgQ6K, NT, ONE_ROW>(acc, tile, K, part, parts, A, lda, m0, M, ring, slot_bytes);
+        case 3:  // Q6_K
+          qg_tile_ring<QgQ6K, NT, ONE_ROW>(acc, qg_tile_weights<QgQ6K>(sg, tile_local(j, seg), K), K, part, parts, A,
+                                             lda, m0, M, ring, slot_bytes);
           break;
-        }
       }
     }
   } else
   if (seg >= 0) {
     const QgSegment& sg = segs.seg[seg];
     switch (sg.type) {
-      case 0: {  // Q8_0
-        const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
-                                    (size_t)tile_local(j, seg) * (K / QgQ8_0::VALUES) * (16 * QgQ8_0::BYTES);
-        qg_tile<QgQ8_0, NT, ONE_ROW>(acc, tile, K, part, parts, A, lda, m0, M);
+      case 0:  // Q8_0
+        qg_tile<QgQ8_0, NT, ONE_ROW>(acc, qg_tile_weights<QgQ8_0>(sg, tile_local(j, seg), K), K, part, parts, A, lda, m0,
+                                      M);
         break;
-      }
-      case 1: {  // Q4_K
-        const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
-                                    (size_t)tile_local(j, seg) * (K / QgQ4K::VALUES) * (16 * QgQ4K::BYTES);
-        qg_tile<QgQ4K, NT, ONE_ROW>(acc, tile, K, part, parts, A, lda, m0, M);
+      case 1:  // Q4_K
+        qg_tile<QgQ4K, NT, ONE_ROW>(acc, qg_tile_weights<QgQ4K>(sg, tile_local(j, seg), K), K, part, parts, A, lda, m0,
+                                      M);
         break;
-      }
-      case 2: {  // Q5_K
-        const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
-                                    (size_t)tile_local(j, seg) * (K / QgQ5K::VALUES) * (16 * QgQ5K::BYTES);
-        qg_tile<QgQ5K, NT, ONE_ROW>(acc, tile, K, part, parts, A, lda, m0, M);
+      case 2:  // Q5_K
+        qg_tile<QgQ5K, NT, ONE_ROW>(acc, qg_tile_weights<QgQ5K>(sg, tile_local(j, seg), K), K, part, parts, A, lda, m0,
+                                      M);
         break;
-      }
-      case 3: {  // Q6_K
-        const unsigned char* tile = reinterpret_cast<const unsigned char*>(sg.weights) +
-                                    (size_t)tile_local(j, seg) * (K / QgQ6K::VALUES) * (16 * QgQ6K::BYTES);
-        qg_tile<QgQ6K, NT, ONE_ROW>(acc, tile, K, part, parts, A, lda, m0, M);
+      case 3:  // Q6_K
+        qg_tile<QgQ6K, NT, ONE_ROW>(acc, qg_tile_weights<QgQ6K>(sg, tile_local(j, seg), K), K, part, parts, A, lda, m0,
+                                      M);
         break;
-      }
     }
   }
   lg_grid_dependency_wait();  // (warps without a tile) before reading ss or writing anything

@@ -3,6 +3,8 @@ quantised target's projections for decode, verify and prompt, bit for bit indepe
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..codegen import KernelFamily
 
 #: Block types in the kernels' type switch, in the order of QgSegment.type (the Q4_K_M mix: Q4_K, Q5_K, Q6_K; Q8_0).
@@ -47,16 +49,31 @@ def ring_fits(target, slot_bytes: int, static_bytes: int, blocks_per_cu: int) ->
     return static_bytes + ring_smem_bytes(slot_bytes) <= per_block
 
 
-def instances(target) -> tuple[tuple[str, int, bool, bool, bool], ...]:
-    """The kernels for ``target``: (name, groups of 8 tokens, one row only, staged, ring). quant_gemm_m1 is nt1
-    keeping token column 0 alone (M = 1, the decode step): the same operations on that column, fewer on the columns
-    it drops. A staged instance exists where the chip has cp.async and room for the rounds of a launch of WARPS
-    parts; m1r, m1 streaming its weights through per-warp rings of shared memory, where the chip has cp.async."""
-    plain = (("m1", 1, True, False, False),) + tuple((f"nt{nt}", nt, False, False, False) for nt in range(1, NT_MAX + 1))
+class GemmKernel(NamedTuple):
+    """One kernel of the family: quant_gemm_<name>, for groups of 8 tokens ``nt``; ``one_row`` keeps token column 0
+    alone; ``staged`` copies activations into shared memory by rounds; ``ring`` streams weights through per-warp
+    rings; ``blocks_per_cu`` is its launch bounds' resident blocks per compute unit."""
+    name: str
+    nt: int
+    one_row: bool = False
+    staged: bool = False
+    ring: bool = False
+
+    @property
+    def blocks_per_cu(self) -> int:  # 128 registers a thread for one or two groups, unstaged; else all 255
+        return 2 if self.nt <= 2 and not self.staged else 1
+
+
+def instances(target) -> tuple[GemmKernel, ...]:
+    """The kernels for ``target``. quant_gemm_m1 is nt1 keeping token column 0 alone (M = 1, the decode step): the
+    same operations on that column, fewer on the columns it drops. A staged instance exists where the chip has
+    cp.async and room for the rounds of a launch of WARPS parts; m1r, m1 streaming its weights through per-warp
+    rings of shared memory, where the chip has cp.async."""
+    plain = (GemmKernel("m1", 1, one_row=True),) + tuple(GemmKernel(f"nt{nt}", nt) for nt in range(1, NT_MAX + 1))
     room = target.smem_per_block_optin - STAGED_STATIC_BYTES
-    staged = tuple((f"nt{nt}s", nt, False, True, False) for nt in STAGED_NT
+    staged = tuple(GemmKernel(f"nt{nt}s", nt, staged=True) for nt in STAGED_NT
                    if target.features.cp_async and staged_smem_bytes(nt, WARPS) <= room)
-    ring = (("m1r", 1, True, False, True),) if target.features.cp_async else ()
+    ring = (GemmKernel("m1r", 1, one_row=True, ring=True),) if target.features.cp_async else ()
     return plain + staged + ring
 
 
@@ -68,7 +85,7 @@ def _params(target) -> dict:
     """The template parameters: the block types, the warps and the kernels to emit for ``target``."""
     kernels = instances(target)
     return {"types": GEMM_TYPES, "k_quants": K_QUANTS, "warps": WARPS, "instances": kernels,
-            "staged_any": any(k[3] for k in kernels), "ring_any": any(k[4] for k in kernels),
+            "staged_any": any(k.staged for k in kernels), "ring_any": any(k.ring for k in kernels),
             "ring_stages": RING_STAGES, "ring_types": RING_TYPES, "max_segments": MAX_SEGMENTS}
 
 

@@ -225,14 +225,14 @@ class QuantGemm:
     def __init__(self, device, target, norm_dim: int, eps: float):
         self.device, self.target, self.norm_dim, self.eps = device, target, norm_dim, eps
         self.module = device.load(codegen.build(target, "quant_gemm"))
-        self.functions = {}
-        for name, nt, _, staged, ring in instances(target):
-            self.functions[name] = self.module.function(f"quant_gemm_{name}")
-            if staged:
-                self.functions[name].set_max_dynamic_smem(staged_smem_bytes(nt, WARPS))
-            if ring:
-                self.functions[name].set_max_dynamic_smem(
-                    target.smem_per_block_optin - self.functions[name].attribute("SHARED_SIZE_BYTES"))
+        self.functions, self.kernels, self.static_smem = {}, {}, {}
+        for k in instances(target):
+            fn = self.functions[k.name] = self.module.function(f"quant_gemm_{k.name}")
+            self.kernels[k.name], self.static_smem[k.name] = k, fn.attribute("SHARED_SIZE_BYTES")
+            if k.staged:
+                fn.set_max_dynamic_smem(staged_smem_bytes(k.nt, WARPS))
+            if k.ring:
+                fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
         self.threads = WARPS * target.warp_size
         self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
 
@@ -290,17 +290,17 @@ class QuantGemm:
         one row, else nt<groups of 8 tokens>, or its staged twin (the same bits) where one exists for this target, the
         group holds 256-value block types alone, the activation rows can be copied in 16-byte pieces, and a staged
         row would otherwise be read often enough (STAGE_MIN_REUSE); at one row, m1r (the same bits) for a group of
-        RING_TYPES alone where its rings leave two blocks per compute unit."""
+        RING_TYPES alone where its rings leave the kernel's resident blocks per compute unit."""
         nt = token_groups(M)
         name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
         if (f"{name}s" in self.functions and all(t in K_QUANTS for t in W.types) and int(A) % 16 == 0
                 and lda % 8 == 0 and WARPS // parts * nt >= STAGE_MIN_REUSE):
             return f"{name}s", staged_smem_bytes(nt, parts)
-        ring = self.functions.get(f"{name}r")
-        if ring is not None and self.use_ring and all(t in RING_TYPES for t in W.types):
+        ring = f"{name}r"
+        if ring in self.kernels and self.use_ring and all(t in RING_TYPES for t in W.types):
             slot = max(TILE_ROWS * TYPES[t][2] for t in W.types)
-            if ring_fits(self.target, slot, ring.attribute("SHARED_SIZE_BYTES"), 2):
-                return f"{name}r", ring_smem_bytes(slot)
+            if ring_fits(self.target, slot, self.static_smem[ring], self.kernels[ring].blocks_per_cu):
+                return ring, ring_smem_bytes(slot)
         return name, 0
 
     def rows_f32(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
