@@ -4,9 +4,10 @@ step, not from the L2. ``--parts`` also times the given K splits (QuantGemm.part
 ``--tiles`` times Q4_K matrices of those many 16-row tiles instead of the 27B's (an in-projection-like one, K = 5120,
 and a down-like one, K = 17408): how the grid's fill of the chip (waves of resident blocks) sets the bandwidth.
 
-``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring).
+``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring), ``--wgmma 0,1``
+with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma).
 
-    python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1]
+    python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--wgmma 0,1]
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ SHAPES = {  # name: (segments [(type, rows)], K, epilogue)
 }
 
 
-def main(ms, sweep=(), rings=(None,)):
+def main(ms, sweep=(), rings=(None,), wgmmas=(None,)):
     dev = Device.open()
     qg = QuantGemm(dev, dev.target, H, 1e-6)
     rng = np.random.default_rng(0)
@@ -45,10 +46,13 @@ def main(ms, sweep=(), rings=(None,)):
             copies.append(qg.matrix(raw, K, pair=ep == "swiglu"))
         W = copies[0]
         planned = QuantGemm.parts(qg, W)
-        for M, parts, ring in [(M, p, r) for M in ms for p in [planned] + [p for p in sweep if p != planned]
-                               for r in rings if not (ep == "swiglu" and p > WARPS // 2)]:  # a pair: 2 tiles a block
+        for M, parts, ring, wg in [(M, p, r, g) for M in ms for p in [planned] + [p for p in sweep if p != planned]
+                                   for r in rings for g in wgmmas
+                                   if not (ep == "swiglu" and p > WARPS // 2)]:  # a pair: 2 tiles a block
             if ring is not None:
                 qg.use_ring = bool(ring)
+            if wg is not None:
+                qg.use_wgmma = bool(wg)
             qg.parts = lambda _W, parts=parts: parts
             a = dev.upload(np.full((M, K), 0x3F80, np.uint16))
             N = W.rows
@@ -78,7 +82,7 @@ def main(ms, sweep=(), rings=(None,)):
             ms_each = start.elapsed_ms(end) / reps
             print(f"{name:34s} M={M:3d}  {ms_each * 1e3:8.1f} us  {W.weight_bytes / ms_each / 1e6:7.0f} GB/s  "
                   f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={qg.kernel(W, M, a.ptr, K)[0]}"
-                  f"{'' if ring is None else f' ring={ring}'}", flush=True)
+                  f"{'' if ring is None else f' ring={ring}'}{'' if wg is None else f' wgmma={wg}'}", flush=True)
             graph.destroy()
             for b in (a, out, x, xn, w, ss):
                 b.free()
@@ -104,4 +108,9 @@ if __name__ == "__main__":
         i = args.index("--ring")
         rings = tuple(int(r) for r in args[i + 1].split(","))
         del args[i : i + 2]
-    main([int(m) for m in args] or [1, 8, 16, 23, 32], sweep, rings)
+    wgmmas = (None,)
+    if "--wgmma" in args:
+        i = args.index("--wgmma")
+        wgmmas = tuple(int(r) for r in args[i + 1].split(","))
+        del args[i : i + 2]
+    main([int(m) for m in args] or [1, 8, 16, 23, 32], sweep, rings, wgmmas)

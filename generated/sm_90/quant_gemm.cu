@@ -496,6 +496,183 @@ __device__ __forceinline__ void qg_tile_staged(float (&acc)[NT][4], const unsign
   }
 }
 
+// ---- warpgroup MMAs (wgmma, sm_90a) over staged rounds: the 4 warps of a warpgroup hold 4 row tiles of one part
+// of K, and one wgmma m64n{8 NT}k16 per k16 step multiplies their A fragments (registers, the same dequantised
+// fragments as above) by the round's activations, which it reads from shared memory itself: no B fragment loads,
+// one instruction for all 8 NT tokens. wgmma's sums equal mma.sync m16n8k16's bit for bit, and a k16 product's
+// bits do not depend on the order of its 16 slots (both checked on the H100 over 25M random products), so this
+// path gives the register path's bits.
+//   The B operand of a k16 step: NT x 2 core matrices (8 tokens x 8 slots, 128 contiguous bytes), core (n group i,
+// slot half h) at (2 i + h) 128 bytes, no swizzle: the K-major descriptor's leading byte offset (the next 8 slots)
+// is 128, its stride byte offset (the next 8 tokens) 256. Slots follow the A fragments' order (slots 2t, 2t+1:
+// values 4t, 4t+1; slots 2t+8, 2t+9: values 4t+2, 4t+3), so the copy moves 4-byte pairs: value pair w of a step
+// goes to core half w % 2, word w / 2. A round holds parts x 16 steps of NT x 256 bytes.
+__device__ __forceinline__ void qg_cp_async4(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
+}
+// Thread (ng, h, r8, q) = tid / 64, tid / 32 % 2, tid / 4 % 8, tid % 4 copies word q of row r8 of core half h of token
+// group ng, for every step j and part p: a warp fills one core matrix (32 distinct banks), reading 8 rows of 4 words.
+template <int NT>
+__device__ __forceinline__ void qg_wg_stage_round(unsigned char* stage, const bf16_t* __restrict__ A, int lda, int m0,
+                                                  int M, int block0, int count) {
+  const int q = threadIdx.x & 3, r8 = (threadIdx.x >> 2) & 7, h = (threadIdx.x >> 5) & 1, ng = threadIdx.x >> 6;
+  if (ng >= NT) return;
+  const int m = m0 + 8 * ng + r8;
+  const bf16_t* src = A + (size_t)(m < M ? m : 0) * lda + 256 * block0 + 2 * (2 * q + h);
+  unsigned char* dst = stage + ng * 256 + h * 128 + r8 * 16 + 4 * q;
+  for (int p = 0; p < count; ++p)
+#pragma unroll
+    for (int j = 0; j < 16; ++j) qg_cp_async4(dst + (p * 16 + j) * NT * 256, src + 256 * p + 16 * j, m < M);
+}
+// Bytes of one tile-block of K-quant segment type `type`.
+__device__ __forceinline__ int qg_k_tile_block_bytes(int type) {
+  switch (type) {
+    case 1: return 16 * QgQ4K::BYTES;
+    case 2: return 16 * QgQ5K::BYTES;
+    case 3: return 16 * QgQ6K::BYTES;
+  }
+  return 0;
+}
+__device__ __forceinline__ unsigned long long qg_wg_desc(const unsigned char* p) {
+  return ((unsigned long long)(lg_smem_addr(p) & 0x3FFFFu) >> 4) | ((128ull >> 4) << 16) | ((256ull >> 4) << 32);
+}
+__device__ __forceinline__ void qg_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void qg_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void qg_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory"); }
+// d (this warp's 16 rows x 8 NT tokens, the m16n8 layout per group of 8: d[4 nt + c] = acc[nt][c]) = a * b (+ d if
+// accumulate).
+template <int NT>
+__device__ __forceinline__ void qg_wgmma(float (&d)[4 * NT], const unsigned (&a)[4], unsigned long long b, int accumulate);
+template <>
+__device__ __forceinline__ void qg_wgmma<1>(float (&d)[4], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+               "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, %8, p, 1, 1, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate) : "memory");
+}
+template <>
+__device__ __forceinline__ void qg_wgmma<2>(float (&d)[8], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+               "{ %0, %1, %2, %3, %4, %5, %6, %7 }, { %8, %9, %10, %11 }, %12, p, 1, 1, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate) : "memory");
+}
+template <>
+__device__ __forceinline__ void qg_wgmma<3>(float (&d)[12], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
+               "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11 }, { %12, %13, %14, %15 }, %16, p, 1, 1, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate) : "memory");
+}
+template <>
+__device__ __forceinline__ void qg_wgmma<4>(float (&d)[16], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+               "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15 }, { %16, %17, %18, %19 }, %20, p, 1, 1, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate) : "memory");
+}
+
+// qg_tile_block through wgmma: the same sums in the same order. With BUFFERS = 2 a sub-block's products are issued,
+// then the previous sub-block's are awaited and scaled, so one group of wgmmas runs while the warp scales the last;
+// with 1 (fewer registers) each is awaited at once, other warps filling the wait.
+template <typename Q, int NT, int BUFFERS>
+__device__ __forceinline__ void qg_tile_block_wgmma(float (&acc)[NT][4], const typename Q::Raw& cur,
+                                                    const unsigned char* steps) {
+  const unsigned ones[4] = {qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f)};
+  float dot[BUFFERS][4 * NT], sum[BUFFERS][4 * NT];
+  auto scale = [&](int s) {
+    float ds[2], dm[2];
+    Q::scales(cur, s, ds, dm);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        acc[nt][c] = fmaf(ds[c >> 1], dot[s % BUFFERS][4 * nt + c], acc[nt][c]);
+        if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[s % BUFFERS][4 * nt + c], acc[nt][c]);
+      }
+  };
+#pragma unroll
+  for (int s = 0; s < Q::SUBS; ++s) {
+    unsigned a[Q::STEPS][4];
+#pragma unroll
+    for (int j = 0; j < Q::STEPS; ++j) Q::fragment(cur, s, j, a[j]);
+    qg_wg_fence();
+#pragma unroll
+    for (int j = 0; j < Q::STEPS; ++j) {
+      const unsigned long long b = qg_wg_desc(steps + (s * Q::STEPS + j) * NT * 256);
+      qg_wgmma<NT>(dot[s % BUFFERS], a[j], b, j);
+      if (Q::HAS_MIN) qg_wgmma<NT>(sum[s % BUFFERS], ones, b, j);
+    }
+    qg_wg_commit();
+    if (BUFFERS == 1) {
+      qg_wg_wait<0>();
+      scale(s);
+    } else if (s > 0) {
+      qg_wg_wait<1>();
+      scale(s - 1);
+    }
+  }
+  if (BUFFERS > 1) {
+    qg_wg_wait<0>();
+    scale(Q::SUBS - 1);
+  }
+}
+
+// The staged rounds (as qg_tile_staged) through wgmma, QG_WG_STAGES of them in shared memory: the activations and
+// this warp's tile-block of round i + QG_WG_STAGES - 1 are copied (cp.async, one group) while round i computes, so
+// every warp keeps QG_WG_STAGES - 1 tile-blocks in flight (with one block a compute unit, bytes in flight set the
+// bandwidth). Weights go through shared memory too: wgmma.fence would wait for register loads in flight. A warp's
+// slots are slot_bytes apart. Every warp of the block calls it, since each round ends in a block barrier; the 4
+// warps of a warpgroup share `part` and compute together (compute false: the warpgroup has no tile and only helps
+// copy; tile null: this warp has none, its sums unused).
+#define QG_WG_STAGES 2
+#define QG_WG_BUFFERS 1
+template <typename Q, int NT>
+__device__ __forceinline__ void qg_tile_wgmma(float (&acc)[NT][4], const unsigned char* __restrict__ tile, bool compute,
+                                              int K, int part, int parts, const bf16_t* __restrict__ A, int lda,
+                                              int m0, int M, unsigned char* stage, unsigned char* ring, int slot_bytes) {
+  static_assert(Q::VALUES == 256, "staged rounds walk K in 256-value blocks");
+  constexpr int S = QG_WG_STAGES, TB = 16 * Q::BYTES;
+  const int lane = (int)lg_lane_id();
+  const int blocks = K / Q::VALUES, rounds = (blocks + parts - 1) / parts, round_bytes = parts * 16 * NT * 256;
+  auto fetch = [&](int i) {  // this warp's tile-block of round i
+    const int b = i * parts + part;
+    if (tile != nullptr && b < blocks) qg_ring_fill<Q>(ring + (i % S) * slot_bytes, tile + (size_t)b * TB, lane);
+    else lg_cp_async_commit();
+  };
+  auto stage_round = [&](int i) {  // round i's activations (no commit)
+    if (i < rounds) qg_wg_stage_round<NT>(stage + (i % S) * round_bytes, A, lda, m0, M, i * parts, min(parts, blocks - i * parts));
+  };
+  // Groups: the weights of rounds 0 .. S - 2, then (after the dependency wait) their activations, then one group per
+  // round; so at round i, S - 2 groups younger than round i's may stay in flight.
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) fetch(i);
+  lg_grid_dependency_wait();  // the first weights are on their way; A may come from the previous kernel
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    stage_round(i);
+    lg_cp_async_commit();
+  }
+  for (int i = 0; i < rounds; ++i) {
+    lg_cp_async_wait<S - 2>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, before wgmma's reads
+    __syncthreads();  // round i has landed for every thread, and every warp is done with round i - 1's buffers
+    stage_round(i + S - 1);
+    fetch(i + S - 1);  // commits the round's group
+    if (compute && i * parts + part < blocks) {  // uniform across the warpgroup
+      typename Q::Raw cur = {};
+      if (tile != nullptr) Q::template load<true>(cur, ring + (i % S) * slot_bytes, lane);
+      qg_tile_block_wgmma<Q, NT, QG_WG_BUFFERS>(acc, cur, stage + (i % S) * round_bytes + part * 16 * NT * 256);
+    }
+  }
+}
+
 #define QG_ROWS_F32 0
 #define QG_SWIGLU 1
 #define QG_RESIDUAL 2
@@ -529,7 +706,7 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   }
 }
 
-template <int NT, bool ONE_ROW, bool STAGED, bool RING>
+template <int NT, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -567,7 +744,37 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[nt][c] = 0.0f;
-  const int j = warp / parts, part = warp % parts, seg = tile_seg(j);
+  // The warp's tile j and part of K: warp w = j parts + part; with wgmma, warpgroup w / 4 holds tiles 4 (w / 4 / parts)
+  // .. + 3 of part w / 4 % parts (parts <= 2), so that its warps share a part.
+  const int j = WGMMA ? (warp & 3) + 4 * (warp / 4 / parts) : warp / parts;
+  const int part = WGMMA ? warp / 4 % parts : warp % parts, seg = tile_seg(j);
+  if (WGMMA) {  // every warp walks the rounds; QuantGemm.kernel picks wgmma for groups whose warpgroups share a type
+    // [QG_WG_STAGES rounds of activations][WARPS][QG_WG_STAGES slots of the launch's largest tile-block]
+    extern __shared__ __align__(128) unsigned char qg_wg_bytes[];
+    int slot_bytes = 0;
+    for (int s = 0; s < nseg; ++s) slot_bytes = max(slot_bytes, qg_k_tile_block_bytes(segs.seg[s].type));
+    unsigned char* ring = qg_wg_bytes + QG_WG_STAGES * parts * 16 * NT * 256 + warp * QG_WG_STAGES * slot_bytes;
+    const int seg0 = tile_seg(j & ~3), type = seg0 >= 0 ? segs.seg[seg0].type : -1;
+    switch (type) {
+      case 1:  // Q4_K
+        qg_tile_wgmma<QgQ4K, NT>(acc, seg >= 0 ? qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K) : nullptr,
+                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring,
+                                   slot_bytes);
+        break;
+      case 2:  // Q5_K
+        qg_tile_wgmma<QgQ5K, NT>(acc, seg >= 0 ? qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K) : nullptr,
+                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring,
+                                   slot_bytes);
+        break;
+      case 3:  // Q6_K
+        qg_tile_wgmma<QgQ6K, NT>(acc, seg >= 0 ? qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K) : nullptr,
+                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring,
+                                   slot_bytes);
+        break;
+      default:  // no tile in this warpgroup: copy and keep step
+        qg_tile_wgmma<QgQ4K, NT>(acc, nullptr, false, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring, slot_bytes);
+    }
+  } else
   if (STAGED) {  // every warp walks the rounds; QuantGemm.kernel stages launches of 256-value block types alone
     extern __shared__ __align__(16) unsigned char qg_stage_bytes[];
     bf16_t* stage = reinterpret_cast<bf16_t*>(qg_stage_bytes);
@@ -629,7 +836,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) red[warp][nt * 4 + c][lane] = acc[nt][c];
+    for (int c = 0; c < 4; ++c) red[WGMMA ? j * parts + part : warp][nt * 4 + c][lane] = acc[nt][c];
   if (kind != QG_RESIDUAL && ss != nullptr) qg_row_partials<NT>(row_part, ss, ss_parts, ss_stride, m0, M);
   __syncthreads();
 
@@ -712,7 +919,7 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -721,7 +928,7 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -730,7 +937,7 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<2, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -739,7 +946,7 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<3, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -748,7 +955,7 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<4, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<4, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -757,7 +964,7 @@ quant_gemm_nt2s(const __grid_constant__ QgSegmentTable segs, int nseg, const bf1
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<2, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -766,7 +973,7 @@ quant_gemm_nt3s(const __grid_constant__ QgSegmentTable segs, int nseg, const bf1
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<3, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }
 
@@ -775,6 +982,24 @@ quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, true, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, true, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key);
+}
+
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+quant_gemm_nt2w(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<2, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key);
+}
+
+extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+quant_gemm_nt3w(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<3, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key);
 }

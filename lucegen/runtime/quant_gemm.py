@@ -23,8 +23,8 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import (GEMM_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, RING_TYPES, WARPS, instances,
-                                   ring_fits, ring_smem_bytes, staged_smem_bytes)
+from ..families.quant_gemm import (GEMM_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, RING_TYPES, WARPS, WGMMA_MAX_PARTS,
+                                   instances, ring_smem_bytes, smem_fits, staged_smem_bytes, wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -197,6 +197,14 @@ class QuantMatrix:
             col0 += n
         self.tiles = tile0
         self.table = ByValue(table.tobytes())
+        # Whether every 4 consecutive row tiles from tile 0 (a wgmma warpgroup's; a pair's: 2 of gate, 2 of up) are of
+        # one block type.
+        if pair:
+            self.warpgroup_types_uniform = types[0] == types[1]
+        else:
+            tile_types = [t for t, n in zip(types, rows) for _ in range(math.ceil(n / TILE_ROWS))]
+            self.warpgroup_types_uniform = all(len(set(tile_types[i : i + 4])) == 1
+                                               for i in range(0, len(tile_types), 4))
 
     def tail(self, first: int) -> "QuantMatrix":
         """Segments ``first``, ``first + 1``, ... as a group of their own over the same device memory (a view: it
@@ -233,8 +241,11 @@ class QuantGemm:
                 fn.set_max_dynamic_smem(staged_smem_bytes(k.nt, WARPS))
             if k.ring:
                 fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
+            if k.wgmma:
+                fn.set_max_dynamic_smem(wgmma_smem_bytes(k.nt, WGMMA_MAX_PARTS))
         self.threads = WARPS * target.warp_size
         self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
+        self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
 
     def matrix(self, segments, K: int, *, pair: bool = False) -> QuantMatrix:
         """Repack and upload ``segments`` [(type, raw GGML bytes, rows, unused)] of K columns each."""
@@ -289,17 +300,27 @@ class QuantGemm:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory: m1 for
         one row, else nt<groups of 8 tokens>, or its staged twin (the same bits) where one exists for this target, the
         group holds 256-value block types alone, the activation rows can be copied in 16-byte pieces, and a staged
-        row would otherwise be read often enough (STAGE_MIN_REUSE); at one row, m1r (the same bits) for a group of
+        row would otherwise be read often enough (STAGE_MIN_REUSE); before that, its warpgroup-MMA twin nt<N>w (the
+        same bits) where the chip has one, the group holds K-quants alone in one type per 4 row tiles, takes at most
+        WGMMA_MAX_PARTS parts, and its rounds and weight slots leave two blocks per compute unit (with one, the staged
+        twin is faster: tools/quant_gemm_bench.py --wgmma 0,1); at one row, m1r (the same bits) for a group of
         RING_TYPES alone where its rings leave the kernel's resident blocks per compute unit."""
         nt = token_groups(M)
         name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
+        wgmma = f"{name}w"
+        if (wgmma in self.kernels and self.use_wgmma and parts <= WGMMA_MAX_PARTS
+                and all(t in K_QUANTS for t in W.types) and W.warpgroup_types_uniform and int(A) % 4 == 0
+                and lda % 2 == 0):
+            smem = wgmma_smem_bytes(nt, parts, max(TILE_ROWS * TYPES[t][2] for t in W.types))
+            if smem_fits(self.target, smem, self.static_smem[wgmma], self.kernels[wgmma].blocks_per_cu):
+                return wgmma, smem
         if (f"{name}s" in self.functions and all(t in K_QUANTS for t in W.types) and int(A) % 16 == 0
                 and lda % 8 == 0 and WARPS // parts * nt >= STAGE_MIN_REUSE):
             return f"{name}s", staged_smem_bytes(nt, parts)
         ring = f"{name}r"
         if ring in self.kernels and self.use_ring and all(t in RING_TYPES for t in W.types):
             slot = max(TILE_ROWS * TYPES[t][2] for t in W.types)
-            if ring_fits(self.target, slot, self.static_smem[ring], self.kernels[ring].blocks_per_cu):
+            if smem_fits(self.target, ring_smem_bytes(slot), self.static_smem[ring], self.kernels[ring].blocks_per_cu):
                 return ring, ring_smem_bytes(slot)
         return name, 0
 

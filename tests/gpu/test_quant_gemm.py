@@ -3,7 +3,7 @@
 - rows_f32 over matrix groups of mixed block types (real quantiser scales and random bytes): f32 accumulation of
   exact products, |gpu - ref64| <= 2e-5 * sum_k |A W| per element; with a row scale from RMSNorm partial sums.
 - batch invariance: every row of an M-row launch equals, bit for bit, the same row launched alone; the one-row
-  weight ring (m1r) equals the register path.
+  weight ring (m1r) equals the register path; so do the staged and the warpgroup-MMA (wgmma) kernels.
 - swiglu and residual epilogues, the folded argmax, and the exact zero of padded rows.
 """
 
@@ -106,15 +106,28 @@ def test_staged_rounds_match_the_plain_kernel(qg, M):
     plain = f"nt{-(-M // 8)}"
     if f"{plain}s" not in qg.functions:
         pytest.skip(f"{qg.device.target.name} has no staged {plain}")
+    qg.use_wgmma = False
+    try:
+        check_against_rows_alone(qg, M, f"{plain}s", ["Q4_K", "Q6_K", "Q5_K"])
+    finally:
+        qg.use_wgmma = True
+
+
+def check_against_rows_alone(qg, M, kernel, types):
+    """A group of 4 cu + 2 row tiles (two parts give every SM one block's worth of warps) in three segments of block
+    ``types`` whose boundaries fall on multiples of 4 tiles, the last tile partial and the last 4 half empty, takes
+    ``kernel`` at M
+    rows: its rows match numpy and, bit for bit, the same rows launched alone (the one-row kernel). K of five blocks
+    leaves the last round with one of its two parts."""
     rng = np.random.default_rng(M)
     K = 256 * 5
-    cu = qg.device.target.compute_units  # 4 cu tiles: two parts give every SM one block's worth of warps
-    segs, dense = group(rng, ["Q4_K", "Q6_K", "Q5_K"], [32 * cu, 16 * cu, 16 * cu], K, "quantized")
+    cu = qg.device.target.compute_units
+    segs, dense = group(rng, types, [32 * cu, 16 * cu, 16 * (cu + 2) - 5], K, "quantized")
     W = qg.matrix(segs, K)
     try:
         a = activations(rng, M, K)
         with qg.device.upload(a) as da:
-            assert (qg.parts(W), qg.kernel(W, M, da.ptr, K)[0]) == (2, f"{plain}s")
+            assert (qg.parts(W), qg.kernel(W, M, da.ptr, K)[0]) == (2, kernel)
         got, _ = run_rows(qg, W, a)
         check_close(got, bf16_bits_to_f32(a), dense)
         for m in range(M):
@@ -122,6 +135,54 @@ def test_staged_rounds_match_the_plain_kernel(qg, M):
             np.testing.assert_array_equal(alone[0].view(np.uint32), got[m].view(np.uint32))
     finally:
         W.free()
+
+
+@pytest.mark.parametrize("M", [9, 16, 23])
+def test_wgmma_matches_the_plain_kernel(qg, M):
+    """Where the chip has wgmma, a launch of at most two K parts whose warpgroups' row tiles share a block type, and
+    whose shared memory leaves two blocks a compute unit, takes the warpgroup-MMA kernel: its rows equal the rows alone
+    bit for bit (check_against_rows_alone; three types at 16 tokens, Q4_K alone at 24, whose rounds leave no room for
+    larger weight slots), and so do a gate/up pair's SwiGLU rows. A group whose 4-tile groups mix block types keeps
+    the other kernels, and so does one whose shared memory leaves one block."""
+    name = f"nt{-(-M // 8)}w"
+    if name not in qg.functions:
+        pytest.skip(f"{qg.device.target.name} has no wgmma kernels")
+    check_against_rows_alone(qg, M, name, ["Q4_K", "Q6_K", "Q5_K"] if M <= 16 else ["Q4_K"] * 3)
+    d = qg.device
+    rng = np.random.default_rng(100 + M)
+    K = 512
+    I = 16 * 8 * qg.device.target.compute_units  # 8 cu row tiles a matrix: a pair takes two parts
+    gate, dg = group(rng, ["Q4_K"], [I], K, "quantized")
+    up, du = group(rng, ["Q4_K"], [I], K, "quantized")
+    Wp = qg.matrix(gate + up, K, pair=True)
+    a = activations(rng, M, K)
+
+    def swiglu(rows):
+        with d.upload(rows) as da, d.alloc(rows.shape[0] * I * 2) as dout:
+            qg.swiglu(da.ptr, K, Wp, None, rows.shape[0], 2 * I, K, 0, 0, rows.shape[0], dout.ptr, I)
+            d.synchronize()
+            return d.download(dout, np.uint16, (rows.shape[0], I))
+    try:
+        with d.upload(a) as da:
+            assert (qg.parts(Wp), qg.kernel(Wp, M, da.ptr, K)[0]) == (2, name)
+        got = swiglu(a)
+        A = bf16_bits_to_f32(a).astype(np.float64)
+        g, u = A @ dg.T, A @ du.T
+        want = g / (1 + np.exp(-g)) * u
+        assert np.abs(bf16_bits_to_f32(got) - want).max() <= 1e-2 * np.abs(want).max() + 1e-6
+        for m in sorted({0, M // 2, M - 1}):
+            np.testing.assert_array_equal(swiglu(a[m : m + 1])[0], got[m])
+    finally:
+        Wp.free()
+    cu = qg.device.target.compute_units
+    for types, rows in ((["Q4_K", "Q5_K"], [16 * 4 * cu + 16, 64]), (["Q6_K"], [16 * 4 * cu])):
+        Wm = qg.matrix(group(rng, types, rows, K, "quantized")[0], K)
+        try:
+            with d.upload(a) as da:
+                kernel = qg.kernel(Wm, M, da.ptr, K)[0]
+            assert kernel.endswith("w") == (types == ["Q6_K"] and M <= 16), (types, kernel)
+        finally:
+            Wm.free()
 
 
 def test_ring_matches_the_register_path(qg):
