@@ -500,8 +500,8 @@ __device__ __forceinline__ void qg_tile_staged(float (&acc)[NT][4], const unsign
 // of K, and one wgmma m64n{8 NT}k16 per k16 step multiplies their A fragments (registers, the same dequantised
 // fragments as above) by the round's activations, which it reads from shared memory itself: no B fragment loads,
 // one instruction for all 8 NT tokens. wgmma's sums equal mma.sync m16n8k16's bit for bit, and a k16 product's
-// bits do not depend on the order of its 16 slots (both checked on the H100 over 25M random products), so this
-// path gives the register path's bits.
+// bits do not depend on the order of its 16 slots (both checked on the H100 over 25M random products:
+// tools/wgmma_bits.py), so this path gives the register path's bits.
 //   The B operand of a k16 step: NT x 2 core matrices (8 tokens x 8 slots, 128 contiguous bytes), core (n group i,
 // slot half h) at (2 i + h) 128 bytes, no swizzle: the K-major descriptor's leading byte offset (the next 8 slots)
 // is 128, its stride byte offset (the next 8 tokens) 256. Slots follow the A fragments' order (slots 2t, 2t+1:
@@ -625,10 +625,9 @@ __device__ __forceinline__ void qg_tile_block_wgmma(float (&acc)[NT][4], const t
 }
 
 // The staged rounds (as qg_tile_staged) through wgmma, QG_WG_STAGES of them in shared memory: the activations and
-// this warp's tile-block of round i + QG_WG_STAGES - 1 are copied (cp.async, one group) while round i computes, so
-// every warp keeps QG_WG_STAGES - 1 tile-blocks in flight (with one block a compute unit, bytes in flight set the
-// bandwidth). Weights go through shared memory too: wgmma.fence would wait for register loads in flight. A warp's
-// slots are slot_bytes apart. Every warp of the block calls it, since each round ends in a block barrier; the 4
+// this warp's tile-block of round i + QG_WG_STAGES - 1 are copied (cp.async, one group) while round i computes.
+// Weights go through shared memory too: wgmma.fence would wait for register loads in flight. A warp's slots are
+// slot_bytes apart. Every warp of the block calls it, since each round ends in a block barrier; the 4
 // warps of a warpgroup share `part` and compute together (compute false: the warpgroup has no tile and only helps
 // copy; tile null: this warp has none, its sums unused).
 #define QG_WG_STAGES 2
