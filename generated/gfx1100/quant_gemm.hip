@@ -403,6 +403,19 @@ struct QgQ8_0 {
   }
 };
 
+// Bytes of the largest tile-block among a launch's segments (a ring or wgmma slot).
+__device__ __forceinline__ int qg_largest_tile_block(const QgSegmentTable& segs, int nseg) {
+  int bytes = 0;
+  for (int s = 0; s < nseg; ++s) {
+    switch (segs.seg[s].type) {
+      case 0: bytes = max(bytes, 16 * QgQ8_0::BYTES); break;
+      case 1: bytes = max(bytes, 16 * QgQ4K::BYTES); break;
+      case 2: bytes = max(bytes, 16 * QgQ5K::BYTES); break;
+      case 3: bytes = max(bytes, 16 * QgQ6K::BYTES); break;
+    }
+  }
+  return bytes;
+}
 // B fragment of tokens m0 + 8 nt + g (zero beyond M) at k .. k + 3 (lane t: k = k0 + 4 t).
 __device__ __forceinline__ uint2 qg_load_b(const bf16_t* __restrict__ A, int lda, int m, int M, int k) {
   return m < M ? *reinterpret_cast<const uint2*>(A + (size_t)m * lda + k) : make_uint2(0u, 0u);

@@ -321,6 +321,19 @@ struct QgQ8_0 {
   }
 };
 
+// Bytes of the largest tile-block among a launch's segments (a ring or wgmma slot).
+__device__ __forceinline__ int qg_largest_tile_block(const QgSegmentTable& segs, int nseg) {
+  int bytes = 0;
+  for (int s = 0; s < nseg; ++s) {
+    switch (segs.seg[s].type) {
+      case 0: bytes = max(bytes, 16 * QgQ8_0::BYTES); break;
+      case 1: bytes = max(bytes, 16 * QgQ4K::BYTES); break;
+      case 2: bytes = max(bytes, 16 * QgQ5K::BYTES); break;
+      case 3: bytes = max(bytes, 16 * QgQ6K::BYTES); break;
+    }
+  }
+  return bytes;
+}
 // B fragment of tokens m0 + 8 nt + g (zero beyond M) at k .. k + 3 (lane t: k = k0 + 4 t).
 __device__ __forceinline__ uint2 qg_load_b(const bf16_t* __restrict__ A, int lda, int m, int M, int k) {
   return m < M ? *reinterpret_cast<const uint2*>(A + (size_t)m * lda + k) : make_uint2(0u, 0u);
@@ -398,13 +411,6 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
 // so one __syncwarp per tile-block orders the ring. ----
 #define QG_RING_STAGES 3
 
-// Bytes of one tile-block of segment type `type`.
-__device__ __forceinline__ int qg_tile_block_bytes(int type) {
-  switch (type) {
-    case 3: return 16 * QgQ6K::BYTES;
-  }
-  return 0;
-}
 template <typename Q>
 __device__ __forceinline__ void qg_ring_fill(unsigned char* slot, const unsigned char* __restrict__ tb, int lane) {
 #pragma unroll
@@ -520,8 +526,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   const int part = WGMMA ? warp / 4 % parts : warp % parts, seg = tile_seg(j);
   if (RING) {  // the warps' rings, each QG_RING_STAGES slots of the launch's largest tile-block; ring_types alone
     extern __shared__ __align__(16) unsigned char qg_ring_bytes[];
-    int slot_bytes = 0;
-    for (int s = 0; s < nseg; ++s) slot_bytes = max(slot_bytes, qg_tile_block_bytes(segs.seg[s].type));
+    const int slot_bytes = qg_largest_tile_block(segs, nseg);
     unsigned char* ring = qg_ring_bytes + warp * QG_RING_STAGES * slot_bytes;
     if (seg >= 0) {
       const QgSegment& sg = segs.seg[seg];

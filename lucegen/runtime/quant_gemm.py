@@ -197,6 +197,8 @@ class QuantMatrix:
             col0 += n
         self.tiles = tile0
         self.table = ByValue(table.tobytes())
+        #: Bytes of the group's largest tile-block (a ring or wgmma slot; the template's qg_largest_tile_block).
+        self.largest_tile_block = max(TILE_ROWS * TYPES[t][2] for t in types)
         # Whether every 4 consecutive row tiles from tile 0 (a wgmma warpgroup's; a pair's: 2 of gate, 2 of up) are of
         # one block type.
         if pair:
@@ -311,7 +313,7 @@ class QuantGemm:
         if (wgmma in self.kernels and self.use_wgmma and parts <= WGMMA_MAX_PARTS
                 and all(t in K_QUANTS for t in W.types) and W.warpgroup_types_uniform and int(A) % 4 == 0
                 and lda % 2 == 0):
-            smem = wgmma_smem_bytes(nt, parts, max(TILE_ROWS * TYPES[t][2] for t in W.types))
+            smem = wgmma_smem_bytes(nt, parts, W.largest_tile_block)
             if smem_fits(self.target, smem, self.static_smem[wgmma], self.kernels[wgmma].blocks_per_cu):
                 return wgmma, smem
         if (f"{name}s" in self.functions and all(t in K_QUANTS for t in W.types) and int(A) % 16 == 0
@@ -319,9 +321,9 @@ class QuantGemm:
             return f"{name}s", staged_smem_bytes(nt, parts)
         ring = f"{name}r"
         if ring in self.kernels and self.use_ring and all(t in RING_TYPES for t in W.types):
-            slot = max(TILE_ROWS * TYPES[t][2] for t in W.types)
-            if smem_fits(self.target, ring_smem_bytes(slot), self.static_smem[ring], self.kernels[ring].blocks_per_cu):
-                return ring, ring_smem_bytes(slot)
+            smem = ring_smem_bytes(W.largest_tile_block)
+            if smem_fits(self.target, smem, self.static_smem[ring], self.kernels[ring].blocks_per_cu):
+                return ring, smem
         return name, 0
 
     def rows_f32(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
