@@ -388,45 +388,65 @@ __device__ __forceinline__ void tv_apply_update(float (&st)[KPL], const tree_ws&
   for (int e = 0; e < KPL; ++e) st[e] = fmaf(k[lane + e * LG_WARP_SIZE], delta, lg_mul_rn(st[e], decay));
 }
 
+// The block's 8 (TV_COLS_PER_BLOCK) columns share one value head (DV is a multiple of them: TreeVerifier checks), so
+// the block stages, TV_RULE_CHUNK slots at a time, what every warp reads per slot (the head's q and k, g, beta, and
+// its columns' v) into shared memory with one round of coalesced loads: the warps' serial walk over the slots then
+// waits on shared memory, not on the L2. The same operands in the same order, so the same bits.
+#define TV_RULE_CHUNK 32
 extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, const int* __restrict__ depth,
                 const int* __restrict__ anc, const float* committed, float* live_out, int n_slots) {
   constexpr int KPL = TV_DK / LG_WARP_SIZE;
+  __shared__ float q_s[TV_RULE_CHUNK][TV_DK], k_s[TV_RULE_CHUNK][TV_DK];
+  __shared__ float g_s[TV_RULE_CHUNK], beta_s[TV_RULE_CHUNK], v_s[TV_RULE_CHUNK][TV_COLS_PER_BLOCK];
   const tree_ws ws = tv_workspace(workspace, n_slots);
-  const int col = blockIdx.x * TV_COLS_PER_BLOCK + threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
-  if (col >= TV_NV * TV_DV) return;
-  const int h = col / TV_DV, hk = tv_key_head(h);
+  const int warp = threadIdx.x / LG_WARP_SIZE, col0 = blockIdx.x * TV_COLS_PER_BLOCK, col = col0 + warp;
+  const int lane = lg_lane_id(), h = col0 / TV_DV, hk = tv_key_head(h);
   float root[KPL], st[KPL];
 #pragma unroll
   for (int e = 0; e < KPL; ++e) root[e] = committed[(size_t)col * TV_DK + lane + e * LG_WARP_SIZE];
-  for (int s = 0; s < n_slots; ++s) {
-    const int p = parent[s];
-    if (s == 0 || p != s - 1) {  // the parent's state: the committed one, then the updates on the way to p
-#pragma unroll
-      for (int e = 0; e < KPL; ++e) st[e] = root[e];
-      if (p >= 0)
-        for (int d = 0; d <= depth[p]; ++d) tv_apply_update(st, ws, anc[(size_t)p * n_slots + d], col, lane);
+  for (int s0 = 0; s0 < n_slots; s0 += TV_RULE_CHUNK) {
+    const int n = min(TV_RULE_CHUNK, n_slots - s0);
+    __syncthreads();  // every warp is done with the last chunk
+    for (int i = threadIdx.x; i < n * TV_DK; i += TV_NT) {
+      const size_t at = (size_t)(s0 + i / TV_DK) * TV_KD + hk * TV_DK + i % TV_DK;
+      q_s[i / TV_DK][i % TV_DK] = ws.q[at];
+      k_s[i / TV_DK][i % TV_DK] = ws.k[at];
     }
-    const float decay = expf(ws.g[(size_t)s * TV_NV + h]), beta = ws.beta[(size_t)s * TV_NV + h];
-    const float value = ws.v[(size_t)s * TV_VD + col];
-    const float* q = ws.q + (size_t)s * TV_KD + hk * TV_DK;
-    const float* k = ws.k + (size_t)s * TV_KD + hk * TV_DK;
-    float kv = 0.0f;
-#pragma unroll
-    for (int e = 0; e < KPL; ++e) {
-      st[e] = lg_mul_rn(st[e], decay);
-      kv += st[e] * k[lane + e * LG_WARP_SIZE];
+    for (int i = threadIdx.x; i < n * TV_COLS_PER_BLOCK; i += TV_NT)
+      v_s[i / TV_COLS_PER_BLOCK][i % TV_COLS_PER_BLOCK] =
+          ws.v[(size_t)(s0 + i / TV_COLS_PER_BLOCK) * TV_VD + col0 + i % TV_COLS_PER_BLOCK];
+    for (int i = threadIdx.x; i < n; i += TV_NT) {
+      g_s[i] = ws.g[(size_t)(s0 + i) * TV_NV + h];
+      beta_s[i] = ws.beta[(size_t)(s0 + i) * TV_NV + h];
     }
-    const float delta = (value - lg_warp_sum(kv)) * beta;
-    float o = 0.0f;
+    __syncthreads();
+    for (int i = 0; i < n; ++i) {
+      const int s = s0 + i, p = parent[s];
+      if (s == 0 || p != s - 1) {  // the parent's state: the committed one, then the updates on the way to p
 #pragma unroll
-    for (int e = 0; e < KPL; ++e) {
-      st[e] = fmaf(k[lane + e * LG_WARP_SIZE], delta, st[e]);
-      o += st[e] * q[lane + e * LG_WARP_SIZE];
+        for (int e = 0; e < KPL; ++e) st[e] = root[e];
+        if (p >= 0)
+          for (int d = 0; d <= depth[p]; ++d) tv_apply_update(st, ws, anc[(size_t)p * n_slots + d], col, lane);
+      }
+      const float decay = expf(g_s[i]), beta = beta_s[i], value = v_s[i][warp];
+      float kv = 0.0f;
+#pragma unroll
+      for (int e = 0; e < KPL; ++e) {
+        st[e] = lg_mul_rn(st[e], decay);
+        kv += st[e] * k_s[i][lane + e * LG_WARP_SIZE];
+      }
+      const float delta = (value - lg_warp_sum(kv)) * beta;
+      float o = 0.0f;
+#pragma unroll
+      for (int e = 0; e < KPL; ++e) {
+        st[e] = fmaf(k_s[i][lane + e * LG_WARP_SIZE], delta, st[e]);
+        o += st[e] * q_s[i][lane + e * LG_WARP_SIZE];
+      }
+      o = lg_warp_sum(o);
+      if (lane == 0) ws.o[(size_t)s * TV_VD + col] = o;
+      ws.delta[(size_t)s * TV_VD + col] = delta;  // every lane: the sum is the same in each, and each reads its own
     }
-    o = lg_warp_sum(o);
-    if (lane == 0) ws.o[(size_t)s * TV_VD + col] = o;
-    ws.delta[(size_t)s * TV_VD + col] = delta;  // every lane: the sum is the same in each, and each reads its own
   }
   if (live_out)
 #pragma unroll
@@ -500,44 +520,58 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
 }
 
 // ------------------------------------------------------------------------------------------------ argmax
-// tokens[r] = argmax of logits row r (numpy.argmax: the lowest index among equal maxima; NaN never wins).
-extern "C" __global__ void __launch_bounds__(TV_NT)
-rows_argmax(const float* __restrict__ logits, int n_cols, int* __restrict__ tokens) {
+// tokens[r] = argmax of logits row r (numpy.argmax: the lowest index among equal maxima; NaN never wins). Block
+// (r, b) of gridDim.y slices reduces slice b of row r to its best (value, index) in partial[r][b]; the row's last
+// block to arrive (a counter per row, which that block sets back to 0 for the next launch) reduces the slices. The
+// merge keeps the larger value, the lower index among equals: any order gives the same token.
+__device__ __forceinline__ void tv_argmax_merge(float& bv, int& bi, float ov, int oi) {
+  if (ov > bv || (ov == bv && oi < bi)) {
+    bv = ov;
+    bi = oi;
+  }
+}
+// The block's best (value, index) in thread 0 (ties: the lower index).
+__device__ __forceinline__ void tv_argmax_block(float& bv, int& bi) {
   __shared__ float best_v[TV_NW];
   __shared__ int best_i[TV_NW];
-  const float* row = logits + (size_t)blockIdx.x * n_cols;
-  float bv = lg_neg_inf();
-  int bi = 0x7fffffff;
-  for (int c = threadIdx.x; c < n_cols; c += TV_NT) {
-    const float v = row[c];
-    if (v > bv) {  // ascending c per thread: the first of equal values stays
-      bv = v;
-      bi = c;
-    }
-  }
-  for (int off = LG_WARP_SIZE / 2; off > 0; off /= 2) {
-    const float ov = lg_shfl_xor(bv, off);
-    const int oi = lg_shfl_xor(bi, off);
-    if (ov > bv || (ov == bv && oi < bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
+  for (int off = LG_WARP_SIZE / 2; off > 0; off /= 2) tv_argmax_merge(bv, bi, lg_shfl_xor(bv, off), lg_shfl_xor(bi, off));
   const int warp = threadIdx.x / LG_WARP_SIZE;
   if (lg_lane_id() == 0) {
     best_v[warp] = bv;
     best_i[warp] = bi;
   }
   __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 0; w < TV_NW; ++w) tv_argmax_merge(bv, bi, best_v[w], best_i[w]);
+}
+
+extern "C" __global__ void __launch_bounds__(TV_NT)
+rows_argmax(const float* __restrict__ logits, int n_cols, float* __restrict__ partial_v, int* __restrict__ partial_i,
+            unsigned* __restrict__ arrived, int* __restrict__ tokens) {
+  __shared__ bool last;
+  const int r = blockIdx.x, slices = gridDim.y, per = (n_cols + slices - 1) / slices;
+  const int c0 = blockIdx.y * per, c1 = min(n_cols, c0 + per);
+  const float* row = logits + (size_t)r * n_cols;
+  float bv = lg_neg_inf();
+  int bi = 0x7fffffff;
+  for (int c = c0 + threadIdx.x; c < c1; c += TV_NT) tv_argmax_merge(bv, bi, row[c], c);  // NaN: never > or ==
+  tv_argmax_block(bv, bi);
   if (threadIdx.x == 0) {
-    bv = best_v[0];
-    bi = best_i[0];
-    for (int w = 1; w < TV_NW; ++w)
-      if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) {
-        bv = best_v[w];
-        bi = best_i[w];
-      }
-    tokens[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    partial_v[(size_t)r * slices + blockIdx.y] = bv;
+    partial_i[(size_t)r * slices + blockIdx.y] = bi;
+    last = lg_atomic_add_release(arrived + r, 1u) == (unsigned)slices - 1;  // publishes the partial
+  }
+  __syncthreads();
+  if (!last) return;
+  (void)lg_load_acquire(arrived + r);  // every slice's partial is visible
+  bv = lg_neg_inf();
+  bi = 0x7fffffff;
+  for (int b = threadIdx.x; b < slices; b += TV_NT)
+    tv_argmax_merge(bv, bi, partial_v[(size_t)r * slices + b], partial_i[(size_t)r * slices + b]);
+  tv_argmax_block(bv, bi);
+  if (threadIdx.x == 0) {
+    tokens[r] = bi == 0x7fffffff ? 0 : bi;
+    arrived[r] = 0u;
   }
 }
 

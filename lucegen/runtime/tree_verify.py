@@ -39,19 +39,22 @@ MODULE = "tree_verify"
 THREADS = 256  # templates/dflash/tree_verify.cu.j2: TV_NT
 # TV_AT_WARPS: a one-slot pass at a 16K context is latency-bound in the key walk (4 warps: 71 ms a token)
 ATTENTION_WARPS = 16
+#: rows_argmax's blocks per logits row, at most (tuning choice: :meth:`TreeVerifier._argmax_slices`).
+ARGMAX_MAX_SLICES = 512
 
 
 def slot_buffer_bytes(decoder, pf: dict) -> dict[str, int]:
     """Bytes per verify slot of each of :class:`TreeVerifier`'s slot-sized buffers (besides its
     :class:`Activations` rows and the tree layout, whose path table grows with the square of the slots): every
     DeltaNet layer's token-mix workspace (which keeps the slot's state update for the commit) and conv window, the
-    attention's roped queries, the slot's path entry, logits row and argmax. (Its token is in the step inputs:
-    :func:`step_input_words`.)"""
+    attention's roped queries, the slot's path entry, logits row and argmax, and rows_argmax's partial results and
+    counter. (Its token is in the step inputs: :func:`step_input_words`.)"""
     c, lay = decoder.config, decoder.layout
     return {"ws": 4 * max(1, lay.n_dn) * ws_floats(pf),
             "windows": 4 * max(1, lay.n_dn) * lay.conv_window_floats,
             "q_ws": query_workspace_bytes(pf, 1),
-            "path": 4, "logits": 4 * c.vocab_size, "argmax": 4}
+            "path": 4, "logits": 4 * c.vocab_size, "argmax": 4,
+            "argmax_v": 4 * ARGMAX_MAX_SLICES, "argmax_i": 4 * ARGMAX_MAX_SLICES, "argmax_arrived": 4}
 
 
 def ws_floats(pf: dict) -> int:
@@ -103,6 +106,10 @@ class TreeVerifier:
             raise LucegenError(f"the draft captures {draft.rows} rows per pass, fewer than {self.slots} verify slots")
         self.pf = decoder.layer_params()
         dev, t, pf, c = self.device, self.target, self.pf, self.config
+        if c.linear_value_head_dim % (THREADS // t.warp_size):
+            raise LucegenError(f"model {c.name}: tree verify needs the DeltaNet value head dim "
+                               f"({c.linear_value_head_dim}) to be a multiple of {THREADS // t.warp_size} (a block's "
+                               f"columns share one head)")
         if c.linear_key_head_dim % t.warp_size or c.head_dim % t.warp_size:
             raise LucegenError(f"model {c.name}: tree verify needs the DeltaNet key head dim "
                                f"({c.linear_key_head_dim}) and head_dim ({c.head_dim}) to be multiples of the warp "
@@ -136,6 +143,7 @@ class TreeVerifier:
         self.tokens = Buffer(self.step_in.ptr + 4, 4 * S, None)
         self.layout_buf = Buffer(self.step_in.ptr + 4 * (1 + S), 4 * (2 + S) * S, None)
         self.history = d.alloc(4 * self.token_buffers * self.dec.max_context)
+        d.memset(self.argmax_arrived)  # rows_argmax's counters start at zero and end every launch there
 
     def close(self) -> None:
         for g in list(getattr(self, "_graphs", {}).values()) + [getattr(self, "_decode_graph", None)]:
@@ -144,7 +152,7 @@ class TreeVerifier:
         if hasattr(self, "acts"):
             self.acts.free()
         for name in ("ws", "windows", "q_ws", "step_in", "path", "history", "logits",
-                     "argmax"):
+                     "argmax", "argmax_v", "argmax_i", "argmax_arrived"):
             b = getattr(self, name, None)
             if isinstance(b, Buffer):
                 b.free()
@@ -201,7 +209,10 @@ class TreeVerifier:
         enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr, S, self._mix(S, in_place), st,
                        after_layer=self.draft.capture_hook(st) if self.draft else None)
         self.weights.lm_head(acts.xn.ptr, S, acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, st)
-        self.argmax_fn.launch(S, THREADS, (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax.ptr)),
+        slices = self._argmax_slices(S)
+        self.argmax_fn.launch((S, slices), THREADS,
+                              (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax_v.ptr),
+                               address(self.argmax_i.ptr), address(self.argmax_arrived.ptr), address(self.argmax.ptr)),
                               stream=st)
 
     def _run_pass(self, S: int) -> None:
@@ -240,6 +251,11 @@ class TreeVerifier:
         if logits:
             return argmax, self.device.download(self.logits, np.float32, (S, c.vocab_size))
         return argmax
+
+    def _argmax_slices(self, S: int) -> int:
+        """Blocks per logits row of rows_argmax: two per compute unit over the S rows (a row of the vocabulary is
+        ~1 MB of f32: one block alone takes ~50 us on the H100)."""
+        return max(1, min(ARGMAX_MAX_SLICES, -(-2 * self.target.compute_units // S)))
 
     def _columns_per_block(self) -> int:
         return THREADS // self.target.warp_size  # tree_delta_rule / tree_commit_deltanet: a warp per value column
