@@ -267,3 +267,48 @@ def test_swiglu_and_residual(qg):
     np.testing.assert_array_equal(xn, bf16_bits_to_f32(f32_to_bf16_bits(x1 * (np.float32(1) + norm_w))))
     np.testing.assert_allclose(ss.sum(axis=0), (x1.astype(np.float64) ** 2).sum(axis=1), rtol=1e-5)
     W.free()
+
+
+@pytest.mark.parametrize("M", [1, 9])
+def test_block_warps_do_not_change_bits(qg, M):
+    """QuantGemm.warps is a tuning choice free of the bits: blocks of 4 and of 8 warps give the same residual (x, xn,
+    and the RMSNorm partial sums: one per row tile, its 16 columns' x^2 added in column order) and the same swiglu
+    rows from the same partial sums (the row scale's sum in the same order whatever the block)."""
+    d = qg.device
+    rng = np.random.default_rng(23 + M)
+    K, N, I = 512, 200, 40
+    tiles = -(-N // 16)
+    down, _ = group(rng, ["Q4_K"], [N], K, "quantized")
+    W = qg.matrix(down, K)
+    gate, _ = group(rng, ["Q4_K"], [I], K, "quantized")
+    up, _ = group(rng, ["Q4_K"], [I], K, "quantized")
+    Wp = qg.matrix(gate + up, K, pair=True)
+    a = activations(rng, M, K)
+    x0 = rng.standard_normal((M, N)).astype(np.float32)
+    norm_w = rng.standard_normal(N).astype(np.float32) * 0.1
+    ss_in = rng.random((300, M)).astype(np.float32)  # more partial sums than a block has threads at 4 warps
+    assert qg.ss_parts(W) == tiles
+    results = []
+    try:
+        for warps in (8, 4):
+            qg.warps = lambda _W, _M, warps=warps: warps
+            with d.upload(a) as da, d.upload(x0) as dx, d.upload(norm_w) as dw, d.alloc(M * N * 2) as dxn, \
+                    d.alloc(tiles * M * 4) as dss, d.upload(ss_in) as dssi, d.alloc(M * I * 2) as dout:
+                assert qg.kernel(W, M, da.ptr, K)[2] == warps
+                qg.residual(da.ptr, K, W, None, M, N, K, dx.ptr, N, dw.ptr, dxn.ptr, N, dss.ptr, M)
+                qg.swiglu(da.ptr, K, Wp, None, M, 2 * I, K, dssi.ptr, 300, M, dout.ptr, I)
+                d.synchronize()
+                results.append([d.download(dx, np.float32, (M, N)), d.download(dxn, np.uint16, (M, N)),
+                                d.download(dss, np.float32, (tiles, M)), d.download(dout, np.uint16, (M, I))])
+    finally:
+        del qg.warps  # back to the class's choice
+        W.free()
+        Wp.free()
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_array_equal(got, want)
+    x1, ss = results[0][0], results[0][2]
+    for t in range(tiles):  # each tile's 16 columns (fewer in the last) in order, in f32
+        want = np.zeros(M, np.float32)
+        for c in range(16 * t, min(N, 16 * t + 16)):
+            want = want + x1[:, c] * x1[:, c]
+        np.testing.assert_array_equal(ss[t], want)
