@@ -326,7 +326,7 @@ class QuantGemm:
         if (f"{name}s" in self.functions and all(t in K_QUANTS for t in W.types) and int(A) % 16 == 0
                 and lda % 8 == 0 and WARPS // parts * nt >= STAGE_MIN_REUSE):
             return f"{name}s", staged_smem_bytes(nt, parts), WARPS
-        warps = self.warps(W, M)
+        warps = max(self.warps(W, M), parts * (2 if W.pair else 1))  # a block holds a tile's parts (a pair's two)
         ring = f"{name}r"
         if ring in self.kernels and self.use_ring and all(t in RING_TYPES for t in W.types):
             smem = ring_smem_bytes(W.largest_tile_block, warps)
