@@ -93,8 +93,8 @@ def test_programmatic_launch_follows_the_descriptor(name):
 
 
 def test_grid_of_the_27b_launches():
-    """Blocks across the output and warps per block as the launcher computes them for the 27B's matrices on the H100's
-    descriptor, and the residual's RMSNorm partial sums per row: one per row tile, whatever the blocks."""
+    """Blocks across the output (the residual's RMSNorm partial sums per row) and columns per block, as the launcher
+    computes them for the 27B's matrices on the H100's descriptor."""
     import types
 
     from lucegen.runtime.quant_gemm import QuantGemm
@@ -102,11 +102,9 @@ def test_grid_of_the_27b_launches():
     from lucegen.runtime.host_device import HostDevice
 
     qg = QuantGemm(HostDevice(load_target("sm_90")), load_target("sm_90"), 5120, 1e-6)
-    shapes = {"down": (320, False, 4, 160), "in-projection": (1030, False, 2, 258),
-              "gate/up": (2176, True, 2, 544), "lm_head": (15520, False, 1, 1940)}
-    for name, (tiles, pair, parts, blocks) in shapes.items():
+    shapes = {"down": (320, False, 160, 32), "in-projection": (1030, False, 258, 64),
+              "gate/up": (2176, True, 544, 32), "lm_head": (15520, False, 1940, 128)}
+    for name, (tiles, pair, blocks, columns) in shapes.items():
         W = types.SimpleNamespace(tiles=tiles, pair=pair)
-        assert (qg.parts(W), qg.grid_width(W), qg.ss_parts(W)) == (parts, blocks, tiles), name
-        assert qg.warps(W, 9) == 8, name
-        assert qg.warps(W, 1) == (4 if pair else 8), name
-        assert qg.grid_width(W, qg.warps(W, 1)) == (1088 if pair else blocks), name
+        assert (qg.grid_width(W), qg.block_columns(W)) == (blocks, columns), name
+        assert qg.ss_parts(W) == blocks

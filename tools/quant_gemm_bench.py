@@ -5,11 +5,9 @@ step, not from the L2. ``--parts`` also times the given K splits (QuantGemm.part
 and a down-like one, K = 17408): how the grid's fill of the chip (waves of resident blocks) sets the bandwidth.
 
 ``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring), ``--wgmma 0,1``
-with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma), ``--warps 4,8`` with blocks of those many warps
-(QuantGemm.warps overridden; the staged and wgmma kernels keep theirs).
+with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma).
 
     python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--wgmma 0,1]
-                                      [--warps 4,8]
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ SHAPES = {  # name: (segments [(type, rows)], K, epilogue)
 }
 
 
-def main(ms, sweep=(), rings=(None,), wgmmas=(None,), warps=(None,)):
+def main(ms, sweep=(), rings=(None,), wgmmas=(None,)):
     dev = Device.open()
     qg = QuantGemm(dev, dev.target, H, 1e-6)
     rng = np.random.default_rng(0)
@@ -48,16 +46,14 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), warps=(None,)):
             copies.append(qg.matrix(raw, K, pair=ep == "swiglu"))
         W = copies[0]
         planned = QuantGemm.parts(qg, W)
-        for M, parts, ring, wg, nw in [(M, p, r, g, w) for M in ms for p in [planned] + [p for p in sweep if p != planned]
-                                       for r in rings for g in wgmmas for w in warps
-                                       if (w or WARPS) // p >= (2 if ep == "swiglu" else 1)]:  # a pair: 2 tiles
-            qg.warps = (lambda _W, _M: nw) if nw else (lambda _W, _M: QuantGemm.warps(qg, _W, _M))
+        for M, parts, ring, wg in [(M, p, r, g) for M in ms for p in [planned] + [p for p in sweep if p != planned]
+                                   for r in rings for g in wgmmas
+                                   if not (ep == "swiglu" and p > WARPS // 2)]:  # a pair: 2 tiles a block
             if ring is not None:
                 qg.use_ring = bool(ring)
             if wg is not None:
                 qg.use_wgmma = bool(wg)
             qg.parts = lambda _W, parts=parts: parts
-            kernel, _, block_warps = qg.kernel(W, M, 0, K)
             a = dev.upload(np.full((M, K), 0x3F80, np.uint16))
             N = W.rows
             out = dev.alloc(M * max(N, H) * 4)
@@ -85,7 +81,7 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), warps=(None,)):
             end.synchronize()
             ms_each = start.elapsed_ms(end) / reps
             print(f"{name:34s} M={M:3d}  {ms_each * 1e3:8.1f} us  {W.weight_bytes / ms_each / 1e6:7.0f} GB/s  "
-                  f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={kernel} warps={block_warps}"
+                  f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={qg.kernel(W, M, a.ptr, K)[0]}"
                   f"{'' if ring is None else f' ring={ring}'}{'' if wg is None else f' wgmma={wg}'}", flush=True)
             graph.destroy()
             for b in (a, out, x, xn, w, ss):
@@ -117,9 +113,4 @@ if __name__ == "__main__":
         i = args.index("--wgmma")
         wgmmas = tuple(int(r) for r in args[i + 1].split(","))
         del args[i : i + 2]
-    warps = (None,)
-    if "--warps" in args:
-        i = args.index("--warps")
-        warps = tuple(int(w) for w in args[i + 1].split(","))
-        del args[i : i + 2]
-    main([int(m) for m in args] or [1, 8, 16, 23, 32], sweep, rings, wgmmas, warps)
+    main([int(m) for m in args] or [1, 8, 16, 23, 32], sweep, rings, wgmmas)

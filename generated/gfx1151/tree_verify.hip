@@ -388,65 +388,45 @@ __device__ __forceinline__ void tv_apply_update(float (&st)[KPL], const tree_ws&
   for (int e = 0; e < KPL; ++e) st[e] = fmaf(k[lane + e * LG_WARP_SIZE], delta, lg_mul_rn(st[e], decay));
 }
 
-// The block's 8 (TV_COLS_PER_BLOCK) columns share one value head (DV is a multiple of them: TreeVerifier checks), so
-// the block stages, TV_RULE_CHUNK slots at a time, what every warp reads per slot (the head's q and k, g, beta, and
-// its columns' v) into shared memory with one round of coalesced loads: the warps' serial walk over the slots then
-// waits on shared memory, not on the L2. The same operands in the same order, so the same bits.
-#define TV_RULE_CHUNK 32
 extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, const int* __restrict__ depth,
                 const int* __restrict__ anc, const float* committed, float* live_out, int n_slots) {
   constexpr int KPL = TV_DK / LG_WARP_SIZE;
-  __shared__ float q_s[TV_RULE_CHUNK][TV_DK], k_s[TV_RULE_CHUNK][TV_DK];
-  __shared__ float g_s[TV_RULE_CHUNK], beta_s[TV_RULE_CHUNK], v_s[TV_RULE_CHUNK][TV_COLS_PER_BLOCK];
   const tree_ws ws = tv_workspace(workspace, n_slots);
-  const int warp = threadIdx.x / LG_WARP_SIZE, col0 = blockIdx.x * TV_COLS_PER_BLOCK, col = col0 + warp;
-  const int lane = lg_lane_id(), h = col0 / TV_DV, hk = tv_key_head(h);
+  const int col = blockIdx.x * TV_COLS_PER_BLOCK + threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+  if (col >= TV_NV * TV_DV) return;
+  const int h = col / TV_DV, hk = tv_key_head(h);
   float root[KPL], st[KPL];
 #pragma unroll
   for (int e = 0; e < KPL; ++e) root[e] = committed[(size_t)col * TV_DK + lane + e * LG_WARP_SIZE];
-  for (int s0 = 0; s0 < n_slots; s0 += TV_RULE_CHUNK) {
-    const int n = min(TV_RULE_CHUNK, n_slots - s0);
-    __syncthreads();  // every warp is done with the last chunk
-    for (int i = threadIdx.x; i < n * TV_DK; i += TV_NT) {
-      const size_t at = (size_t)(s0 + i / TV_DK) * TV_KD + hk * TV_DK + i % TV_DK;
-      q_s[i / TV_DK][i % TV_DK] = ws.q[at];
-      k_s[i / TV_DK][i % TV_DK] = ws.k[at];
-    }
-    for (int i = threadIdx.x; i < n * TV_COLS_PER_BLOCK; i += TV_NT)
-      v_s[i / TV_COLS_PER_BLOCK][i % TV_COLS_PER_BLOCK] =
-          ws.v[(size_t)(s0 + i / TV_COLS_PER_BLOCK) * TV_VD + col0 + i % TV_COLS_PER_BLOCK];
-    for (int i = threadIdx.x; i < n; i += TV_NT) {
-      g_s[i] = ws.g[(size_t)(s0 + i) * TV_NV + h];
-      beta_s[i] = ws.beta[(size_t)(s0 + i) * TV_NV + h];
-    }
-    __syncthreads();
-    for (int i = 0; i < n; ++i) {
-      const int s = s0 + i, p = parent[s];
-      if (s == 0 || p != s - 1) {  // the parent's state: the committed one, then the updates on the way to p
+  for (int s = 0; s < n_slots; ++s) {
+    const int p = parent[s];
+    if (s == 0 || p != s - 1) {  // the parent's state: the committed one, then the updates on the way to p
 #pragma unroll
-        for (int e = 0; e < KPL; ++e) st[e] = root[e];
-        if (p >= 0)
-          for (int d = 0; d <= depth[p]; ++d) tv_apply_update(st, ws, anc[(size_t)p * n_slots + d], col, lane);
-      }
-      const float decay = expf(g_s[i]), beta = beta_s[i], value = v_s[i][warp];
-      float kv = 0.0f;
-#pragma unroll
-      for (int e = 0; e < KPL; ++e) {
-        st[e] = lg_mul_rn(st[e], decay);
-        kv += st[e] * k_s[i][lane + e * LG_WARP_SIZE];
-      }
-      const float delta = (value - lg_warp_sum(kv)) * beta;
-      float o = 0.0f;
-#pragma unroll
-      for (int e = 0; e < KPL; ++e) {
-        st[e] = fmaf(k_s[i][lane + e * LG_WARP_SIZE], delta, st[e]);
-        o += st[e] * q_s[i][lane + e * LG_WARP_SIZE];
-      }
-      o = lg_warp_sum(o);
-      if (lane == 0) ws.o[(size_t)s * TV_VD + col] = o;
-      ws.delta[(size_t)s * TV_VD + col] = delta;  // every lane: the sum is the same in each, and each reads its own
+      for (int e = 0; e < KPL; ++e) st[e] = root[e];
+      if (p >= 0)
+        for (int d = 0; d <= depth[p]; ++d) tv_apply_update(st, ws, anc[(size_t)p * n_slots + d], col, lane);
     }
+    const float decay = expf(ws.g[(size_t)s * TV_NV + h]), beta = ws.beta[(size_t)s * TV_NV + h];
+    const float value = ws.v[(size_t)s * TV_VD + col];
+    const float* q = ws.q + (size_t)s * TV_KD + hk * TV_DK;
+    const float* k = ws.k + (size_t)s * TV_KD + hk * TV_DK;
+    float kv = 0.0f;
+#pragma unroll
+    for (int e = 0; e < KPL; ++e) {
+      st[e] = lg_mul_rn(st[e], decay);
+      kv += st[e] * k[lane + e * LG_WARP_SIZE];
+    }
+    const float delta = (value - lg_warp_sum(kv)) * beta;
+    float o = 0.0f;
+#pragma unroll
+    for (int e = 0; e < KPL; ++e) {
+      st[e] = fmaf(k[lane + e * LG_WARP_SIZE], delta, st[e]);
+      o += st[e] * q[lane + e * LG_WARP_SIZE];
+    }
+    o = lg_warp_sum(o);
+    if (lane == 0) ws.o[(size_t)s * TV_VD + col] = o;
+    ws.delta[(size_t)s * TV_VD + col] = delta;  // every lane: the sum is the same in each, and each reads its own
   }
   if (live_out)
 #pragma unroll

@@ -65,10 +65,9 @@ def wgmma_smem_bytes(nt: int, parts: int, slot_bytes: int = WGMMA_MAX_SLOT_BYTES
     return WGMMA_STAGES * (parts * 256 * 8 * nt * 2 + WARPS * slot_bytes)
 
 
-def ring_smem_bytes(slot_bytes: int, warps: int = WARPS) -> int:
-    """Dynamic shared memory of a ring launch of ``warps`` warps a block whose largest tile-block is ``slot_bytes``:
-    every warp's slots."""
-    return warps * RING_STAGES * slot_bytes
+def ring_smem_bytes(slot_bytes: int) -> int:
+    """Dynamic shared memory of a ring launch whose largest tile-block is ``slot_bytes``: every warp's slots."""
+    return WARPS * RING_STAGES * slot_bytes
 
 
 def smem_fits(target, dynamic_bytes: int, static_bytes: int, blocks_per_cu: int) -> bool:

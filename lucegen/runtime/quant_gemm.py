@@ -245,6 +245,7 @@ class QuantGemm:
                 fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
             if k.wgmma:
                 fn.set_max_dynamic_smem(wgmma_smem_bytes(k.nt, WGMMA_MAX_PARTS))
+        self.threads = WARPS * target.warp_size
         self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
         self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
 
@@ -257,25 +258,18 @@ class QuantGemm:
             return plan_parts(W.tiles // 2, self.target.compute_units, most=WARPS // 2, blocks_per_cu=2)
         return plan_parts(W.tiles, self.target.compute_units)
 
-    def warps(self, W: QuantMatrix, M: int) -> int:
-        """Warps per block of an M-row launch over ``W`` by a plain or ring kernel (the staged and wgmma kernels take
-        WARPS): a tuning choice per launch, since no bit depends on it (the parts of a tile meet inside a block in
-        part order, and a residual leaves one RMSNorm partial sum per row tile). Measured on the 27B's shapes
-        (tools/quant_gemm_bench.py 1 --warps 4,8, H100, us for 4 / 8 warps): a gate/up pair at one row takes
-        WARPS // 2 (45.4 / 47.4: its 544 blocks of 8 warps leave a last wave of 16 on 132 compute units), the
-        other one-row launches WARPS (in-projection 24.9 / 24.4, down Q4_K 32.8 / 31.0, dn_out 12.9 / 12.3)."""
-        return WARPS // 2 if W.pair and M == 1 else WARPS
+    def block_columns(self, W: QuantMatrix) -> int:
+        """Output columns per block of a launch over ``W`` (a pair: of each matrix): its WARPS / parts row tiles of
+        TILE_ROWS rows (the parts of a tile's K are its warps)."""
+        return WARPS // self.parts(W) * TILE_ROWS // (2 if W.pair else 1)
 
-    def grid_width(self, W: QuantMatrix, warps: int = WARPS) -> int:
-        """Blocks across the output columns of a launch over ``W`` in blocks of ``warps`` warps: warps / parts row
-        tiles each (a pair: as many of gate as of up)."""
-        tiles = warps // self.parts(W)
-        return -(-W.tiles // tiles)
+    def grid_width(self, W: QuantMatrix) -> int:
+        """Blocks across the output columns of a launch over ``W``."""
+        return -(-W.tiles * TILE_ROWS // (2 if W.pair else 1) // self.block_columns(W))
 
     def ss_parts(self, W: QuantMatrix) -> int:
-        """The RMSNorm partial sums a residual launch over ``W`` leaves per row: one per row tile (TILE_ROWS
-        columns, in order), whatever the launch's blocks."""
-        return W.tiles
+        """The RMSNorm partial sums a residual launch over ``W`` leaves per row: one per block."""
+        return self.grid_width(W)
 
     @staticmethod
     def residual_workspace_bytes(M: int, N: int) -> int:
@@ -295,25 +289,24 @@ class QuantGemm:
         if ss and (ss_parts < 1 or ss_stride < M):
             raise LucegenError(f"quant_gemm_{kind}: ss needs ss_parts >= 1 and ss_stride >= M")
         parts = self.parts(W)
-        name, smem, warps = self.kernel(W, M, A, lda)
-        grid = (self.grid_width(W, warps), math.ceil(M / (8 * token_groups(M))))
-        self.functions[name].launch(grid, warps * self.target.warp_size, (
+        grid = (self.grid_width(W), math.ceil(M / (8 * token_groups(M))))
+        name, smem = self.kernel(W, M, A, lda)
+        self.functions[name].launch(grid, self.threads, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
             address(xn), address(ss_out), address(argmax_key)), smem=smem, stream=stream,
             programmatic=self.target.features.programmatic_launch)
 
-    def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int, int]:
-        """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``), its dynamic shared memory and its
-        warps per block: m1 for one row, else nt<groups of 8 tokens>, or its staged twin (the same bits) where one
-        exists for this target, the group holds 256-value block types alone, the activation rows can be copied in
-        16-byte pieces, and a staged row would otherwise be read often enough (STAGE_MIN_REUSE); before that, its
-        warpgroup-MMA twin nt<N>w (the same bits) where the chip has one, the group holds K-quants alone in one type
-        per 4 row tiles, takes at most WGMMA_MAX_PARTS parts, and its rounds and weight slots leave two blocks per
-        compute unit (with one, the staged twin is faster: tools/quant_gemm_bench.py --wgmma 0,1); at one row, m1r
-        (the same bits) for a group of RING_TYPES alone where its rings leave the kernel's resident blocks per compute
-        unit. The staged and wgmma twins take WARPS warps a block, the others :meth:`warps`."""
+    def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
+        """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory: m1 for
+        one row, else nt<groups of 8 tokens>, or its staged twin (the same bits) where one exists for this target, the
+        group holds 256-value block types alone, the activation rows can be copied in 16-byte pieces, and a staged
+        row would otherwise be read often enough (STAGE_MIN_REUSE); before that, its warpgroup-MMA twin nt<N>w (the
+        same bits) where the chip has one, the group holds K-quants alone in one type per 4 row tiles, takes at most
+        WGMMA_MAX_PARTS parts, and its rounds and weight slots leave two blocks per compute unit (with one, the staged
+        twin is faster: tools/quant_gemm_bench.py --wgmma 0,1); at one row, m1r (the same bits) for a group of
+        RING_TYPES alone where its rings leave the kernel's resident blocks per compute unit."""
         nt = token_groups(M)
         name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
         wgmma = f"{name}w"
@@ -322,17 +315,16 @@ class QuantGemm:
                 and lda % 2 == 0):
             smem = wgmma_smem_bytes(nt, parts, W.largest_tile_block)
             if smem_fits(self.target, smem, self.static_smem[wgmma], self.kernels[wgmma].blocks_per_cu):
-                return wgmma, smem, WARPS
+                return wgmma, smem
         if (f"{name}s" in self.functions and all(t in K_QUANTS for t in W.types) and int(A) % 16 == 0
                 and lda % 8 == 0 and WARPS // parts * nt >= STAGE_MIN_REUSE):
-            return f"{name}s", staged_smem_bytes(nt, parts), WARPS
-        warps = max(self.warps(W, M), parts * (2 if W.pair else 1))  # a block holds a tile's parts (a pair's two)
+            return f"{name}s", staged_smem_bytes(nt, parts)
         ring = f"{name}r"
         if ring in self.kernels and self.use_ring and all(t in RING_TYPES for t in W.types):
-            smem = ring_smem_bytes(W.largest_tile_block, warps)
-            if smem_fits(self.target, smem, self.static_smem[ring], self.kernels[ring].blocks_per_cu * WARPS // warps):
-                return ring, smem, warps
-        return name, 0, warps
+            smem = ring_smem_bytes(W.largest_tile_block)
+            if smem_fits(self.target, smem, self.static_smem[ring], self.kernels[ring].blocks_per_cu):
+                return ring, smem
+        return name, 0
 
     def rows_f32(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
                  ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0) -> None:

@@ -34,7 +34,7 @@ from . import packing
 from .device import Buffer, Device, address
 from .megakernel import SequenceState
 from .prefill.runner import LayerWeights
-from .quant_gemm import TILE_ROWS, QuantGemm, QuantMatrix
+from .quant_gemm import QuantGemm, QuantMatrix
 
 
 def _vector_pieces(layout: packing.Layout, checkpoint, tiled: bool):
@@ -166,7 +166,7 @@ class QuantDecoder(SequenceState):
             self.weight_bytes += raw.size
         residual = self.matrices[self.layout.layers[0].down]
         self.ss_parts = self.qgemm.ss_parts(residual)
-        self.part_columns = TILE_ROWS  # the embedding's ss parts: a residual's, one per row tile
+        self.part_columns = self.qgemm.block_columns(residual)  # the embedding's ss parts: as wide as a residual's
 
     def kv_choices(self) -> tuple[str, ...]:
         """The descriptor's float type and the quantised formats."""

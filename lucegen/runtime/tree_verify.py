@@ -106,10 +106,6 @@ class TreeVerifier:
             raise LucegenError(f"the draft captures {draft.rows} rows per pass, fewer than {self.slots} verify slots")
         self.pf = decoder.layer_params()
         dev, t, pf, c = self.device, self.target, self.pf, self.config
-        if c.linear_value_head_dim % (THREADS // t.warp_size):
-            raise LucegenError(f"model {c.name}: tree verify needs the DeltaNet value head dim "
-                               f"({c.linear_value_head_dim}) to be a multiple of {THREADS // t.warp_size} (a block's "
-                               f"columns share one head)")
         if c.linear_key_head_dim % t.warp_size or c.head_dim % t.warp_size:
             raise LucegenError(f"model {c.name}: tree verify needs the DeltaNet key head dim "
                                f"({c.linear_key_head_dim}) and head_dim ({c.head_dim}) to be multiples of the warp "
