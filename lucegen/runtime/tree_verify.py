@@ -205,11 +205,14 @@ class TreeVerifier:
         enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr, S, self._mix(S, in_place), st,
                        after_layer=self.draft.capture_hook(st) if self.draft else None)
         self.weights.lm_head(acts.xn.ptr, S, acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, st)
-        slices = self._argmax_slices(S)
-        self.argmax_fn.launch((S, slices), THREADS,
-                              (address(self.logits.ptr), np.int32(c.vocab_size), address(self.argmax_v.ptr),
+        self._enqueue_argmax(S)
+
+    def _enqueue_argmax(self, S: int) -> None:
+        """argmax [s] = the greedy token of logits row s, for s < S (rows_argmax)."""
+        self.argmax_fn.launch((S, self._argmax_slices(S)), THREADS,
+                              (address(self.logits.ptr), np.int32(self.config.vocab_size), address(self.argmax_v.ptr),
                                address(self.argmax_i.ptr), address(self.argmax_arrived.ptr), address(self.argmax.ptr)),
-                              stream=st)
+                              stream=self.stream)
 
     def _run_pass(self, S: int) -> None:
         if not self.use_graphs:

@@ -168,6 +168,27 @@ def test_commit_replays_the_pass_bit_for_bit():
         ver.commit(empty, [], 0)  # the pass was committed already
 
 
+def test_rows_argmax_takes_the_first_of_equal_maxima():
+    """rows_argmax (each row split over blocks) as numpy.argmax over finite values: the lowest index among equal
+    maxima, wherever they fall among the blocks; NaN never wins; a row of -inf gives 0. Every row count of a pass."""
+    dec, _, ver = engine("tiny")
+    V, rng = dec.config.vocab_size, np.random.default_rng(5)
+    for S in (1, 7, ver.slots):
+        logits = rng.standard_normal((S, V)).astype(np.float32)
+        for s in range(S):
+            cols = np.sort(rng.choice(V, 3, replace=False))  # a tie of three, maybe in three blocks' slices
+            logits[s, cols] = 9.0
+            logits[s, rng.choice(V, 4)] = np.nan
+        logits[0, :] = -np.inf
+        logits[0, 3] = np.nan
+        ver.device.upload(logits, ver.logits)
+        ver._enqueue_argmax(S)
+        ver.stream.synchronize()
+        got = ver.device.download(ver.argmax, np.int32, (S,))
+        want = np.nan_to_num(logits, nan=-np.inf).argmax(axis=1)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_verify_rejects_bad_requests():
     dec, pre, ver = engine("tiny")
     root = start("tiny", [1, 2, 3])
