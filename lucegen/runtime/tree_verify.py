@@ -201,7 +201,7 @@ class TreeVerifier:
     def _enqueue_pass(self, S: int, in_place: bool = False) -> None:
         """Queue a whole verify pass of S slots on ``self.stream``: every argument is fixed by S (the tree, the
         tokens and pos0 live in device memory), so one captured graph per S serves every step."""
-        c, st, acts = self.config, self.stream, self.acts
+        st, acts = self.stream, self.acts
         enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr, S, self._mix(S, in_place), st,
                        after_layer=self.draft.capture_hook(st) if self.draft else None)
         self.weights.lm_head(acts.xn.ptr, S, acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, st)
