@@ -501,9 +501,10 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
 
 // ------------------------------------------------------------------------------------------------ argmax
 // tokens[r] = argmax of logits row r as numpy.argmax over its non-NaN values (the lowest index among equal maxima;
-// NaN never wins; a row of NaN alone gives 0). Block (r, b) of gridDim.y slices reduces slice b of row r to its best (value, index) in partial[r][b]; the row's last
-// block to arrive (a counter per row, which that block sets back to 0 for the next launch) reduces the slices. The
-// merge keeps the larger value, the lower index among equals: any order gives the same token.
+// NaN never wins; a row of NaN alone gives 0). Block (r, b) of gridDim.y slices reduces slice b of row r to its best
+// (value, index) in partial[r][b]; the row's last block to arrive (a counter per row, which that block sets back to
+// 0 for the next launch) reduces the slices. The merge keeps the larger value, the lower index among equals: any
+// order gives the same token.
 __device__ __forceinline__ void tv_argmax_merge(float& bv, int& bi, float ov, int oi) {
   if (ov > bv || (ov == bv && oi < bi)) {
     bv = ov;
