@@ -90,10 +90,14 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 
 // Asynchronous 16-byte copies global -> shared (sm_80+): lg_cp_async16's src-size 0 (pred false) writes zeros and
 // reads nothing; lg_copy16 always copies; lg_cp_async_wait<N>() returns once all but the N most recently committed
-// groups of this thread have landed.
+// groups of this thread have landed. lg_cp_async4: the same for 4 bytes (through the L1: .cg takes 16 alone).
 __device__ __forceinline__ void lg_cp_async16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void lg_cp_async4(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
 }
 __device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
   lg_cp_async16(dst, src, true);

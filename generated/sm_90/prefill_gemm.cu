@@ -90,10 +90,14 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 
 // Asynchronous 16-byte copies global -> shared (sm_80+): lg_cp_async16's src-size 0 (pred false) writes zeros and
 // reads nothing; lg_copy16 always copies; lg_cp_async_wait<N>() returns once all but the N most recently committed
-// groups of this thread have landed.
+// groups of this thread have landed. lg_cp_async4: the same for 4 bytes (through the L1: .cg takes 16 alone).
 __device__ __forceinline__ void lg_cp_async16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void lg_cp_async4(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
 }
 __device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
   lg_cp_async16(dst, src, true);
@@ -174,14 +178,17 @@ __device__ __forceinline__ unsigned long long gemm_wgmma_desc(const void* p) {
   const unsigned long long addr = lg_smem_addr(p);
   return ((addr & 0x3FFFFull) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
 }
-__device__ __forceinline__ void gemm_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void gemm_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Before a warpgroup's first wgmma reads registers or shared memory written since its last one.
+__device__ __forceinline__ void lg_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// Close the wgmmas issued since the last commit into one group.
+__device__ __forceinline__ void lg_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Wait until at most PENDING committed groups are still in flight.
 template <int PENDING>
-__device__ __forceinline__ void gemm_wgmma_wait() {
+__device__ __forceinline__ void lg_wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
-// Shared memory written by cp.async (generic proxy) before the async-proxy reads of wgmma.
-__device__ __forceinline__ void gemm_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Shared memory written through the generic proxy (stores, cp.async) before wgmma's async-proxy reads of it.
+__device__ __forceinline__ void lg_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // c[ni][2h + e] = D[warp%4 * 16 + lane/4 + 8h][ni * 8 + 2 (lane%4) + e]: the m16n8 fragment layout per n8 group.
 __device__ __forceinline__ void gemm_wgmma_k16(float (&c)[16][4], unsigned long long desc_a,
                                                unsigned long long desc_b) {
@@ -310,17 +317,17 @@ struct GemmTile {
       const int s = it % GEMM_STAGES;
       lg_mbar_wait(&full[s], (it / GEMM_STAGES) & 1);
       const bf16_t* stage = smem + s * STAGE_ELEMS;
-      gemm_wgmma_fence();
+      lg_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < GEMM_BK / 16; ++kk)
         gemm_wgmma_k16(acc[0], gemm_wgmma_desc(stage + wg * 64 * GEMM_BK + kk * 16),
                        gemm_wgmma_desc(stage + BM * GEMM_BK + kk * 16));
-      gemm_wgmma_commit();
-      gemm_wgmma_wait<1>();  // the group of step kt - 1 has retired: its stage is free
+      lg_wgmma_commit();
+      lg_wgmma_wait<1>();  // the group of step kt - 1 has retired: its stage is free
       if (kt > 0) release(&empty[(it - 1) % GEMM_STAGES]);
     }
     if (hand_over) gemm_named_arrive(hand_over, 2 * GEMM_CREW_THREADS);
-    gemm_wgmma_wait<0>();
+    lg_wgmma_wait<0>();
     release(&empty[(it - 1) % GEMM_STAGES]);
   }
   // One arrive per consumer warp on the stage's empty barrier of every CTA of the cluster (each one's producer

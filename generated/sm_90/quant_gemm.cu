@@ -90,10 +90,14 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 
 // Asynchronous 16-byte copies global -> shared (sm_80+): lg_cp_async16's src-size 0 (pred false) writes zeros and
 // reads nothing; lg_copy16 always copies; lg_cp_async_wait<N>() returns once all but the N most recently committed
-// groups of this thread have landed.
+// groups of this thread have landed. lg_cp_async4: the same for 4 bytes (through the L1: .cg takes 16 alone).
 __device__ __forceinline__ void lg_cp_async16(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void lg_cp_async4(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
 }
 __device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
   lg_cp_async16(dst, src, true);
@@ -513,10 +517,6 @@ __device__ __forceinline__ void qg_tile_staged(float (&acc)[NT][4], const unsign
 // is 128, its stride byte offset (the next 8 tokens) 256. Slots follow the A fragments' order (slots 2t, 2t+1:
 // values 4t, 4t+1; slots 2t+8, 2t+9: values 4t+2, 4t+3), so the copy moves 4-byte pairs: value pair w of a step
 // goes to core half w % 2, word w / 2. A round holds parts x 16 steps of NT x 256 bytes.
-__device__ __forceinline__ void qg_cp_async4(void* dst, const void* src, bool pred) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
-}
 // Thread (ng, h, r8, q) = tid / 64, tid / 32 % 2, tid / 4 % 8, tid % 4 copies word q of row r8 of core half h of token
 // group ng, for every step j and part p: a warp fills one core matrix (32 distinct banks), reading 8 rows of 4 words.
 template <int NT>
@@ -529,15 +529,22 @@ __device__ __forceinline__ void qg_wg_stage_round(unsigned char* stage, const bf
   unsigned char* dst = stage + ng * 256 + h * 128 + r8 * 16 + 4 * q;
   for (int p = 0; p < count; ++p)
 #pragma unroll
-    for (int j = 0; j < 16; ++j) qg_cp_async4(dst + (p * 16 + j) * NT * 256, src + 256 * p + 16 * j, m < M);
+    for (int j = 0; j < 16; ++j) lg_cp_async4(dst + (p * 16 + j) * NT * 256, src + 256 * p + 16 * j, m < M);
 }
 __device__ __forceinline__ unsigned long long qg_wg_desc(const unsigned char* p) {
   return ((unsigned long long)(lg_smem_addr(p) & 0x3FFFFu) >> 4) | ((128ull >> 4) << 16) | ((256ull >> 4) << 32);
 }
-__device__ __forceinline__ void qg_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void qg_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Before a warpgroup's first wgmma reads registers or shared memory written since its last one.
+__device__ __forceinline__ void lg_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// Close the wgmmas issued since the last commit into one group.
+__device__ __forceinline__ void lg_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Wait until at most PENDING committed groups are still in flight.
 template <int PENDING>
-__device__ __forceinline__ void qg_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory"); }
+__device__ __forceinline__ void lg_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+// Shared memory written through the generic proxy (stores, cp.async) before wgmma's async-proxy reads of it.
+__device__ __forceinline__ void lg_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // d (this warp's 16 rows x 8 NT tokens, the m16n8 layout per group of 8: d[4 nt + c] = acc[nt][c]) = a * b (+ d if
 // accumulate).
 template <int NT>
@@ -599,24 +606,24 @@ __device__ __forceinline__ void qg_tile_block_wgmma(float (&acc)[NT][4], const t
     unsigned a[Q::STEPS][4];
 #pragma unroll
     for (int j = 0; j < Q::STEPS; ++j) Q::fragment(cur, s, j, a[j]);
-    qg_wg_fence();
+    lg_wgmma_fence();
 #pragma unroll
     for (int j = 0; j < Q::STEPS; ++j) {
       const unsigned long long b = qg_wg_desc(steps + (s * Q::STEPS + j) * NT * 256);
       qg_wgmma<NT>(dot[s % BUFFERS], a[j], b, j);
       if (Q::HAS_MIN) qg_wgmma<NT>(sum[s % BUFFERS], ones, b, j);
     }
-    qg_wg_commit();
+    lg_wgmma_commit();
     if (BUFFERS == 1) {
-      qg_wg_wait<0>();
+      lg_wgmma_wait<0>();
       scale(s);
     } else if (s > 0) {
-      qg_wg_wait<1>();
+      lg_wgmma_wait<1>();
       scale(s - 1);
     }
   }
   if (BUFFERS > 1) {
-    qg_wg_wait<0>();
+    lg_wgmma_wait<0>();
     scale(Q::SUBS - 1);
   }
 }
@@ -657,7 +664,7 @@ __device__ __forceinline__ void qg_tile_wgmma(float (&acc)[NT][4], const unsigne
   }
   for (int i = 0; i < rounds; ++i) {
     lg_cp_async_wait<S - 2>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, before wgmma's reads
+    lg_fence_proxy_async();  // cp.async's writes, before wgmma's reads
     __syncthreads();  // round i has landed for every thread, and every warp is done with round i - 1's buffers
     stage_round(i + S - 1);
     fetch(i + S - 1);  // commits the round's group
