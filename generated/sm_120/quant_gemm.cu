@@ -355,6 +355,22 @@ __device__ __forceinline__ const unsigned char* qg_tile_weights(const QgSegment&
   return reinterpret_cast<const unsigned char*>(sg.weights) + (size_t)tile * (K / Q::VALUES) * (16 * Q::BYTES);
 }
 
+// acc += ds[s] dot - dm[s] sum: sub-block s's sums (its q . A and, with a min, its sum A per fragment element)
+// scaled by the sub-block's scales, in the same order on every path. ONE_ROW: token column 0 alone (c = 0, 2).
+template <typename Q, int NT, bool ONE_ROW>
+__device__ __forceinline__ void qg_scale_sums(float (&acc)[NT][4], const typename Q::Raw& cur, int s,
+                                              const float (&dot)[NT][4], const float (&sum)[NT][4]) {
+  float ds[2], dm[2];
+  Q::scales(cur, s, ds, dm);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) {
+      acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
+      if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[nt][c], acc[nt][c]);
+    }
+}
+
 // acc (this warp's share of a 16-row tile times NT groups of 8 tokens) += one tile-block of weights (cur) times the
 // activations, bfrag(nt, step) giving the B fragment of tokens 8 nt + g at values 16 step + 4 t .. + 3 of the block.
 // ONE_ROW (M = 1): only token column 0 is kept (c = 0, 2), the same operations on it as any NT = 1 launch.
@@ -379,15 +395,7 @@ __device__ __forceinline__ void qg_tile_block(float (&acc)[NT][4], const typenam
         if (Q::HAS_MIN) lg_mma_k16(sum[nt], ones, bf.x, bf.y);
       }
     }
-    float ds[2], dm[2];
-    Q::scales(cur, s, ds, dm);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) {
-        acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
-        if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[nt][c], acc[nt][c]);
-      }
+    qg_scale_sums<Q, NT, ONE_ROW>(acc, cur, s, dot, sum);
   }
 }
 

@@ -328,6 +328,19 @@ __device__ __forceinline__ int tv_key_head(int h) {
   return h / (TV_NV / TV_NK);
 }
 
+// A value column of a state ([NV][DV][DK]: DK floats from `column`) in a warp's registers, element lane + 32 e in
+// st[e], and back.
+template <int KPL>
+__device__ __forceinline__ void tv_load_column(float (&st)[KPL], const float* column, int lane) {
+#pragma unroll
+  for (int e = 0; e < KPL; ++e) st[e] = column[lane + e * LG_WARP_SIZE];
+}
+template <int KPL>
+__device__ __forceinline__ void tv_store_column(float* column, const float (&st)[KPL], int lane) {
+#pragma unroll
+  for (int e = 0; e < KPL; ++e) column[lane + e * LG_WARP_SIZE] = st[e];
+}
+
 // S = S * exp(g[a]) + k[a] delta[a] for slot a's update of value column col (head h): the pass's own operations.
 template <int KPL>
 __device__ __forceinline__ void tv_apply_update(float (&st)[KPL], const tree_ws& ws, int a, int col, int lane) {
@@ -347,8 +360,7 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
   if (col >= TV_NV * TV_DV) return;
   const int h = col / TV_DV, hk = tv_key_head(h);
   float root[KPL], st[KPL];
-#pragma unroll
-  for (int e = 0; e < KPL; ++e) root[e] = committed[(size_t)col * TV_DK + lane + e * LG_WARP_SIZE];
+  tv_load_column(root, committed + (size_t)col * TV_DK, lane);
   for (int s = 0; s < n_slots; ++s) {
     const int p = parent[s];
     if (s == 0 || p != s - 1) {  // the parent's state: the committed one, then the updates on the way to p
@@ -378,9 +390,7 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
     if (lane == 0) ws.o[(size_t)s * TV_VD + col] = o;
     ws.delta[(size_t)s * TV_VD + col] = delta;  // every lane: the sum is the same in each, and each reads its own
   }
-  if (live_out)
-#pragma unroll
-    for (int e = 0; e < KPL; ++e) live_out[(size_t)col * TV_DK + lane + e * LG_WARP_SIZE] = st[e];
+  if (live_out) tv_store_column(live_out + (size_t)col * TV_DK, st, lane);
 }
 
 // ------------------------------------------------------------------------------------------------ gated norm
@@ -537,11 +547,9 @@ tree_commit_deltanet(float* __restrict__ workspaces, size_t ws_layer_stride, con
   if (col < TV_NV * TV_DV) {
     float* live = recurrent + l * STATE + (size_t)col * TV_DK;
     float st[KPL];
-#pragma unroll
-    for (int e = 0; e < KPL; ++e) st[e] = live[lane + e * LG_WARP_SIZE];
+    tv_load_column(st, live, lane);
     for (int d = 0; d <= n; ++d) tv_apply_update(st, ws, path[d], col, lane);
-#pragma unroll
-    for (int e = 0; e < KPL; ++e) live[lane + e * LG_WARP_SIZE] = st[e];
+    tv_store_column(live, st, lane);
   }
   const float* wsrc = windows + l * windows_layer_stride + (size_t)path[n] * WINDOW;
   for (size_t i = (size_t)blockIdx.x * TV_NT + threadIdx.x; i < WINDOW; i += (size_t)gridDim.x * TV_NT)

@@ -355,6 +355,22 @@ __device__ __forceinline__ const unsigned char* qg_tile_weights(const QgSegment&
   return reinterpret_cast<const unsigned char*>(sg.weights) + (size_t)tile * (K / Q::VALUES) * (16 * Q::BYTES);
 }
 
+// acc += ds[s] dot - dm[s] sum: sub-block s's sums (its q . A and, with a min, its sum A per fragment element)
+// scaled by the sub-block's scales, in the same order on every path. ONE_ROW: token column 0 alone (c = 0, 2).
+template <typename Q, int NT, bool ONE_ROW>
+__device__ __forceinline__ void qg_scale_sums(float (&acc)[NT][4], const typename Q::Raw& cur, int s,
+                                              const float (&dot)[NT][4], const float (&sum)[NT][4]) {
+  float ds[2], dm[2];
+  Q::scales(cur, s, ds, dm);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) {
+      acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
+      if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[nt][c], acc[nt][c]);
+    }
+}
+
 // acc (this warp's share of a 16-row tile times NT groups of 8 tokens) += one tile-block of weights (cur) times the
 // activations, bfrag(nt, step) giving the B fragment of tokens 8 nt + g at values 16 step + 4 t .. + 3 of the block.
 // ONE_ROW (M = 1): only token column 0 is kept (c = 0, 2), the same operations on it as any NT = 1 launch.
@@ -379,15 +395,7 @@ __device__ __forceinline__ void qg_tile_block(float (&acc)[NT][4], const typenam
         if (Q::HAS_MIN) lg_mma_k16(sum[nt], ones, bf.x, bf.y);
       }
     }
-    float ds[2], dm[2];
-    Q::scales(cur, s, ds, dm);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) {
-        acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
-        if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[nt][c], acc[nt][c]);
-      }
+    qg_scale_sums<Q, NT, ONE_ROW>(acc, cur, s, dot, sum);
   }
 }
 
@@ -545,40 +553,39 @@ __device__ __forceinline__ void lg_wgmma_wait() {
 }
 // Shared memory written through the generic proxy (stores, cp.async) before wgmma's async-proxy reads of it.
 __device__ __forceinline__ void lg_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// d (this warp's 16 rows x 8 NT tokens, the m16n8 layout per group of 8: d[4 nt + c] = acc[nt][c]) = a * b (+ d if
-// accumulate).
+// d (this warp's 16 rows x 8 NT tokens, the m16n8 layout per group of 8, as acc[nt][c]) = a * b (+ d if accumulate).
 template <int NT>
-__device__ __forceinline__ void qg_wgmma(float (&d)[4 * NT], const unsigned (&a)[4], unsigned long long b, int accumulate);
+__device__ __forceinline__ void qg_wgmma(float (&d)[NT][4], const unsigned (&a)[4], unsigned long long b, int accumulate);
 template <>
-__device__ __forceinline__ void qg_wgmma<1>(float (&d)[4], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+__device__ __forceinline__ void qg_wgmma<1>(float (&d)[1][4], const unsigned (&a)[4], unsigned long long b, int accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
                "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, %8, p, 1, 1, 0;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate) : "memory");
 }
 template <>
-__device__ __forceinline__ void qg_wgmma<2>(float (&d)[8], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+__device__ __forceinline__ void qg_wgmma<2>(float (&d)[2][4], const unsigned (&a)[4], unsigned long long b, int accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
                "{ %0, %1, %2, %3, %4, %5, %6, %7 }, { %8, %9, %10, %11 }, %12, p, 1, 1, 0;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate) : "memory");
 }
 template <>
-__device__ __forceinline__ void qg_wgmma<3>(float (&d)[12], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+__device__ __forceinline__ void qg_wgmma<3>(float (&d)[3][4], const unsigned (&a)[4], unsigned long long b, int accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
                "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11 }, { %12, %13, %14, %15 }, %16, p, 1, 1, 0;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate) : "memory");
 }
 template <>
-__device__ __forceinline__ void qg_wgmma<4>(float (&d)[16], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+__device__ __forceinline__ void qg_wgmma<4>(float (&d)[4][4], const unsigned (&a)[4], unsigned long long b, int accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
                "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15 }, { %16, %17, %18, %19 }, %20, p, 1, 1, 0;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate) : "memory");
 }
 
@@ -589,18 +596,8 @@ template <typename Q, int NT, int BUFFERS>
 __device__ __forceinline__ void qg_tile_block_wgmma(float (&acc)[NT][4], const typename Q::Raw& cur,
                                                     const unsigned char* steps) {
   const unsigned ones[4] = {qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f)};
-  float dot[BUFFERS][4 * NT], sum[BUFFERS][4 * NT];
-  auto scale = [&](int s) {
-    float ds[2], dm[2];
-    Q::scales(cur, s, ds, dm);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        acc[nt][c] = fmaf(ds[c >> 1], dot[s % BUFFERS][4 * nt + c], acc[nt][c]);
-        if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[s % BUFFERS][4 * nt + c], acc[nt][c]);
-      }
-  };
+  float dot[BUFFERS][NT][4], sum[BUFFERS][NT][4];
+  auto scale = [&](int s) { qg_scale_sums<Q, NT, false>(acc, cur, s, dot[s % BUFFERS], sum[s % BUFFERS]); };
 #pragma unroll
   for (int s = 0; s < Q::SUBS; ++s) {
     unsigned a[Q::STEPS][4];

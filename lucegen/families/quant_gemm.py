@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..codegen import KernelFamily
+from ..model.quant import TYPES
 
 #: Block types in the kernels' type switch, in the order of QgSegment.type (the Q4_K_M mix: Q4_K, Q5_K, Q6_K; Q8_0).
 GEMM_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -55,8 +56,8 @@ WGMMA_STAGES = 2
 #: wait. Measured on the H200 at 2 blocks a compute unit: nt2w equal (gate/up 9 rows 82.5 against 81.0 us, dn_in
 #: 37.2 against 39.0).
 WGMMA_BUFFERS = 1
-#: The largest K-quant tile-block (16 rows of Q6_K): every warp's weight slot fits it.
-WGMMA_MAX_SLOT_BYTES = 16 * 210
+#: The largest K-quant tile-block (16 rows of Q6_K's 210-byte blocks): every warp's weight slot fits it.
+WGMMA_MAX_SLOT_BYTES = 16 * max(TYPES[t][2] for t in K_QUANTS)
 
 
 def wgmma_smem_bytes(nt: int, parts: int, slot_bytes: int = WGMMA_MAX_SLOT_BYTES) -> int:

@@ -309,14 +309,14 @@ class QuantGemm:
         RING_TYPES alone where its rings leave the kernel's resident blocks per compute unit."""
         nt = token_groups(M)
         name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
+        k_quants = all(t in K_QUANTS for t in W.types)
         wgmma = f"{name}w"
-        if (wgmma in self.kernels and self.use_wgmma and parts <= WGMMA_MAX_PARTS
-                and all(t in K_QUANTS for t in W.types) and W.warpgroup_types_uniform and int(A) % 4 == 0
-                and lda % 2 == 0):
+        if (wgmma in self.kernels and self.use_wgmma and parts <= WGMMA_MAX_PARTS and k_quants
+                and W.warpgroup_types_uniform and int(A) % 4 == 0 and lda % 2 == 0):
             smem = wgmma_smem_bytes(nt, parts, W.largest_tile_block)
             if smem_fits(self.target, smem, self.static_smem[wgmma], self.kernels[wgmma].blocks_per_cu):
                 return wgmma, smem
-        if (f"{name}s" in self.functions and all(t in K_QUANTS for t in W.types) and int(A) % 16 == 0
+        if (f"{name}s" in self.functions and k_quants and int(A) % 16 == 0
                 and lda % 8 == 0 and WARPS // parts * nt >= STAGE_MIN_REUSE):
             return f"{name}s", staged_smem_bytes(nt, parts)
         ring = f"{name}r"
