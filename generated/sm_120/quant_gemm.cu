@@ -204,21 +204,52 @@ __device__ __forceinline__ QgKScales qg_k_scales(const uint4& h) {
   k.dmin = qg_f16(h.x >> 16);
   return k;
 }
-// ds = d * sc and dm = dmin * m of sub-block s, both exact. (The sub-block loop is unrolled: the unpacking above is
-// done once per row and tile-block, not per sub-block.)
-__device__ __forceinline__ void qg_k_scale(const QgKScales& k, int s, float& ds, float& dm) {
-  const int shift = 8 * (s & 3);
-  ds = k.d * (float)((k.sc[s >> 2] >> shift) & 0xFFu);
-  dm = k.dmin * (float)((k.m[s >> 2] >> shift) & 0xFFu);
+// ds = d * sc of sub-block s, exact. (The sub-block loop is unrolled: the unpacking above is done once per row and
+// tile-block, not per sub-block.)
+__device__ __forceinline__ float qg_k_scale(const QgKScales& k, int s) {
+  return k.d * (float)((k.sc[s >> 2] >> (8 * (s & 3))) & 0xFFu);
 }
+// The 2-byte float pair (b, b) for byte s of the words w[0], w[1] (b < 128: BIAS + b by byte placement, then - BIAS).
+__device__ __forceinline__ unsigned qg_splat_byte(const unsigned (&w)[2], int s) {
+  const unsigned byte = (unsigned)(s & 3);
+  return qg_sub2(qg_byte_perm(w[s >> 2], 0x4040u | byte | (byte << 8)), qg_splat(128.0f));
+}
+// The scales of the K-quants with a 16-byte header per row (Q4_K, Q5_K): sub-block s's ds of rows g, g + 8 (scales),
+// the A fragment of its 6-bit mins m, each splat over the row's slots (mins), and the rows' dmin (dmins).
+template <typename Raw>
+struct QgKHeaders {
+  static constexpr int HAS_MIN = 1;
+  static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2]) {
+    ds[0] = qg_k_scale(qg_k_scales(r.h), s);
+    ds[1] = qg_k_scale(qg_k_scales(r.h8), s);
+  }
+  static __device__ __forceinline__ void mins(const Raw& r, int s, unsigned (&mf)[4]) {
+    mf[0] = mf[2] = qg_splat_byte(qg_k_scales(r.h).m, s);
+    mf[1] = mf[3] = qg_splat_byte(qg_k_scales(r.h8).m, s);
+  }
+  static __device__ __forceinline__ void dmins(const Raw& r, float (&dmin)[2]) {
+    dmin[0] = qg_k_scales(r.h).dmin;
+    dmin[1] = qg_k_scales(r.h8).dmin;
+  }
+};
+// The scales of types without a min (Q6_K, Q8_0) come from the type itself.
+struct QgNoMin {
+  static constexpr int HAS_MIN = 0;
+  template <typename Raw>
+  static __device__ __forceinline__ void mins(const Raw&, int, unsigned (&)[4]) {}
+  template <typename Raw>
+  static __device__ __forceinline__ void dmins(const Raw&, float (&)[2]) {}
+};
 
 // ---- one block type each: the lane's bytes of a tile-block (load), the A fragment of step j of sub-block s
-// (fragment) and the scales of rows g, g + 8 (scales). Tile-block byte maps: quant_gemm.py _tile_map. ----
+// (fragment), the scales of rows g, g + 8 (scales) and, with a min, mins / dmins (QgKHeaders). Tile-block byte
+// maps: quant_gemm.py _tile_map. ----
 
 // Q4_K (256 values, 144 bytes): [16 headers of 16 B][4 chunks of qs: sub-blocks 2p (low nibbles), 2p + 1 (high)].
-struct QgQ4K {
-  static constexpr int VALUES = 256, BYTES = 144, SUBS = 8, STEPS = 2, HAS_MIN = 1;
-  struct Raw { uint4 h, h8, qs[4]; };
+struct QgQ4KRaw { uint4 h, h8, qs[4]; };
+struct QgQ4K : QgKHeaders<QgQ4KRaw> {
+  static constexpr int VALUES = 256, BYTES = 144, SUBS = 8, STEPS = 2;
+  using Raw = QgQ4KRaw;
   template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
     r.h = qg_load16<SMEM>(tb + 16 * (lane >> 2));
@@ -231,16 +262,13 @@ struct QgQ4K {
     const int shift = 4 * (s & 1);
     qg_fragment(a, ((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu, ((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu, qg_splat(128.0f));
   }
-  static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2], float (&dm)[2]) {
-    qg_k_scale(qg_k_scales(r.h), s, ds[0], dm[0]);
-    qg_k_scale(qg_k_scales(r.h8), s, ds[1], dm[1]);
-  }
 };
 
 // Q5_K (256 values, 176 bytes): as Q4_K with a chunk of high bits (bit s of byte l: sub-block s, value l) between.
-struct QgQ5K {
-  static constexpr int VALUES = 256, BYTES = 176, SUBS = 8, STEPS = 2, HAS_MIN = 1;
-  struct Raw { uint4 h, h8, qh, qs[4]; };
+struct QgQ5KRaw { uint4 h, h8, qh, qs[4]; };
+struct QgQ5K : QgKHeaders<QgQ5KRaw> {
+  static constexpr int VALUES = 256, BYTES = 176, SUBS = 8, STEPS = 2;
+  using Raw = QgQ5KRaw;
   template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
     r.h = qg_load16<SMEM>(tb + 16 * (lane >> 2));
@@ -257,17 +285,13 @@ struct QgQ5K {
     qg_fragment(a, (((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu) | hg, (((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu) | hg8,
                 qg_splat(128.0f));
   }
-  static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2], float (&dm)[2]) {
-    qg_k_scale(qg_k_scales(r.h), s, ds[0], dm[0]);
-    qg_k_scale(qg_k_scales(r.h8), s, ds[1], dm[1]);
-  }
 };
 
 // Q6_K (256 values, 210 bytes, sub-blocks of 16): [16 x 16 int8 scales][16 x f16 d][4 chunks of ql][2 chunks of qh].
 // Sub-block s = 8 h + 2 u + i: low nibbles from ql chunk (h, i) (word u % 2, shifted 4 (u / 2)), high bits from qh
 // chunk h (word i, shifted 2 u); value q - 32.
-struct QgQ6K {
-  static constexpr int VALUES = 256, BYTES = 210, SUBS = 16, STEPS = 1, HAS_MIN = 0;
+struct QgQ6K : QgNoMin {
+  static constexpr int VALUES = 256, BYTES = 210, SUBS = 16, STEPS = 1;
   struct Raw { uint4 sc, sc8, ql[4], qh[2]; unsigned d, d8; };
   template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
@@ -291,16 +315,15 @@ struct QgQ6K {
     const unsigned hi8 = ((i ? q.w : q.z) >> hshift) & 0x03030303u;
     qg_fragment(a, lo | (hi << 4), lo8 | (hi8 << 4), qg_splat(160.0f));
   }
-  static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2], float (&dm)[2]) {
+  static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2]) {
     ds[0] = qg_f16(r.d) * (float)(signed char)qg_byte(r.sc, s);
     ds[1] = qg_f16(r.d8) * (float)(signed char)qg_byte(r.sc8, s);
-    dm[0] = dm[1] = 0.0f;
   }
 };
 
 // Q8_0 (32 values, 34 bytes): [16 x f16 d][1 chunk of int8 quants]; values converted through f32 (exact).
-struct QgQ8_0 {
-  static constexpr int VALUES = 32, BYTES = 34, SUBS = 1, STEPS = 2, HAS_MIN = 0;
+struct QgQ8_0 : QgNoMin {
+  static constexpr int VALUES = 32, BYTES = 34, SUBS = 1, STEPS = 2;
   struct Raw { uint4 qs; unsigned d, d8; };
   template <bool SMEM = false>
   static __device__ __forceinline__ void load(Raw& r, const unsigned char* tb, int lane) {
@@ -318,10 +341,9 @@ struct QgQ8_0 {
     a[2] = pair(wg, 2);
     a[3] = pair(wg8, 2);
   }
-  static __device__ __forceinline__ void scales(const Raw& r, int, float (&ds)[2], float (&dm)[2]) {
+  static __device__ __forceinline__ void scales(const Raw& r, int, float (&ds)[2]) {
     ds[0] = qg_f16(r.d);
     ds[1] = qg_f16(r.d8);
-    dm[0] = dm[1] = 0.0f;
   }
 };
 
@@ -355,20 +377,29 @@ __device__ __forceinline__ const unsigned char* qg_tile_weights(const QgSegment&
   return reinterpret_cast<const unsigned char*>(sg.weights) + (size_t)tile * (K / Q::VALUES) * (16 * Q::BYTES);
 }
 
-// acc += ds[s] dot - dm[s] sum: sub-block s's sums (its q . A and, with a min, its sum A per fragment element)
-// scaled by the sub-block's scales, in the same order on every path. ONE_ROW: token column 0 alone (c = 0, 2).
+// acc += ds[s] dot: sub-block s's sums q . A (per fragment element) scaled by its scales, and after the last
+// sub-block acc -= dmin mins (with a min: the block's sum of m A), in the same order on every path. ONE_ROW: token
+// column 0 alone (c = 0, 2).
 template <typename Q, int NT, bool ONE_ROW>
 __device__ __forceinline__ void qg_scale_sums(float (&acc)[NT][4], const typename Q::Raw& cur, int s,
-                                              const float (&dot)[NT][4], const float (&sum)[NT][4]) {
-  float ds[2], dm[2];
-  Q::scales(cur, s, ds, dm);
+                                              const float (&dot)[NT][4]) {
+  float ds[2];
+  Q::scales(cur, s, ds);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) {
-      acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
-      if (Q::HAS_MIN) acc[nt][c] = fmaf(-dm[c >> 1], sum[nt][c], acc[nt][c]);
-    }
+    for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) acc[nt][c] = fmaf(ds[c >> 1], dot[nt][c], acc[nt][c]);
+}
+template <typename Q, int NT, bool ONE_ROW>
+__device__ __forceinline__ void qg_subtract_mins(float (&acc)[NT][4], const typename Q::Raw& cur,
+                                                 const float (&mins)[NT][4]) {
+  if (!Q::HAS_MIN) return;
+  float dmin[2];
+  Q::dmins(cur, dmin);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; c += ONE_ROW ? 2 : 1) acc[nt][c] = fmaf(-dmin[c >> 1], mins[nt][c], acc[nt][c]);
 }
 
 // acc (this warp's share of a 16-row tile times NT groups of 8 tokens) += one tile-block of weights (cur) times the
@@ -376,14 +407,20 @@ __device__ __forceinline__ void qg_scale_sums(float (&acc)[NT][4], const typenam
 // ONE_ROW (M = 1): only token column 0 is kept (c = 0, 2), the same operations on it as any NT = 1 launch.
 template <typename Q, int NT, bool ONE_ROW, typename BFragment>
 __device__ __forceinline__ void qg_tile_block(float (&acc)[NT][4], const typename Q::Raw& cur, BFragment bfrag) {
-  const unsigned ones[4] = {qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f), qg_splat(1.0f)};
+  float mins[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) mins[nt][c] = 0.0f;
 #pragma unroll
   for (int s = 0; s < Q::SUBS; ++s) {
-    float dot[NT][4], sum[NT][4];
+    float dot[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) dot[nt][c] = sum[nt][c] = 0.0f;
+      for (int c = 0; c < 4; ++c) dot[nt][c] = 0.0f;
+    unsigned mf[4];
+    Q::mins(cur, s, mf);
 #pragma unroll
     for (int j = 0; j < Q::STEPS; ++j) {
       unsigned a[4];
@@ -392,11 +429,12 @@ __device__ __forceinline__ void qg_tile_block(float (&acc)[NT][4], const typenam
       for (int nt = 0; nt < NT; ++nt) {
         const uint2 bf = bfrag(nt, s * Q::STEPS + j);
         lg_mma_k16(dot[nt], a, bf.x, bf.y);
-        if (Q::HAS_MIN) lg_mma_k16(sum[nt], ones, bf.x, bf.y);
+        if (Q::HAS_MIN) lg_mma_k16(mins[nt], mf, bf.x, bf.y);
       }
     }
-    qg_scale_sums<Q, NT, ONE_ROW>(acc, cur, s, dot, sum);
+    qg_scale_sums<Q, NT, ONE_ROW>(acc, cur, s, dot);
   }
+  qg_subtract_mins<Q, NT, ONE_ROW>(acc, cur, mins);
 }
 
 // acc += the tile-blocks b = part, part + parts, ... of one matrix row tile `tile` (K / VALUES blocks per row), the
