@@ -350,10 +350,18 @@ __device__ __forceinline__ int qg_largest_tile_block(const QgSegmentTable& segs,
   int bytes = 0;
   for (int s = 0; s < nseg; ++s) {
     switch (segs.seg[s].type) {
-      case 0: bytes = max(bytes, 16 * QgQ8_0::BYTES); break;
-      case 1: bytes = max(bytes, 16 * QgQ4K::BYTES); break;
-      case 2: bytes = max(bytes, 16 * QgQ5K::BYTES); break;
-      case 3: bytes = max(bytes, 16 * QgQ6K::BYTES); break;
+      case 0:  // Q8_0
+        bytes = max(bytes, 16 * QgQ8_0::BYTES);
+        break;
+      case 1:  // Q4_K
+        bytes = max(bytes, 16 * QgQ4K::BYTES);
+        break;
+      case 2:  // Q5_K
+        bytes = max(bytes, 16 * QgQ5K::BYTES);
+        break;
+      case 3:  // Q6_K
+        bytes = max(bytes, 16 * QgQ6K::BYTES);
+        break;
     }
   }
   return bytes;

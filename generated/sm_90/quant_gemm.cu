@@ -352,10 +352,18 @@ __device__ __forceinline__ int qg_largest_tile_block(const QgSegmentTable& segs,
   int bytes = 0;
   for (int s = 0; s < nseg; ++s) {
     switch (segs.seg[s].type) {
-      case 0: bytes = max(bytes, 16 * QgQ8_0::BYTES); break;
-      case 1: bytes = max(bytes, 16 * QgQ4K::BYTES); break;
-      case 2: bytes = max(bytes, 16 * QgQ5K::BYTES); break;
-      case 3: bytes = max(bytes, 16 * QgQ6K::BYTES); break;
+      case 0:  // Q8_0
+        bytes = max(bytes, 16 * QgQ8_0::BYTES);
+        break;
+      case 1:  // Q4_K
+        bytes = max(bytes, 16 * QgQ4K::BYTES);
+        break;
+      case 2:  // Q5_K
+        bytes = max(bytes, 16 * QgQ5K::BYTES);
+        break;
+      case 3:  // Q6_K
+        bytes = max(bytes, 16 * QgQ6K::BYTES);
+        break;
     }
   }
   return bytes;
@@ -796,18 +804,15 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     switch (type) {
       case 1:  // Q4_K
         qg_tile_wgmma<QgQ4K, NT>(acc, seg >= 0 ? qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K) : nullptr,
-                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring,
-                                   slot_bytes);
+                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring, slot_bytes);
         break;
       case 2:  // Q5_K
         qg_tile_wgmma<QgQ5K, NT>(acc, seg >= 0 ? qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K) : nullptr,
-                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring,
-                                   slot_bytes);
+                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring, slot_bytes);
         break;
       case 3:  // Q6_K
         qg_tile_wgmma<QgQ6K, NT>(acc, seg >= 0 ? qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K) : nullptr,
-                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring,
-                                   slot_bytes);
+                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring, slot_bytes);
         break;
       default:  // no tile in this warpgroup: copy and keep step
         qg_tile_wgmma<QgQ4K, NT>(acc, nullptr, false, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring, slot_bytes);
