@@ -12,7 +12,7 @@ with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma).
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import numpy as np
 
@@ -90,27 +90,20 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,)):
             c.free()
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    """A comma-separated list of integers: "1,2,4"."""
+    return tuple(int(v) for v in text.split(","))
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    sweep = ()
-    if "--parts" in args:
-        i = args.index("--parts")
-        sweep = tuple(int(p) for p in args[i + 1].split(","))
-        del args[i : i + 2]
-    if "--tiles" in args:
-        i = args.index("--tiles")
-        tiles = [int(t) for t in args[i + 1].split(",")]
-        del args[i : i + 2]
+    cli = argparse.ArgumentParser(description="Time the quantised GEMM on the 27B's matrix shapes.")
+    cli.add_argument("rows", nargs="*", type=int, default=[1, 8, 16, 23, 32], help="rows (M) per launch")
+    cli.add_argument("--parts", type=_ints, default=(), help="K splits to time beside the planned one")
+    cli.add_argument("--tiles", type=_ints, help="Q4_K matrices of these many row tiles instead of the 27B's")
+    cli.add_argument("--ring", type=_ints, default=(None,), help="the one-row weight ring off / on: 0,1")
+    cli.add_argument("--wgmma", type=_ints, default=(None,), help="the warpgroup-MMA kernels off / on: 0,1")
+    args = cli.parse_args()
+    if args.tiles:
         SHAPES = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
-                  for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in tiles}
-    rings = (None,)
-    if "--ring" in args:
-        i = args.index("--ring")
-        rings = tuple(int(r) for r in args[i + 1].split(","))
-        del args[i : i + 2]
-    wgmmas = (None,)
-    if "--wgmma" in args:
-        i = args.index("--wgmma")
-        wgmmas = tuple(int(r) for r in args[i + 1].split(","))
-        del args[i : i + 2]
-    main([int(m) for m in args] or [1, 8, 16, 23, 32], sweep, rings, wgmmas)
+                  for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in args.tiles}
+    main(args.rows, args.parts, args.ring, args.wgmma)

@@ -116,9 +116,8 @@ def test_staged_rounds_match_the_plain_kernel(qg, M):
 def check_against_rows_alone(qg, M, kernel, types):
     """A group of 4 cu + 2 row tiles (two parts give every SM one block's worth of warps) in three segments of block
     ``types`` whose boundaries fall on multiples of 4 tiles, the last tile partial and the last 4 half empty, takes
-    ``kernel`` at M
-    rows: its rows match numpy and, bit for bit, the same rows launched alone (the one-row kernel). K of five blocks
-    leaves the last round with one of its two parts."""
+    ``kernel`` at M rows: its rows match numpy and, bit for bit, the same rows launched alone (the one-row kernel). K
+    of five blocks leaves the last round with one of its two parts."""
     rng = np.random.default_rng(M)
     K = 256 * 5
     cu = qg.device.target.compute_units
@@ -148,10 +147,10 @@ def test_wgmma_matches_the_plain_kernel(qg, M):
     if name not in qg.functions:
         pytest.skip(f"{qg.device.target.name} has no wgmma kernels")
     check_against_rows_alone(qg, M, name, ["Q4_K", "Q6_K", "Q5_K"] if M <= 16 else ["Q4_K"] * 3)
-    d = qg.device
+    d, cu = qg.device, qg.device.target.compute_units
     rng = np.random.default_rng(100 + M)
     K = 512
-    I = 16 * 8 * qg.device.target.compute_units  # 8 cu row tiles a matrix: a pair takes two parts
+    I = 16 * 8 * cu  # 8 cu row tiles a matrix: a pair takes two parts
     gate, dg = group(rng, ["Q4_K"], [I], K, "quantized")
     up, du = group(rng, ["Q4_K"], [I], K, "quantized")
     Wp = qg.matrix(gate + up, K, pair=True)
@@ -174,7 +173,6 @@ def test_wgmma_matches_the_plain_kernel(qg, M):
             np.testing.assert_array_equal(swiglu(a[m : m + 1])[0], got[m])
     finally:
         Wp.free()
-    cu = qg.device.target.compute_units
     for types, rows in ((["Q4_K", "Q5_K"], [16 * 4 * cu + 16, 64]), (["Q6_K"], [16 * 4 * cu])):
         Wm = qg.matrix(group(rng, types, rows, K, "quantized")[0], K)
         try:
