@@ -1,6 +1,6 @@
 """Where a DFlash draft step's time goes, per kernel (torch's CUPTI profiler sees every launch in the process).
 
-    python3 tools/draft_profile.py TARGET_DIR DRAFT_DIR [--repeats 20]
+    python3 tools/draft_profile.py TARGET DRAFT [--repeats 20]     # TARGET: a BF16 directory or a GGUF (quantised)
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from lucegen.runtime.draft import DFlashDrafter
-    from lucegen.runtime.megakernel import MegakernelDecoder
     from lucegen.runtime.prefill.runner import Prefiller
+    from lucegen.runtime.quant_target import open_target
 
     torch.cuda.init()
-    dec = MegakernelDecoder(args.model, max_context=256)
+    dec = open_target(args.model, max_context=256)
     draft = DFlashDrafter(dec, args.draft, rows=64)
     root = Prefiller(dec, draft=draft).prefill(np.arange(32) + 100)
     for graphs in (True, False):
