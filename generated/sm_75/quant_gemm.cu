@@ -119,6 +119,8 @@ __device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4]
 #define QG_THREADS (8 * LG_WARP_SIZE)
 // 2-byte float bits of BIAS + b for a byte b below 256: the byte goes into the low mantissa bits.
 #define QG_MAGIC_WORD 0x64646464u
+// 1: the K-quants' A fragments carry sc q, exact in fp16 (the header's note); 0: q, scaled per sub-block.
+#define QG_FOLD 1
 
 // The segment table entry of one matrix of a launch (lucegen/runtime/quant_gemm.py SEGMENT_DTYPE).
 struct QgSegment {
@@ -152,6 +154,11 @@ __device__ __forceinline__ unsigned qg_pack2(float lo, float hi) {
   const __half2 r = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const unsigned*>(&r);
 }
+__device__ __forceinline__ unsigned qg_fma2(unsigned x, unsigned y, unsigned z) {
+  const __half2 r = __hfma2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&y),
+                            *reinterpret_cast<const __half2*>(&z));
+  return *reinterpret_cast<const unsigned*>(&r);
+}
 
 // The A fragment of one k16 step from the lane's four quants of row g (bytes of wg, value 4t + e in byte e) and of
 // row g + 8 (wg8), each q < 256: BIAS + q by byte placement, then - (BIAS + offset), exact.
@@ -165,6 +172,14 @@ __device__ __forceinline__ void qg_fragment(unsigned (&a)[4], unsigned wg, unsig
 }
 // The 2-byte float pair (x, x) as bits.
 __device__ __forceinline__ unsigned qg_splat(float x) { return qg_pack2(x, x); }
+// qg_fragment with the sub-block scales folded in (QG_FOLD): sc q = (BIAS + q) sc - BIAS sc in one fma, exact (sc q
+// below 2048, BIAS sc below 65504). fold = {(sc, sc), -BIAS (sc, sc)} of row g, then of row g + 8.
+__device__ __forceinline__ void qg_fragment_folded(unsigned (&a)[4], unsigned wg, unsigned wg8, const unsigned (&fold)[4]) {
+  a[0] = qg_fma2(qg_byte_perm(wg, 0x4140u), fold[0], fold[1]);
+  a[1] = qg_fma2(qg_byte_perm(wg8, 0x4140u), fold[2], fold[3]);
+  a[2] = qg_fma2(qg_byte_perm(wg, 0x4342u), fold[0], fold[1]);
+  a[3] = qg_fma2(qg_byte_perm(wg8, 0x4342u), fold[2], fold[3]);
+}
 
 // Byte i of the 16-byte vector v.
 __device__ __forceinline__ unsigned qg_byte(const uint4& v, int i) {
@@ -202,12 +217,20 @@ __device__ __forceinline__ unsigned qg_splat_byte(const unsigned (&w)[2], int s)
 }
 // The scales of the K-quants with a 16-byte header per row (Q4_K, Q5_K): sub-block s's ds of rows g, g + 8 (scales),
 // the A fragment of its 6-bit mins m, each splat over the row's slots (mins), and the rows' dmin (dmins).
+// With QG_FOLD the fragments carry sc q (fragment), and scales gives the rows' d, once per block.
 template <typename Raw>
 struct QgKHeaders {
-  static constexpr int HAS_MIN = 1;
+  static constexpr int HAS_MIN = 1, FOLD = QG_FOLD;
   static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2]) {
-    ds[0] = qg_k_scale(qg_k_scales(r.h), s);
-    ds[1] = qg_k_scale(qg_k_scales(r.h8), s);
+    ds[0] = FOLD ? qg_k_scales(r.h).d : qg_k_scale(qg_k_scales(r.h), s);
+    ds[1] = FOLD ? qg_k_scales(r.h8).d : qg_k_scale(qg_k_scales(r.h8), s);
+  }
+  // The A fragment of quant bytes wg (row g), wg8 (row g + 8) of sub-block s: q, or with QG_FOLD sc q.
+  static __device__ __forceinline__ void fragment_of(const Raw& r, int s, unsigned wg, unsigned wg8, unsigned (&a)[4]) {
+    const unsigned sc = qg_splat_byte(qg_k_scales(r.h).sc, s), sc8 = qg_splat_byte(qg_k_scales(r.h8).sc, s);
+    const unsigned neg_bias = qg_splat(-1024.0f);
+    const unsigned fold[4] = {sc, qg_fma2(sc, neg_bias, 0u), sc8, qg_fma2(sc8, neg_bias, 0u)};
+    qg_fragment_folded(a, wg, wg8, fold);
   }
   static __device__ __forceinline__ void mins(const Raw& r, int s, unsigned (&mf)[4]) {
     mf[0] = mf[2] = qg_splat_byte(qg_k_scales(r.h).m, s);
@@ -220,7 +243,7 @@ struct QgKHeaders {
 };
 // The scales of types without a min (Q6_K, Q8_0) come from the type itself.
 struct QgNoMin {
-  static constexpr int HAS_MIN = 0;
+  static constexpr int HAS_MIN = 0, FOLD = 0;
   template <typename Raw>
   static __device__ __forceinline__ void mins(const Raw&, int, unsigned (&)[4]) {}
   template <typename Raw>
@@ -246,7 +269,7 @@ struct QgQ4K : QgKHeaders<QgQ4KRaw> {
   static __device__ __forceinline__ void fragment(const Raw& r, int s, int j, unsigned (&a)[4]) {
     const uint4& c = r.qs[s >> 1];
     const int shift = 4 * (s & 1);
-    qg_fragment(a, ((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu, ((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu, qg_splat(1024.0f));
+    fragment_of(r, s, ((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu, ((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu, a);
   }
 };
 
@@ -268,8 +291,8 @@ struct QgQ5K : QgKHeaders<QgQ5KRaw> {
     const int shift = 4 * (s & 1);
     const unsigned hg = (((j ? r.qh.y : r.qh.x) >> s) & 0x01010101u) << 4;
     const unsigned hg8 = (((j ? r.qh.w : r.qh.z) >> s) & 0x01010101u) << 4;
-    qg_fragment(a, (((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu) | hg, (((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu) | hg8,
-                qg_splat(1024.0f));
+    fragment_of(r, s, (((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu) | hg, (((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu) | hg8,
+                a);
   }
 };
 
@@ -371,9 +394,9 @@ __device__ __forceinline__ const unsigned char* qg_tile_weights(const QgSegment&
   return reinterpret_cast<const unsigned char*>(sg.weights) + (size_t)tile * (K / Q::VALUES) * (16 * Q::BYTES);
 }
 
-// acc += ds[s] dot: sub-block s's sums q . A (per fragment element) scaled by its scales, and after the last
-// sub-block acc -= dmin mins (with a min: the block's sum of m A), in the same order on every path. ONE_ROW: token
-// column 0 alone (c = 0, 2).
+// acc += ds[s] dot: sub-block s's sums q . A (per fragment element) scaled by its scales (Q::FOLD: once, the
+// block's sum of sc q A times d), and after the last sub-block acc -= dmin mins (with a min: the block's sum of
+// m A), in the same order on every path. ONE_ROW: token column 0 alone (c = 0, 2).
 template <typename Q, int NT, bool ONE_ROW>
 __device__ __forceinline__ void qg_scale_sums(float (&acc)[NT][4], const typename Q::Raw& cur, int s,
                                               const float (&dot)[NT][4]) {
@@ -406,13 +429,15 @@ __device__ __forceinline__ void qg_tile_block(float (&acc)[NT][4], const typenam
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) mins[nt][c] = 0.0f;
+  float dot[NT][4];
 #pragma unroll
   for (int s = 0; s < Q::SUBS; ++s) {
-    float dot[NT][4];
+    if (!Q::FOLD || s == 0) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) dot[nt][c] = 0.0f;
+        for (int c = 0; c < 4; ++c) dot[nt][c] = 0.0f;
+    }
     unsigned mf[4];
     Q::mins(cur, s, mf);
 #pragma unroll
@@ -426,7 +451,7 @@ __device__ __forceinline__ void qg_tile_block(float (&acc)[NT][4], const typenam
         if (Q::HAS_MIN) lg_mma_k16(mins[nt], mf, bf.x, bf.y);
       }
     }
-    qg_scale_sums<Q, NT, ONE_ROW>(acc, cur, s, dot);
+    if (!Q::FOLD || s == Q::SUBS - 1) qg_scale_sums<Q, NT, ONE_ROW>(acc, cur, s, dot);
   }
   qg_subtract_mins<Q, NT, ONE_ROW>(acc, cur, mins);
 }
