@@ -39,7 +39,8 @@ class KernelFamily:
     ``params(target)`` returns the extra template parameters (e.g. the dtype ``instances`` to emit);
     ``applies(target)`` says whether the family exists on that target (e.g. a wgmma GEMM only where
     ``target.features.wgmma``); ``options(target)`` extra compiler options; ``arch(target)`` an arch string
-    override (e.g. ``"sm_90a"``), None for the target's own.
+    override (e.g. ``"sm_90a"``), None for the target's own. ``quantised_target``: the quantised GGUF target loads
+    it too, so it is also rendered for ``Target.quantised_target()`` where that differs (generated/<target>/quant/).
     """
 
     name: str
@@ -48,6 +49,7 @@ class KernelFamily:
     applies: Callable[[Target], bool] = lambda target: True
     options: Callable[[Target], tuple[str, ...]] = lambda target: ()
     arch: Callable[[Target], str | None] = lambda target: None
+    quantised_target: bool = True
 
 
 @functools.cache
@@ -103,8 +105,8 @@ def all_families() -> tuple[KernelFamily, ...]:
 
 
 def families(target: Target) -> list[KernelFamily]:
-    """The families that exist on ``target``."""
-    return [f for f in all_families() if f.applies(target)]
+    """The families that exist on ``target`` (on its quantised-target variant: those that target loads)."""
+    return [f for f in all_families() if f.applies(target) and (f.quantised_target or target.variant != "quant")]
 
 
 def family(name: str) -> KernelFamily:
@@ -119,7 +121,7 @@ def render_family(target: Target, fam: KernelFamily) -> str:
 
 
 def generated_path(target: Target, fam: KernelFamily) -> Path:
-    return GENERATED_DIR / target.name / f"{fam.name}{target.source_suffix}"
+    return GENERATED_DIR / target.name / target.variant / f"{fam.name}{target.source_suffix}"
 
 
 def compile_family(target: Target, fam: KernelFamily, source: str | None = None):

@@ -122,6 +122,15 @@ class DDTree:
 
 
 @dataclass(frozen=True)
+class Quant:
+    """The quantised GGUF target (DFlash / DDTree, lucegen/runtime/quant_target.py): ``compute_dtype`` is its
+    activation type, which may differ from the descriptor's (the megakernel's). In fp16 the K-quants' GEMM fragments
+    carry the sub-block scales (templates/kernels/quant_gemm.cu.j2, QG_FOLD)."""
+
+    compute_dtype: str
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     description: str
@@ -147,7 +156,10 @@ class Target:
     matmul: Matmul
     prefill: Prefill
     ddtree: DDTree
+    quant: Quant | None = dataclasses.field(default=None, metadata={"optional": True})
     path: str = dataclasses.field(default="", metadata={"derived": True})
+    #: "" for the descriptor as written; "quant" for quantised_target()'s (its renders: generated/<name>/quant/)
+    variant: str = dataclasses.field(default="", metadata={"derived": True})
 
     # ---- derived -------------------------------------------------------------------------------------------
     @property
@@ -166,6 +178,19 @@ class Target:
     @property
     def source_suffix(self) -> str:
         return ".cu" if self.is_nvidia else ".hip"
+
+    @property
+    def quant_compute_dtype(self) -> str:
+        """The quantised target's activation type: [quant] compute_dtype, else compute_dtype."""
+        return self.quant.compute_dtype if self.quant is not None else self.compute_dtype
+
+    def quantised_target(self) -> "Target":
+        """The descriptor the quantised target renders its kernels with: compute_dtype (and the float KV cache type,
+        which prefill attention reads in the compute type) set to [quant] compute_dtype. Itself where they agree."""
+        dtype = self.quant_compute_dtype
+        if dtype == self.compute_dtype:
+            return self
+        return dataclasses.replace(self, compute_dtype=dtype, kv_cache_type=dtype, variant="quant")
 
     def template_params(self) -> dict[str, Any]:
         """Everything a template may know about the chip. Templates get nothing else from the target."""
@@ -435,6 +460,11 @@ def _check_consistency(t: Target, path) -> None:
                               "chosen at load: --kv-cache)")
     if t.kv_cache_type not in t.dtypes:
         fail("kv_cache_type", f"{t.kv_cache_type!r} is not in dtypes {list(t.dtypes)}")
+    if t.quant is not None:
+        if t.quant.compute_dtype not in COMPUTE_DTYPES:
+            fail("quant.compute_dtype", f"{t.quant.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
+        if t.quant.compute_dtype not in t.dtypes:
+            fail("quant.compute_dtype", f"{t.quant.compute_dtype} is not in dtypes {list(t.dtypes)}")
 
     mk = t.megakernel
     if mk.threads % t.warp_size:

@@ -330,3 +330,42 @@ def test_epilogue_tiling_is_optional_and_kept():
     assert target_from_dict(data, "sm_90.toml").matmul.tilings() == {}
     data["matmul"]["rows_f32"] = dict(_TILING, schedule="cooperative", tile_m=128)
     assert target_from_dict(data, "sm_90.toml").matmul.rows_f32.tile_m == 128
+
+
+# ---- the quantised target's compute type ([quant]) ----------------------------------------------------------------
+def test_quant_table_sets_the_quantised_targets_compute_type():
+    """[quant] compute_dtype: the descriptor the quantised GGUF target renders with computes (and keeps a float KV
+    cache) in it, and its sources go to generated/<target>/quant/; without the table it is the descriptor itself."""
+    from lucegen import codegen
+
+    t = load_target("sm_90")
+    q = t.quantised_target()
+    assert (t.compute_dtype, t.quant_compute_dtype) == ("bf16", "fp16")
+    assert (q.compute_dtype, q.kv_cache_type, q.variant, q.name) == ("fp16", "fp16", "quant", "sm_90")
+    fam = codegen.family("quant_gemm")
+    assert codegen.generated_path(q, fam).parent == codegen.generated_path(t, fam).parent / "quant"
+    assert "#define QG_FOLD 1" in codegen.render_family(q, fam)
+    assert "#define QG_FOLD 0" in codegen.render_family(t, fam)
+    assert "megakernel" in {f.name for f in codegen.families(t)} - {f.name for f in codegen.families(q)}
+    data = copy.deepcopy(RAW["sm_90"])
+    del data["quant"]
+    plain = target_from_dict(data, "sm_90.toml")
+    assert plain.quantised_target() is plain and plain.quant_compute_dtype == "bf16"
+    data["quant"] = {"compute_dtype": "bf16"}
+    same = target_from_dict(data, "sm_90.toml")
+    assert same.quantised_target() is same
+
+
+@pytest.mark.parametrize("chip, quant, field, message", [
+    ("sm_90", {"compute_dtype": "fp8"}, "quant.compute_dtype", "not one of"),
+    ("sm_75", {"compute_dtype": "bf16"}, "quant.compute_dtype", "not in dtypes"),
+    ("sm_90", {"compute_dtype": 16}, "quant.compute_dtype", "expected a string"),
+    ("sm_90", {}, "quant.compute_dtype", "missing"),
+    ("sm_90", {"kv_cache_type": "fp16", "compute_dtype": "fp16"}, "quant.kv_cache_type", "unknown key"),
+])
+def test_quant_table_is_checked(chip, quant, field, message):
+    data = copy.deepcopy(RAW[chip])
+    data["quant"] = quant
+    with pytest.raises(DescriptorError) as e:
+        target_from_dict(data, f"{chip}.toml")
+    assert e.value.field == field and message in e.value.reason, (e.value.field, e.value.reason)

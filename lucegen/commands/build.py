@@ -50,21 +50,24 @@ class Unit:
 
 
 def render_units(targets: list[Target]) -> list[Unit]:
+    """Every family for each target, and for its quantised-target variant where that differs ([quant])."""
     units = []
     for t in targets:
-        for fam in codegen.families(t):
-            units.append(Unit(t, fam, codegen.render_family(t, fam), codegen.generated_path(t, fam)))
+        q = t.quantised_target()
+        for v in (t,) if q is t else (t, q):
+            for fam in codegen.families(v):
+                units.append(Unit(v, fam, codegen.render_family(v, fam), codegen.generated_path(v, fam)))
     return units
 
 
 def orphans(targets: list[Target], units: list[Unit]) -> list[Path]:
-    """Generated sources in generated/<target>/ that no family produces."""
+    """Generated sources in generated/<target>/ (and its variants' folders) that no family produces."""
     produced = {u.path for u in units}
     found = []
     for t in targets:
         directory = GENERATED_DIR / t.name
         if directory.is_dir():
-            found += [p for p in sorted(directory.iterdir()) if p.suffix in SOURCE_SUFFIXES and p not in produced]
+            found += [p for p in sorted(directory.rglob("*")) if p.suffix in SOURCE_SUFFIXES and p not in produced]
     return found
 
 
@@ -118,7 +121,7 @@ def report(units: list[Unit]) -> str:
     rows = [header]
     for u in units:
         for k in u.module.kernels:
-            rows.append((u.target.name, u.family.name, k.name, str(k.registers), str(k.spills), str(k.shared_bytes),
+            rows.append(("/".join(filter(None, (u.target.name, u.target.variant))), u.family.name, k.name, str(k.registers), str(k.spills), str(k.shared_bytes),
                          str(k.code_bytes)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()

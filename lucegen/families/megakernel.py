@@ -17,4 +17,4 @@ def _params(target: Target) -> dict:
     return {"mk": kernel_params(ModelConfig.preset(DEFAULT_MODEL), target)}
 
 
-FAMILIES = (KernelFamily("megakernel", TEMPLATE, params=_params),)
+FAMILIES = (KernelFamily("megakernel", TEMPLATE, params=_params, quantised_target=False),)

@@ -12,6 +12,10 @@ What it holds is the layer loop's contract (:func:`lucegen.runtime.prefill.runne
 ([qkv | z | a | b] or [q | k | v]), out-projection, gate/up pair and down projection, and the lm_head. The
 embedding stays in GGML row order for the gather (a tied lm_head is the same tensor, repacked once more).
 
+Its kernels are rendered for ``Target.quantised_target()``: activations (and a float KV cache) in the descriptor's
+``[quant] compute_dtype`` where it sets one. In fp16 the K-quant GEMM fragments carry the sub-block scales, so a
+256-value block is one tensor-core sum (templates/kernels/quant_gemm.cu.j2).
+
 The GGUF stores DeltaNet value heads in ggml's tiled order (gguf_io's module notes), and quantised blocks cannot be
 permuted column-wise, so this decoder runs the DeltaNet in that order (``v_heads = "tiled"``): the kernels map
 value head h to key head h % NK, and the float vectors that go with the value heads (A_log, dt_bias, the V channels
@@ -88,10 +92,14 @@ class QuantDecoder(SequenceState):
         if kv_cache is not None:  # the descriptor's default is a float type: any head_dim
             kv_format(kv_cache).check_head_dim(c.head_dim, f"model {c.name}")
         self.device = device or Device.open(target)
-        self.target = self.device.target
+        self.target = self.device.target.quantised_target()  # activations in [quant] compute_dtype
         self.kv_format = kv_format(kv_cache or self.target.kv_cache_type)
         if self.target.compute_dtype not in ("bf16", "fp16"):
             raise DeviceError(f"{self.target.name}: the quantised target needs compute_dtype bf16 or fp16")
+        if not self.kv_format.quantised and self.kv_format.name != self.target.compute_dtype:
+            raise LucegenError(f"KV cache {self.kv_format.name}: the quantised target on {self.target.name} computes "
+                               f"in {self.target.compute_dtype} ([quant] compute_dtype), so its cache is "
+                               f"{self.target.compute_dtype}, q8_0 or q4_0")
         if not isinstance(max_context, int) or max_context < 1:
             raise LucegenError(f"max_context must be a positive integer, got {max_context!r}")
         if max_context > c.max_position_embeddings:

@@ -5,6 +5,7 @@
 - batch invariance: every row of an M-row launch equals, bit for bit, the same row launched alone; the one-row
   weight ring (m1r) equals the register path; so do the staged and the warpgroup-MMA (wgmma) kernels.
 - swiglu and residual epilogues, the folded argmax, and the exact zero of padded rows.
+Activations in the target's compute dtype: bf16, or fp16 (whose K-quant fragments carry the sub-block scales).
 """
 
 from __future__ import annotations
@@ -27,21 +28,40 @@ SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[Healt
 EPS = 1e-6
 
 
-@pytest.fixture(scope="module")
-def qg():
+@pytest.fixture(scope="module", params=["quantised", "descriptor"])
+def qg(request):
+    """The GEMM as the quantised target renders it ([quant] compute_dtype: fp16 on sm_90, K-quant fragments carrying
+    the sub-block scales), and in the descriptor's own compute_dtype where that differs (bf16: the other chips' path)."""
     device = gpu_device()
-    if device.target.compute_dtype != "bf16":
-        pytest.skip("the tests feed bf16 activations")
-    return QuantGemm(device, device.target, norm_dim=256, eps=EPS)
+    target = device.target.quantised_target()
+    if request.param == "descriptor":
+        if target is device.target:
+            pytest.skip(f"{device.target.name}'s quantised target computes in its compute_dtype")
+        target = device.target
+    return QuantGemm(device, target, norm_dim=256, eps=EPS)
 
 
 def raw_blocks(rng, qtype: str, rows: int, k: int, source: str) -> np.ndarray:
     return ggml_blocks(rng, qtype, rows, k, source, value_scale=(0.01, 2), scale_std=0.01).reshape(-1)
 
 
-def activations(rng, M: int, K: int) -> np.ndarray:
-    """bf16 bits [M, K] of roughly unit values."""
-    return f32_to_bf16_bits(rng.standard_normal((M, K)).astype(np.float32))
+def act_bits(qg, x: np.ndarray) -> np.ndarray:
+    """float32 -> bits of the target's compute dtype (bf16 or fp16), rounded to nearest even."""
+    if qg.target.compute_dtype == "bf16":
+        return f32_to_bf16_bits(x)
+    return x.astype(np.float16).view(np.uint16)
+
+
+def act_f32(qg, bits: np.ndarray) -> np.ndarray:
+    """Bits of the target's compute dtype -> float32 (exact)."""
+    if qg.target.compute_dtype == "bf16":
+        return bf16_bits_to_f32(bits)
+    return bits.view(np.float16).astype(np.float32)
+
+
+def activations(qg, rng, M: int, K: int) -> np.ndarray:
+    """Compute-dtype bits [M, K] of roughly unit values."""
+    return act_bits(qg, rng.standard_normal((M, K)).astype(np.float32))
 
 
 def group(rng, types, rows, K, source):
@@ -87,9 +107,9 @@ def test_rows_f32_matches_numpy(qg, types, rows, kblocks, M, source, seed):
     segs, dense = group(rng, types, rows[: len(types)], K, source)
     W = qg.matrix(segs, K)
     try:
-        a = activations(rng, M, K)
+        a = activations(qg, rng, M, K)
         got, _ = run_rows(qg, W, a)
-        check_close(got, bf16_bits_to_f32(a), dense)
+        check_close(got, act_f32(qg, a), dense)
         # batch invariance: each row alone gives the same bits
         for m in sorted({0, M // 2, M - 1}):
             alone, _ = run_rows(qg, W, a[m : m + 1])
@@ -124,11 +144,11 @@ def check_against_rows_alone(qg, M, kernel, types):
     segs, dense = group(rng, types, [32 * cu, 16 * cu, 16 * (cu + 2) - 5], K, "quantized")
     W = qg.matrix(segs, K)
     try:
-        a = activations(rng, M, K)
+        a = activations(qg, rng, M, K)
         with qg.device.upload(a) as da:
             assert (qg.parts(W), qg.kernel(W, M, da.ptr, K)[0]) == (2, kernel)
         got, _ = run_rows(qg, W, a)
-        check_close(got, bf16_bits_to_f32(a), dense)
+        check_close(got, act_f32(qg, a), dense)
         for m in range(M):
             alone, _ = run_rows(qg, W, a[m : m + 1])
             np.testing.assert_array_equal(alone[0].view(np.uint32), got[m].view(np.uint32))
@@ -154,7 +174,7 @@ def test_wgmma_matches_the_plain_kernel(qg, M):
     gate, dg = group(rng, ["Q4_K"], [I], K, "quantized")
     up, du = group(rng, ["Q4_K"], [I], K, "quantized")
     Wp = qg.matrix(gate + up, K, pair=True)
-    a = activations(rng, M, K)
+    a = activations(qg, rng, M, K)
 
     def swiglu(rows):
         with d.upload(rows) as da, d.alloc(rows.shape[0] * I * 2) as dout:
@@ -165,10 +185,10 @@ def test_wgmma_matches_the_plain_kernel(qg, M):
         with d.upload(a) as da:
             assert (qg.parts(Wp), qg.kernel(Wp, M, da.ptr, K)[0]) == (2, name)
         got = swiglu(a)
-        A = bf16_bits_to_f32(a).astype(np.float64)
+        A = act_f32(qg, a).astype(np.float64)
         g, u = A @ dg.T, A @ du.T
         want = g / (1 + np.exp(-g)) * u
-        assert np.abs(bf16_bits_to_f32(got) - want).max() <= 1e-2 * np.abs(want).max() + 1e-6
+        assert np.abs(act_f32(qg, got) - want).max() <= 1e-2 * np.abs(want).max() + 1e-6
         for m in sorted({0, M // 2, M - 1}):
             np.testing.assert_array_equal(swiglu(a[m : m + 1])[0], got[m])
     finally:
@@ -196,11 +216,11 @@ def test_ring_matches_the_register_path(qg):
     segs, dense = group(rng, ["Q6_K"], [16 * tiles - 5], K, "quantized")
     W = qg.matrix(segs, K)
     try:
-        a = activations(rng, 9, K)
+        a = activations(qg, rng, 9, K)
         with qg.device.upload(a) as da:
             assert (qg.parts(W), qg.kernel(W, 1, da.ptr, K)[0]) == (8, "m1r")
         ring, _ = run_rows(qg, W, a[:1])
-        check_close(ring, bf16_bits_to_f32(a[:1]), dense)
+        check_close(ring, act_f32(qg, a[:1]), dense)
         qg.use_ring = False
         try:
             registers, _ = run_rows(qg, W, a[:1])
@@ -219,12 +239,12 @@ def test_row_scale_and_argmax(qg):
     segs, dense = group(rng, ["Q6_K"], [N], K, "quantized")
     W = qg.matrix(segs, K)
     try:
-        a = activations(rng, 1, K)
+        a = activations(qg, rng, 1, K)
         parts = 3
         ss = rng.uniform(0.5, 2.0, size=(parts, 1)).astype(np.float32)
         got, key = run_rows(qg, W, a, ss=ss, ss_parts=parts, argmax=True)
         r = np.float32(1) / np.sqrt(np.float32(ss.sum() / 256 + EPS))
-        check_close(got, bf16_bits_to_f32(a), dense, scale=np.array([r], np.float64))
+        check_close(got, act_f32(qg, a), dense, scale=np.array([r], np.float64))
         assert (~key) & 0xFFFFFFFF == int(np.argmax(got[0]))
     finally:
         W.free()
@@ -237,12 +257,12 @@ def test_swiglu_and_residual(qg):
     gate, dg = group(rng, ["Q4_K"], [I], K, "quantized")
     up, du = group(rng, ["Q4_K"], [I], K, "quantized")
     Wp = qg.matrix(gate + up, K, pair=True)
-    a = activations(rng, M, K)
-    A = bf16_bits_to_f32(a).astype(np.float64)
+    a = activations(qg, rng, M, K)
+    A = act_f32(qg, a).astype(np.float64)
     with d.upload(a) as da, d.alloc(M * I * 2) as dout:
         qg.swiglu(da.ptr, K, Wp, None, M, 2 * I, K, 0, 0, M, dout.ptr, I)
         d.synchronize()
-        got = bf16_bits_to_f32(d.download(dout, np.uint16, (M, I)))
+        got = act_f32(qg, d.download(dout, np.uint16, (M, I)))
     g, u = A @ dg.T, A @ du.T
     want = g / (1 + np.exp(-g)) * u
     assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max() + 1e-6
@@ -259,9 +279,9 @@ def test_swiglu_and_residual(qg):
         qg.residual(da.ptr, K, W, None, M, N, K, dx.ptr, N, dw.ptr, dxn.ptr, N, dss.ptr, M)
         d.synchronize()
         x1 = d.download(dx, np.float32, (M, N))
-        xn = bf16_bits_to_f32(d.download(dxn, np.uint16, (M, N)))
+        xn = act_f32(qg, d.download(dxn, np.uint16, (M, N)))
         ss = d.download(dss, np.float32, (parts, M))
-    check_close(x1 - x0, bf16_bits_to_f32(a), dd)
-    np.testing.assert_array_equal(xn, bf16_bits_to_f32(f32_to_bf16_bits(x1 * (np.float32(1) + norm_w))))
+    check_close(x1 - x0, act_f32(qg, a), dd)
+    np.testing.assert_array_equal(xn, act_f32(qg, act_bits(qg, x1 * (np.float32(1) + norm_w))))
     np.testing.assert_allclose(ss.sum(axis=0), (x1.astype(np.float64) ** 2).sum(axis=1), rtol=1e-5)
     W.free()
