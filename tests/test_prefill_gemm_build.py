@@ -31,7 +31,7 @@ def test_gemm_module_compiles_for_every_target(name):
                             arch="sm_90a" if pf["gemm_instruction"].startswith("wgmma") else None)
     kernels = {k.name: k for k in module.kernels}
     expected = {f"gemm_{ep}_m{bm}" for ep in ("rows_f32", "swiglu", "residual", "partial") for bm in block_heights(pf, target)}
-    assert expected | {"gemv_rows_f32", "gemm_residual_reduce"} == set(kernels)
+    assert expected | {"gemv_rows_f32", "gemm_residual_reduce", "gemm_rows_f32_reduce"} == set(kernels)
     assert all(k.spills == 0 for k in kernels.values()), [(k.name, k.spills) for k in kernels.values()]
     if pf["gemm_instruction"].startswith("wgmma"):
         assert "cp.async.cg.shared.global" in source and f"wgmma.mma_async.sync.aligned.m64n{pf['tile_n']}k16" in source

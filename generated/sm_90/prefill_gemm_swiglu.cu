@@ -797,6 +797,39 @@ gemm_residual_reduce(const float* __restrict__ part, int splits, int M, int N, f
   }
 }
 
+// The rows_f32 epilogue after a split-K GEMM (a few rows: the draft's projections): for row m = blockIdx.y,
+//   out[m, n] = r[m] * sum_{z < splits} part[z][m][n] (in slice order), r[m] as gemm_load_row_scale's,
+// a thread taking 4 adjacent columns (16-byte accesses). N % 4 == 0; part and out 16-byte aligned, ldo a multiple of 4
+// (the launcher checks).
+extern "C" __global__ void __launch_bounds__(GEMM_REDUCE_THREADS)
+gemm_rows_f32_reduce(const float* __restrict__ part, int splits, int M, int N, const float* __restrict__ ss,
+                     int ss_parts, int ss_stride, float* __restrict__ out, int ldo) {
+  __shared__ float row_scale;
+  const int m = blockIdx.y, n = 4 * (blockIdx.x * GEMM_REDUCE_THREADS + threadIdx.x);
+  if (threadIdx.x == 0) {
+    float r = 1.0f;
+    if (ss != nullptr) {
+      float sum_sq = 0.0f;
+      for (int j = 0; j < ss_parts; ++j) sum_sq += ss[(size_t)j * ss_stride + m];
+      r = rsqrtf(sum_sq / 1024 + 9.999999974752427e-07f);
+    }
+    row_scale = r;
+  }
+  __syncthreads();
+  if (n >= N) return;
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int z = 0; z < splits; ++z) {
+    const float4* src = reinterpret_cast<const float4*>(part + ((size_t)z * M + m) * N + n);
+    const float4 p = __ldg(src);
+    v.x += p.x;
+    v.y += p.y;
+    v.z += p.z;
+    v.w += p.w;
+  }
+  const float r = row_scale;
+  *reinterpret_cast<float4*>(out + (size_t)m * ldo + n) = make_float4(v.x * r, v.y * r, v.z * r, v.w * r);
+}
+
 // One warp: column n of gemv_rows_f32; lane 0 leaves row 0's argmax key in block_best[warp].
 __device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W,
                                             int ldw, int M, int n, int K, const float* __restrict__ ss, int ss_parts,

@@ -232,7 +232,7 @@ class DFlashDrafter:
         self.position = 0
 
     def _split_k(self) -> dict:
-        """The residual GEMMs' workspace keywords (the dense GEMMs split K: a few rows fill the chip only so)."""
+        """The dense GEMMs' split-K workspace keywords (residual and rows_f32: a few rows fill the chip only so)."""
         return self.weights.split_k
 
     def _mat(self, key):
@@ -267,7 +267,7 @@ class DFlashDrafter:
         for l in range(L):
             self.gemm.rows_f32(self.ctx_xn.ptr, H, self._mat(("kv", l)), H, T, 2 * kvd, H, self.ctx_ss.ptr,
                                self.weights.ss_parts, R, self.ctx_kv.ptr + 4 * l * 2 * kvd, L * 2 * kvd,
-                               stream=stream)
+                               stream=stream, **self._split_k())
         ci = self.commit_in.ptr
         args = ((address(ci + 8), np.int32(T), address(ci + 4), np.int32(0), address(ci)) if from_commit
                 else (address(0), np.int32(T), address(0), np.int32(pos0), address(0)))
@@ -304,7 +304,7 @@ class DFlashDrafter:
             next_norm = self._vec(("in_norm", l + 1)) if l + 1 < L else self._vec("final_norm")
             in_parts = self.head.input_ss_parts(l, ss_parts)
             self.gemm.rows_f32(self.xn.ptr, H, self._mat(("qkv", l)), H, B, nqkv, H, self.ss.ptr, in_parts, B,
-                               self.proj.ptr, nqkv, stream=st)
+                               self.proj.ptr, nqkv, stream=st, **self._split_k())
             self.prepare_fn.launch(B, THREADS, (address(self.proj.ptr), address(self._vec("q_norm") + 4 * l * c.head_dim),
                                                 address(self._vec("k_norm") + 4 * l * c.head_dim),
                                                 address(self._vec("inv_freq")), address(start),

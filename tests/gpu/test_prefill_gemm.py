@@ -153,6 +153,30 @@ def test_gemm_residual_split_k(M, K):
     _check_residual(M, 1024, K, M + K, split_workspace=True)
 
 
+@pytest.mark.parametrize("M,N,K", [(16, 6144, 5120), (9, 2048, 5120), (23, 1000, 1024), (5, 384, 2048)])
+def test_gemm_rows_f32_split_k(M, N, K):
+    """With a workspace rows_f32 may split K like the residual (the draft's few-row projections over few column
+    tiles) and finish with gemm_rows_f32_reduce: the same results within the bound, the row scale applied once.
+    The first shapes are the 27B draft's qkv and its context K/V projection; the planner must split them."""
+    from lucegen.runtime.prefill.gemm import plan_residual
+
+    dev, pf, gemm = _setup()
+    g = gemm.instances["residual"]
+    if (M, N) in ((16, 6144), (9, 2048)):
+        assert plan_residual(M, N, K, g.pf, gemm.target, g.heights, g.crews)[1] > 1
+    a_bits, a, w_bits, w, rng = _inputs(M, N, K, M + N, pf["dtype"])
+    ss, stride, r = _with_ss(dev, pf, M, True, rng)
+    ldo = N + 4
+    ws_bytes = gemm.residual_workspace_bytes(M, N)
+    A, W, out, ws = dev.upload(a_bits), dev.upload(w_bits), dev.alloc(M * ldo * 4), dev.alloc(ws_bytes)
+    dev.memset(out, 0xFF)
+    gemm.rows_f32(A.ptr, K, W.ptr, K, M, N, K, int(ss), pf["ss_parts"], stride, out.ptr, ldo, workspace=ws.ptr,
+                  workspace_bytes=ws_bytes)
+    got = dev.download(out, F32, (M, ldo))[:, :N]
+    ref = (a.astype(np.float64) @ w.astype(np.float64).T) * r[:, None]
+    _close(got, ref, False, f"rows_f32 split K M={M} N={N} K={K}")
+
+
 def _check_residual(M, N, K, seed, split_workspace):
     dev, pf, gemm = _setup()
     a_bits, a, w_bits, w, rng = _inputs(M, N, K, seed, pf["dtype"])

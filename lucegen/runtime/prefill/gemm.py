@@ -95,6 +95,7 @@ def pick_block_rows(M: int, N: int, tile_n: int, units: int, blocks_per_unit: di
 #: Split-K factors the residual GEMM may use (then gemm_residual_reduce finishes the epilogue).
 SPLITS = (1, 2, 4)
 REDUCE_MAX_N = 8192  # templates/prefill/gemm.cu.j2: GEMM_REDUCE_MAX_N
+REDUCE_THREADS = 256  # templates/prefill/gemm.cu.j2: GEMM_REDUCE_THREADS
 
 
 def plan_residual(M: int, N: int, K: int, pf: dict, target, heights, crew_count: int = 1) -> tuple[int, int]:
@@ -177,6 +178,7 @@ class GemmInstance:
             for bm in self.heights} if self.tma else {}
         self.gemv_fn = self.module.function("gemv_rows_f32")
         self.reduce_fn = self.module.function("gemm_residual_reduce")
+        self.rows_reduce_fn = self.module.function("gemm_rows_f32_reduce")
 
     def grid(self, bm: int, M: int, N: int, splits: int = 1) -> int:
         """Blocks for the output tiles of an M x N (x splits) GEMM: one per tile, or with TMA the resident blocks
@@ -257,9 +259,13 @@ class GemmKernels:
 
     # ---- the three epilogues -------------------------------------------------------------------------------------
     def rows_f32(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, ss: int, ss_parts: int,
-                 ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0) -> None:
+                 ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0, workspace: int = 0,
+                 workspace_bytes: int = 0) -> None:
         """out f32 [m, n] = r[m] * sum_k A[m, k] W[n, k]. With ``argmax_key`` (M = 1: the GEMV; an 8-byte device
-        word zeroed beforehand) the argmax of the row is folded in: index = :func:`argmax_from_key` of the word."""
+        word zeroed beforehand) the argmax of the row is folded in: index = :func:`argmax_from_key` of the word.
+        With a ``workspace`` (as the residual's), a few rows over few column tiles split K as the residual GEMM does
+        (:func:`plan_residual`, on its instance) and ``gemm_rows_f32_reduce`` sums the slices: for the draft's
+        projections, which need no batch invariance."""
         self._check("rows_f32", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldo": (ldo, N)},
                     {"A": (A, 16), "W": (W, 16), "out": (out, 8)})
         self._check_ss("rows_f32", M, ss, ss_parts, ss_stride)
@@ -271,9 +277,31 @@ class GemmKernels:
             self.instances["rows_f32"].gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, args + (address(argmax_key),),
                                 stream=stream)
             return
+        if workspace and self._split_rows_f32(A, lda, W, ldw, M, N, K, ss, ss_parts, ss_stride, out, ldo, stream,
+                                              workspace, workspace_bytes):
+            return
         fn, grid, smem, bm, g = self._geometry("rows_f32", M, N)
         fn.launch(grid, g.threads, args + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=smem,
                   stream=stream)
+
+    def _split_rows_f32(self, A, lda, W, ldw, M, N, K, ss, ss_parts, ss_stride, out, ldo, stream, workspace,
+                        workspace_bytes) -> bool:
+        """rows_f32 as split-K partial sums and a reduce, where the plan splits and the workspace holds it."""
+        if self.block_rows is not None or self.fixed_rows or N % 4 or ldo % 4 or int(out) % 16 or int(workspace) % 16:
+            return False
+        g = self.instances["residual"]  # the partial-sum kernels live on the residual's instance
+        bm, split = plan_residual(M, N, K, g.pf, self.target, g.heights, g.crews)
+        if split == 1 or split * M * N * 4 > workspace_bytes:
+            return False
+        g.functions[("partial", bm)].launch(g.grid(bm, M, N, split), g.threads,
+                                            (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M),
+                                             np.int32(N), np.int32(K // split), np.int32(split), address(workspace))
+                                            + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=g.smem[bm],
+                                            stream=stream)
+        g.rows_reduce_fn.launch((math.ceil(N / (4 * REDUCE_THREADS)), M), REDUCE_THREADS,
+                                (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(ss),
+                                 np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo)), stream=stream)
+        return True
 
     def swiglu(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, ss: int, ss_parts: int,
                ss_stride: int, out: int, ldo: int, stream=None) -> None:
