@@ -166,7 +166,7 @@ def test_gemm_rows_f32_split_k(M, N, K):
         assert plan_residual(M, N, K, g.pf, gemm.target, g.heights, g.crews)[1] > 1
     a_bits, a, w_bits, w, rng = _inputs(M, N, K, M + N, pf["dtype"])
     ss, stride, r = _with_ss(dev, pf, M, True, rng)
-    ldo = N + 4
+    ldo = N + 8
     ws_bytes = gemm.residual_workspace_bytes(M, N)
     A, W, out, ws = dev.upload(a_bits), dev.upload(w_bits), dev.alloc(M * ldo * 4), dev.alloc(ws_bytes)
     dev.memset(out, 0xFF)
