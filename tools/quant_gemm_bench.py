@@ -5,9 +5,11 @@ step, not from the L2. ``--parts`` also times the given K splits (QuantGemm.part
 and a down-like one, K = 17408): how the grid's fill of the chip (waves of resident blocks) sets the bandwidth.
 
 ``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring), ``--wgmma 0,1``
-with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma).
+with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma). The kernels are the quantised target's
+(``Target.quantised_target()``: [quant] compute_dtype); ``--descriptor-dtype`` times them in the descriptor's own.
 
     python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--wgmma 0,1]
+                                      [--descriptor-dtype]
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ SHAPES = {  # name: (segments [(type, rows)], K, epilogue)
 }
 
 
-def main(ms, sweep=(), rings=(None,), wgmmas=(None,)):
+def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False):
     dev = Device.open()
-    qg = QuantGemm(dev, dev.target, H, 1e-6)
+    target = dev.target if descriptor_dtype else dev.target.quantised_target()
+    print(f"{target.name}: activations in {target.compute_dtype}")
+    qg = QuantGemm(dev, target, H, 1e-6)
     rng = np.random.default_rng(0)
     st = dev.stream()
     start, end = dev.event(), dev.event()
@@ -102,8 +106,10 @@ if __name__ == "__main__":
     cli.add_argument("--tiles", type=_ints, help="Q4_K matrices of these many row tiles instead of the 27B's")
     cli.add_argument("--ring", type=_ints, default=(None,), help="the one-row weight ring off / on: 0,1")
     cli.add_argument("--wgmma", type=_ints, default=(None,), help="the warpgroup-MMA kernels off / on: 0,1")
+    cli.add_argument("--descriptor-dtype", action="store_true",
+                     help="the descriptor's compute_dtype, not the quantised target's [quant] one")
     args = cli.parse_args()
     if args.tiles:
         SHAPES = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
                   for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in args.tiles}
-    main(args.rows, args.parts, args.ring, args.wgmma)
+    main(args.rows, args.parts, args.ring, args.wgmma, args.descriptor_dtype)

@@ -121,7 +121,8 @@ def report(units: list[Unit]) -> str:
     rows = [header]
     for u in units:
         for k in u.module.kernels:
-            rows.append(("/".join(filter(None, (u.target.name, u.target.variant))), u.family.name, k.name, str(k.registers), str(k.spills), str(k.shared_bytes),
+            where = "/".join(filter(None, (u.target.name, u.target.variant)))  # sm_90, sm_90/quant
+            rows.append((where, u.family.name, k.name, str(k.registers), str(k.spills), str(k.shared_bytes),
                          str(k.code_bytes)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()

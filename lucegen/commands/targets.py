@@ -69,6 +69,7 @@ def _toml_value(value) -> str:
 def show_text(t: Target) -> str:
     data = t.to_dict()
     data.pop("path")
+    data.pop("variant")
     derived = {"megakernel.blocks": f"compute_units x blocks_per_cu = {t.compute_units} x {t.megakernel.blocks_per_cu}"}
     lines = [f"# {t.path}  (resolved; values marked 'derived' are computed, not read)"]
     tables = {k: v for k, v in data.items() if isinstance(v, dict)}
