@@ -153,19 +153,21 @@ __device__ __forceinline__ int gemm_smem_offset(int row, int chunk) {
   return row * GEMM_BK + ((chunk ^ swizzle) << 3);
 }
 
-// r[m] of the contract for rows m0 .. m0 + rows - 1 into row_scale (1 where ss == 0 or beyond M), by one crew.
+// r[m] of the contract: rsqrt(sum_j ss[j ss_stride + m] / H + eps), the parts summed in order (1 without ss).
+__device__ __forceinline__ float gemm_row_scale(const float* __restrict__ ss, int ss_parts, int ss_stride, int m) {
+  if (ss == nullptr) return 1.0f;
+  float sum_sq = 0.0f;
+  for (int j = 0; j < ss_parts; ++j) sum_sq += ss[(size_t)j * ss_stride + m];
+  return rsqrtf(sum_sq / 1024 + 9.999999974752427e-07f);
+}
+
+// r[m] for rows m0 .. m0 + rows - 1 into row_scale (1 beyond M), by one crew.
 template <int ROWS>
 __device__ __forceinline__ void gemm_load_row_scale(float* row_scale, const float* __restrict__ ss, int ss_parts,
                                                     int ss_stride, int m0, int M) {
   for (int lr = gemm_crew_thread(); lr < ROWS; lr += GEMM_CREW_THREADS) {
     const int m = m0 + lr;
-    float r = 1.0f;
-    if (ss != nullptr && m < M) {
-      float sum_sq = 0.0f;
-      for (int j = 0; j < ss_parts; ++j) sum_sq += ss[(size_t)j * ss_stride + m];
-      r = rsqrtf(sum_sq / 1024 + 9.999999974752427e-07f);
-    }
-    row_scale[lr] = r;
+    row_scale[lr] = m < M ? gemm_row_scale(ss, ss_parts, ss_stride, m) : 1.0f;
   }
 }
 
@@ -794,7 +796,7 @@ gemm_residual_reduce(const float* __restrict__ part, int splits, int M, int N, f
 }
 
 // The rows_f32 epilogue after a split-K GEMM (a few rows: the draft's projections): for row m = blockIdx.y,
-//   out[m, n] = r[m] * sum_{z < splits} part[z][m][n] (in slice order), r[m] as gemm_load_row_scale's,
+//   out[m, n] = r[m] * sum_{z < splits} part[z][m][n] (in slice order), r[m] = gemm_row_scale,
 // a thread taking 4 adjacent columns (16-byte accesses). N % 4 == 0; part and out 16-byte aligned, ldo a multiple of 4
 // (the launcher checks).
 extern "C" __global__ void __launch_bounds__(GEMM_REDUCE_THREADS)
@@ -802,15 +804,7 @@ gemm_rows_f32_reduce(const float* __restrict__ part, int splits, int M, int N, c
                      int ss_parts, int ss_stride, float* __restrict__ out, int ldo) {
   __shared__ float row_scale;
   const int m = blockIdx.y, n = 4 * (blockIdx.x * GEMM_REDUCE_THREADS + threadIdx.x);
-  if (threadIdx.x == 0) {
-    float r = 1.0f;
-    if (ss != nullptr) {
-      float sum_sq = 0.0f;
-      for (int j = 0; j < ss_parts; ++j) sum_sq += ss[(size_t)j * ss_stride + m];
-      r = rsqrtf(sum_sq / 1024 + 9.999999974752427e-07f);
-    }
-    row_scale = r;
-  }
+  if (threadIdx.x == 0) row_scale = gemm_row_scale(ss, ss_parts, ss_stride, m);
   __syncthreads();
   if (n >= N) return;
   float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -867,12 +861,7 @@ __device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ A, int ld
     if (m < M) {
       const float dot = lg_warp_sum(acc[m]);
       if (lane == 0) {
-        float r = 1.0f;
-        if (ss != nullptr) {
-          float sum_sq = 0.0f;
-          for (int j = 0; j < ss_parts; ++j) sum_sq += ss[(size_t)j * ss_stride + m];
-          r = rsqrtf(sum_sq / 1024 + 9.999999974752427e-07f);
-        }
+        const float r = gemm_row_scale(ss, ss_parts, ss_stride, m);
         out[(size_t)m * ldo + n] = dot * r;
         if (m == 0) block_best[threadIdx.x / LG_WARP_SIZE] = lg_argmax_key(dot * r, n);
       }

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from lucegen.families.quant_gemm import GEMM_TYPES
 from lucegen.model import quant
-from lucegen.model.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+from lucegen.kernels_ref import from_device_dtype, to_device_dtype
 from lucegen.runtime.quant_gemm import QuantGemm
 
 from gpu_models import ggml_blocks, gpu_device  # tests/gpu/gpu_models.py
@@ -46,17 +46,14 @@ def raw_blocks(rng, qtype: str, rows: int, k: int, source: str) -> np.ndarray:
 
 
 def act_bits(qg, x: np.ndarray) -> np.ndarray:
-    """float32 -> bits of the target's compute dtype (bf16 or fp16), rounded to nearest even."""
-    if qg.target.compute_dtype == "bf16":
-        return f32_to_bf16_bits(x)
-    return x.astype(np.float16).view(np.uint16)
+    """float32 -> uint16 bits of the target's compute dtype (bf16 or fp16), rounded to nearest even."""
+    return to_device_dtype(x, qg.target.compute_dtype).view(np.uint16)
 
 
 def act_f32(qg, bits: np.ndarray) -> np.ndarray:
-    """Bits of the target's compute dtype -> float32 (exact)."""
-    if qg.target.compute_dtype == "bf16":
-        return bf16_bits_to_f32(bits)
-    return bits.view(np.float16).astype(np.float32)
+    """uint16 bits of the target's compute dtype -> float32 (exact)."""
+    dtype = qg.target.compute_dtype
+    return from_device_dtype(bits.view(np.float16) if dtype == "fp16" else bits, dtype)
 
 
 def activations(qg, rng, M: int, K: int) -> np.ndarray:

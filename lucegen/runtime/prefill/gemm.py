@@ -277,31 +277,36 @@ class GemmKernels:
             self.instances["rows_f32"].gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, args + (address(argmax_key),),
                                 stream=stream)
             return
-        if workspace and self._split_rows_f32(A, lda, W, ldw, M, N, K, ss, ss_parts, ss_stride, out, ldo, stream,
-                                              workspace, workspace_bytes):
+        # the reduce moves 4 columns per 16-byte access (templates/prefill/gemm.cu.j2 gemm_rows_f32_reduce)
+        vector_ok = N % 4 == 0 and ldo % 4 == 0 and not int(out) % 16
+        split = self._partial_sums(A, lda, W, ldw, M, N, K, workspace if vector_ok else 0, workspace_bytes, stream)
+        if split:
+            g = self.instances["residual"]
+            g.rows_reduce_fn.launch((math.ceil(N / (4 * REDUCE_THREADS)), M), REDUCE_THREADS,
+                                    (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(ss),
+                                     np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo)),
+                                    stream=stream)
             return
         fn, grid, smem, bm, g = self._geometry("rows_f32", M, N)
         fn.launch(grid, g.threads, args + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=smem,
                   stream=stream)
 
-    def _split_rows_f32(self, A, lda, W, ldw, M, N, K, ss, ss_parts, ss_stride, out, ldo, stream, workspace,
-                        workspace_bytes) -> bool:
-        """rows_f32 as split-K partial sums and a reduce, where the plan splits and the workspace holds it."""
-        if self.block_rows is not None or self.fixed_rows or N % 4 or ldo % 4 or int(out) % 16 or int(workspace) % 16:
-            return False
-        g = self.instances["residual"]  # the partial-sum kernels live on the residual's instance
+    def _partial_sums(self, A, lda, W, ldw, M, N, K, workspace, workspace_bytes, stream) -> int:
+        """Where :func:`plan_residual` splits K and ``workspace`` (16-byte aligned, of ``workspace_bytes``) holds the
+        slices, launch the residual instance's split-K pass (part[z][m][n] = slice z's sums) and return the split,
+        for the caller's reduce; else 0 (no workspace, a fixed block height, or no split planned)."""
+        if not workspace or int(workspace) % 16 or self.block_rows is not None or self.fixed_rows:
+            return 0
+        g = self.instances["residual"]
         bm, split = plan_residual(M, N, K, g.pf, self.target, g.heights, g.crews)
         if split == 1 or split * M * N * 4 > workspace_bytes:
-            return False
+            return 0
         g.functions[("partial", bm)].launch(g.grid(bm, M, N, split), g.threads,
                                             (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M),
                                              np.int32(N), np.int32(K // split), np.int32(split), address(workspace))
                                             + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=g.smem[bm],
                                             stream=stream)
-        g.rows_reduce_fn.launch((math.ceil(N / (4 * REDUCE_THREADS)), M), REDUCE_THREADS,
-                                (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(ss),
-                                 np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo)), stream=stream)
-        return True
+        return split
 
     def swiglu(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, ss: int, ss_parts: int,
                ss_stride: int, out: int, ldo: int, stream=None) -> None:
@@ -334,21 +339,15 @@ class GemmKernels:
                      "ss_out": (ss_out, 4)})
         if ss_stride < M:
             raise LucegenError(f"gemm_residual: ss_stride={ss_stride} is smaller than M={M}")
-        g = self.instances["residual"]
         # the split-K reduce moves 4 columns per 16-byte access (templates/prefill/gemm.cu.j2 gemm_residual_reduce)
-        vector_ok = N % 4 == 0 and not (int(x) % 16 or int(norm_w) % 16 or int(xn) % 8 or int(workspace) % 16)
-        if workspace and vector_ok and self.block_rows is None and not self.fixed_rows:
-            bm, split = plan_residual(M, N, K, g.pf, self.target, g.heights, g.crews)
-            if split > 1 and split * M * N * 4 <= workspace_bytes:
-                g.functions[("partial", bm)].launch(g.grid(bm, M, N, split), g.threads,
-                                            (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N),
-                                             np.int32(K // split), np.int32(split), address(workspace))
-                                            + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=g.smem[bm],
-                                            stream=stream)
-                g.reduce_fn.launch(M, 256, (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(x),
-                                               np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out),
-                                               np.int32(ss_stride)), stream=stream)
-                return
+        vector_ok = N % 4 == 0 and not (int(x) % 16 or int(norm_w) % 16 or int(xn) % 8)
+        split = self._partial_sums(A, lda, W, ldw, M, N, K, workspace if vector_ok else 0, workspace_bytes, stream)
+        if split:
+            self.instances["residual"].reduce_fn.launch(
+                M, REDUCE_THREADS, (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(x),
+                                    np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out),
+                                    np.int32(ss_stride)), stream=stream)
+            return
         fn, grid, smem, bm, g = self._geometry("residual", M, N)
         fn.launch(grid, g.threads,
                   (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(x),
