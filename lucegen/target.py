@@ -157,6 +157,8 @@ class Target:
     prefill: Prefill
     ddtree: DDTree
     quant: Quant | None = dataclasses.field(default=None, metadata={"optional": True})
+    #: AMD: SIMDs per CU, which share the CU's registers (clang budgets VGPRs per SIMD: waves per EU); required there
+    simds_per_cu: int = dataclasses.field(default=0, metadata={"optional": True})
     path: str = dataclasses.field(default="", metadata={"derived": True})
     #: "" for the descriptor as written; "quant" for quantised_target()'s (its renders: generated/<name>/quant/)
     variant: str = dataclasses.field(default="", metadata={"derived": True})
@@ -430,6 +432,9 @@ def _check_consistency(t: Target, path) -> None:
             fail("arch", f"{t.arch!r} is not an AMD arch like gfx1100")
         if t.warp_size not in (32, 64):
             fail("warp_size", f"AMD wavefronts are 32 or 64 threads, got {t.warp_size}")
+        if t.simds_per_cu < 1 or t.max_threads_per_cu % (t.simds_per_cu * t.warp_size):
+            fail("simds_per_cu", f"an AMD descriptor states its SIMDs per CU (a divisor of max_threads_per_cu / "
+                 f"warp_size), got {t.simds_per_cu}")
     if t.max_threads_per_block % t.warp_size:
         fail("max_threads_per_block", f"{t.max_threads_per_block} is not a multiple of warp_size {t.warp_size}")
     if t.max_threads_per_block > t.max_threads_per_cu:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lucegen.errors import DescriptorError, DeviceError
+from lucegen.model.config import ModelConfig
 from lucegen.target import TARGETS_DIR, Features, Target, list_targets, load_target, target_from_dict
 
 NINE = ["sm_75", "sm_86", "sm_89", "sm_90", "sm_110", "sm_120", "sm_121", "gfx1100", "gfx1151"]
@@ -369,3 +370,27 @@ def test_quant_table_is_checked(chip, quant, field, message):
     with pytest.raises(DescriptorError) as e:
         target_from_dict(data, f"{chip}.toml")
     assert e.value.field == field and message in e.value.reason, (e.value.field, e.value.reason)
+
+
+@pytest.mark.parametrize("value", [None, 0, 3])
+def test_amd_descriptor_states_its_simds(value):
+    """clang budgets an AMD kernel's VGPRs per SIMD, so an AMD descriptor says how many SIMDs share a CU: missing,
+    zero, or not dividing the CU's waves is refused, naming simds_per_cu."""
+    data = copy.deepcopy(RAW["gfx1100"])
+    if value is None:
+        del data["simds_per_cu"]
+    else:
+        data["simds_per_cu"] = value
+    with pytest.raises(DescriptorError) as e:
+        target_from_dict(data, "gfx1100.toml")
+    assert e.value.field == "simds_per_cu", (e.value.field, e.value.reason)
+
+
+def test_megakernel_waves_per_simd_follow_the_descriptor():
+    """The AMD megakernel asks clang for the waves its blocks put on each SIMD: 512 threads of wave32 over 2 SIMDs."""
+    from lucegen.runtime import packing
+
+    t = load_target("gfx1100")
+    params = packing.kernel_params(ModelConfig.preset("tiny"), t)
+    assert params["waves_per_simd"] == 512 // 32 // 2
+    assert packing.kernel_params(ModelConfig.preset("tiny"), load_target("sm_90"))["waves_per_simd"] == 0

@@ -1,4 +1,5 @@
-"""A short megakernel run on the tiny preset (for compute-sanitizer): prefill 12 tokens, generate 8."""
+"""A short megakernel run on the tiny preset (for compute-sanitizer): prefill 12 tokens and generate 8, then a
+longer context whose attention splits each head's keys over blocks (prefill 130 tokens, generate 4)."""
 import tempfile
 from pathlib import Path
 
@@ -9,7 +10,8 @@ from lucegen.runtime.megakernel import MegakernelDecoder
 out = Path(tempfile.gettempdir()) / "lucegen-mk-smoke"
 if not (out / "config.json").exists():
     write_hf_checkpoint(ModelConfig.preset("tiny"), out, seed=0, progress=False)
-dec = MegakernelDecoder(out, max_context=32)
-dec.prefill(list(range(1, 13)))
-print("generated", dec.generate(8))
-dec.close()
+for prompt, gen in ((12, 8), (130, 4)):
+    dec = MegakernelDecoder(out, max_context=prompt + gen + 1)
+    dec.prefill([1 + i % 500 for i in range(prompt)])
+    print("generated", dec.generate(gen))
+    dec.close()

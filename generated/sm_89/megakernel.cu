@@ -226,7 +226,9 @@ constexpr int FINAL_NORM = 0, INV_FREQ = 1024;
 // ---- scratch activations (word offsets: one tagged 64-bit word per value, see the handover below) ----
 constexpr int S_X = 0, S_DN_IN = 1024, S_DN_Z = 7168, S_DN_G = 9216;
 constexpr int S_DN_BETA = 9248, S_DN_O = 9280, S_AT_IN = 11328;
-constexpr int S_AT_O = 16448, S_ACT = 18496;
+constexpr int S_AT_O = 16448, S_ACT = 18496, S_AT_PART = 22080;
+// attention (B): key ranges per head at most, keys per range at most, keys per warp per batch (attention_splits)
+constexpr int ATT_SPLITS = 16, ATT_KEYS_PER_BLOCK = 32, ATT_KB = 2;
 }  // namespace mk
 
 // One layer's packed weights. kind 0: Gated DeltaNet, 1: gated full attention; slot indexes the layer's state
@@ -761,6 +763,246 @@ __device__ __forceinline__ void load_kv(const kv_t* p, float (&out)[EPL]) {
 
 __device__ __forceinline__ float round_to_kv(float x) { return lg_to_float(lg_from_float<kv_t>(x)); }
 
+// ---- B, the token mixing, split over the keys (flash decoding)
+// Head h's keys 0..pos are cut into S contiguous ranges, S the fewest powers of two (at most ATT_SPLITS) whose ranges
+// hold at most ATT_KEYS_PER_BLOCK keys, and block (h, split) takes one range. With S = 1 the block hands on o_h
+// itself; else it hands on its partial softmax (max m, sum l, unnormalised o) and, once every split of h is in, the
+// same block merges HD / S of h's dims:  o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s,  M = max_s m_s.
+__device__ __forceinline__ int attention_splits(int n_keys) {
+  int splits = 1;
+  while (splits < mk::ATT_SPLITS && splits * mk::ATT_KEYS_PER_BLOCK < n_keys) splits *= 2;
+  return splits;
+}
+
+// This warp's batch of keys j0, j0 + NW, ... (ATT_KB of them) as floats: rows below `end` from the cache, 0 after.
+template <int EPL>
+__device__ __forceinline__ void load_key_batch(const kv_t* kcache, const kv_t* vcache, int j0, int end,
+                                               float (&kf)[mk::ATT_KB][EPL], float (&vf)[mk::ATT_KB][EPL]) {
+  const int lane = lg_lane_id();
+#pragma unroll
+  for (int b = 0; b < mk::ATT_KB; ++b) {
+    const int j = j0 + b * mk::NW;
+    if (j < end) {
+      load_kv<EPL>(kcache + (size_t)j * mk::HD + lane * EPL, kf[b]);
+      load_kv<EPL>(vcache + (size_t)j * mk::HD + lane * EPL, vf[b]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) kf[b][e] = vf[b][e] = 0.f;
+    }
+  }
+}
+
+// Head h's query and this step's key and value (group g), from the in-projection (`in_epoch`): q and k
+// RMS-normed and roped into q[] and kn[], v into vn[] (k and v rounded to the cache type); `append` writes k, v
+// to the cache at pos.
+__device__ void attention_inputs(const DecodeArgs& a, const LayerWeights& lw, int h, int pos, bool append,
+                                 unsigned in_epoch, kv_t* kcache, kv_t* vcache, float* q, float* kn, float* vn,
+                                 float* red) {
+  using namespace mk;
+  const int g = h / (NH / NKV), t = threadIdx.x, warp = t / WARP, lane = lg_lane_id();
+  float in[3] = {0.f, 0.f, 0.f};  // this thread's q, k, v element
+  if (t < HD) {
+    await_words<3>(in_epoch, [&](int i) {
+      return a.scratch + S_AT_IN + (i == 0 ? h * 2 * HD + t : i == 1 ? QP + g * HD + t : QP + KVD + g * HD + t);
+    }, in);
+  }
+  const float qv = in[0], kv = in[1], vv = in[2];
+  float qq = lg_warp_sum(qv * qv), kk = lg_warp_sum(kv * kv);  // both sums of squares in one block reduction
+  if (lane == 0) {
+    red[warp] = qq;
+    red[NW + warp] = kk;
+  }
+  __syncthreads();
+  qq = kk = 0.f;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    qq += red[w];
+    kk += red[NW + w];
+  }
+  const float qr = rsqrtf(qq / HD + EPS), kr = rsqrtf(kk / HD + EPS);
+  if (t < HD) {
+    q[t] = qv * qr * (1.f + a.wvec[lw.q_norm + t]);
+    kn[t] = kv * kr * (1.f + a.wvec[lw.k_norm + t]);
+  }
+  __syncthreads();
+  float qo = 0.f, ko = 0.f;
+  if (t < HD) {
+    qo = q[t];
+    ko = kn[t];
+    if (t < RD) {  // x*cos + rotate_half(x)*sin within the first RD dims
+      const int half = RD / 2, i = t % half;
+      float sn, cs;
+      mk_sincos((float)pos * a.wvec[INV_FREQ + i], &sn, &cs);
+      const float qp = t < half ? -q[t + half] : q[t - half];
+      const float kp = t < half ? -kn[t + half] : kn[t - half];
+      qo = qo * cs + qp * sn;
+      ko = ko * cs + kp * sn;
+    }
+  }
+  __syncthreads();
+  if (t < HD) {
+    q[t] = qo;
+    kn[t] = round_to_kv(ko);
+    vn[t] = round_to_kv(vv);
+    if (append) {
+      kcache[(size_t)pos * HD + t] = lg_from_float<kv_t>(ko);
+      vcache[(size_t)pos * HD + t] = lg_from_float<kv_t>(vv);
+    }
+  }
+  __syncthreads();
+}
+
+// softmax(q K^T * HD^-0.5) V over keys [lo, hi) as (m, l, unnormalised o): thread t < HD gets o[t], every thread m
+// and l. Key pos comes from kn[] and vn[] (this step's). Each warp takes keys lo + warp, lo + warp + NW, ... in
+// batches of ATT_KB with an online softmax; the first batch arrives in kf, vf (loaded before the inputs); the warps'
+// partials meet in part[] and red[].
+template <int EPL>
+__device__ void attention_keys(const kv_t* kcache, const kv_t* vcache, int lo, int hi, int pos, const float* q,
+                               const float* kn, const float* vn, float (&kf)[mk::ATT_KB][EPL],
+                               float (&vf)[mk::ATT_KB][EPL], float* red, float* part, float& o, float& m_out,
+                               float& l_out) {
+  using namespace mk;
+  const int t = threadIdx.x, warp = t / WARP, lane = lg_lane_id();
+  float qreg[EPL], acc[EPL];
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) {
+    qreg[e] = q[lane * EPL + e];
+    acc[e] = 0.f;
+  }
+  float m = lg_neg_inf(), l = 0.f;
+  for (int j0 = lo + warp; j0 < hi; j0 += NW * ATT_KB) {
+    if (j0 != lo + warp) load_key_batch<EPL>(kcache, vcache, j0, min(hi, pos), kf, vf);
+#pragma unroll
+    for (int b = 0; b < ATT_KB; ++b)
+      if (j0 + b * NW == pos)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+          kf[b][e] = kn[lane * EPL + e];
+          vf[b][e] = vn[lane * EPL + e];
+        }
+    float d[ATT_KB];
+#pragma unroll
+    for (int b = 0; b < ATT_KB; ++b) {
+      d[b] = 0.f;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) d[b] += qreg[e] * kf[b][e];
+    }
+    float mb = m;
+#pragma unroll
+    for (int b = 0; b < ATT_KB; ++b) {
+      d[b] = lg_warp_sum(d[b]) * ATTN_SCALE;
+      if (j0 + b * NW < hi) mb = fmaxf(mb, d[b]);
+    }
+    const float corr = mk_exp(m - mb);  // 0 on the first batch (m = -inf)
+    l *= corr;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) acc[e] *= corr;
+#pragma unroll
+    for (int b = 0; b < ATT_KB; ++b) {
+      if (j0 + b * NW >= hi) continue;
+      const float p = mk_exp(d[b] - mb);
+      l += p;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) acc[e] += p * vf[b][e];
+    }
+    m = mb;
+  }
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) part[warp * HD + lane * EPL + e] = acc[e];
+  if (lane == 0) {
+    red[warp] = m;
+    red[NW + warp] = l;
+  }
+  __syncthreads();
+  float mmax = red[0];
+#pragma unroll
+  for (int w = 1; w < NW; ++w) mmax = fmaxf(mmax, red[w]);
+  o = 0.f;
+  float lsum = 0.f;
+  if (mmax != lg_neg_inf()) {  // a range without keys: m = -inf, l = 0, o = 0
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float c = mk_exp(red[w] - mmax);  // warps without keys: m = -inf, c = 0
+      if (t < HD) o += c * part[w * HD + t];
+      lsum += c * red[NW + w];
+    }
+  }
+  m_out = mmax;
+  l_out = lsum;
+  __syncthreads();
+}
+
+__device__ __noinline__ void attention_mix(const DecodeArgs& a, const LayerWeights& lw, int pos, float* smem,
+                                           unsigned epoch) {
+  using namespace mk;
+  constexpr int EPL = HD / WARP, GROUP = NH / NKV;
+  const int t = threadIdx.x, warp = t / WARP;
+  float* q = smem;
+  float* kn = q + HD;
+  float* vn = kn + HD;
+  float* red = vn + HD;
+  float* part = red + 64;
+  const int n_keys = pos + 1, splits = attention_splits(n_keys), span = (n_keys + splits - 1) / splits;
+  unsigned long long* part_o = a.scratch + S_AT_PART;                       // [NH][ATT_SPLITS][HD]
+  unsigned long long* part_ml = a.scratch + S_AT_PART + NH * ATT_SPLITS * HD;  // [NH][ATT_SPLITS][m, l]
+  __syncthreads();  // every warp is done with the in-projection's shared memory
+  for (int item = blockIdx.x; item < NH * splits; item += BLOCKS) {
+    const int h = item / splits, split = item % splits, g = h / GROUP;
+    const int lo = split * span, hi = min(n_keys, lo + span);  // this block's keys
+    kv_t* kcache = a.kv_cache + (((size_t)lw.slot * 2 + 0) * NKV + g) * a.max_context * HD;
+    kv_t* vcache = a.kv_cache + (((size_t)lw.slot * 2 + 1) * NKV + g) * a.max_context * HD;
+    float kf[ATT_KB][EPL], vf[ATT_KB][EPL];  // the first batch of cached keys does not depend on this step
+    load_key_batch<EPL>(kcache, vcache, lo + warp, min(hi, pos), kf, vf);
+    // the group's first query head appends k, v at pos (in the range that holds pos)
+    attention_inputs(a, lw, h, pos, h % GROUP == 0 && lo <= pos && pos < hi, epoch - 1, kcache, vcache, q, kn, vn,
+                     red);
+    float o, m, l;
+    attention_keys<EPL>(kcache, vcache, lo, hi, pos, q, kn, vn, kf, vf, red, part, o, m, l);
+    if (t < HD) {
+      if (splits == 1) {
+        publish(a.scratch + S_AT_O + h * HD + t, o / l, epoch);
+      } else {
+        publish(part_o + (h * ATT_SPLITS + split) * HD + t, o, epoch);
+        if (t < 2) publish(part_ml + (h * ATT_SPLITS + split) * 2 + t, t == 0 ? m : l, epoch);
+      }
+    }
+  }
+  if (splits == 1) return;
+  // Merge: block (h, split) finishes dims d0 .. d0 + dims of o_h; thread (sp, d) brings split sp's m, l and o[d0 + d].
+  const int dims = HD / splits;
+  float* num = part;             // [splits][dims]: exp(m_sp - M) o_sp
+  float* den = part + HD;        // [splits]: exp(m_sp - M) l_sp
+  float* mx = den + ATT_SPLITS;  // [splits]: m_sp
+  for (int item = blockIdx.x; item < NH * splits; item += BLOCKS) {
+    const int h = item / splits, d0 = (item % splits) * dims, sp = t / dims, d = t % dims;
+    float in[3] = {0.f, 0.f, 0.f};  // m, l, o
+    if (t < HD) {
+      await_words<3>(epoch, [&](int i) {
+        return i == 2 ? part_o + (h * ATT_SPLITS + sp) * HD + d0 + d : part_ml + (h * ATT_SPLITS + sp) * 2 + i;
+      }, in);
+      if (d == 0) mx[sp] = in[0];
+    }
+    __syncthreads();
+    if (t < HD) {
+      float mmax = mx[0];
+      for (int i = 1; i < splits; ++i) mmax = fmaxf(mmax, mx[i]);
+      const float c = in[0] == lg_neg_inf() ? 0.f : mk_exp(in[0] - mmax);
+      num[sp * dims + d] = c * in[2];
+      if (d == 0) den[sp] = c * in[1];
+    }
+    __syncthreads();
+    if (t < dims) {
+      float o = 0.f, l = 0.f;
+      for (int i = 0; i < splits; ++i) {
+        o += num[i * dims + t];
+        l += den[i];
+      }
+      publish(a.scratch + S_AT_O + h * HD + d0 + t, o / l, epoch);
+    }
+    __syncthreads();
+  }
+}
+
 // `epoch`: this phase's (A: epoch, B: A's + 1, C: A's + 2).
 __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, int token, int pos,
                                 float* smem, unsigned epoch) {
@@ -773,146 +1015,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
         [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
         [](int) {}, [&](int r, int k, const float* acc) { publish(s + S_AT_IN + r, acc[k], epoch); });
   } else if (phase == 1) {
-    __syncthreads();  // every warp is done with the in-projection's shared memory
-    constexpr int EPL = HD / WARP, GROUP = NH / NKV;
-    float* q = smem;
-    float* kn = q + HD;
-    float* vn = kn + HD;
-    float* red = vn + HD;
-    float* part = red + 64;
-    const float* inv_freq = a.wvec + INV_FREQ;
-    const float* qw = a.wvec + lw.q_norm;
-    const float* kw = a.wvec + lw.k_norm;
-    for (int h = blockIdx.x; h < NH; h += BLOCKS) {  // one block per query head
-      const int g = h / GROUP, t = threadIdx.x;
-      kv_t* kcache = a.kv_cache + (((size_t)lw.slot * 2 + 0) * NKV + g) * a.max_context * HD;
-      kv_t* vcache = a.kv_cache + (((size_t)lw.slot * 2 + 1) * NKV + g) * a.max_context * HD;
-      float in[3] = {0.f, 0.f, 0.f};  // this thread's q, k, v element from the in-projection (epoch - 1)
-      if (t < HD) {
-        await_words<3>(epoch - 1, [&](int i) {
-          return s + S_AT_IN + (i == 0 ? h * 2 * HD + t : i == 1 ? QP + g * HD + t : QP + KVD + g * HD + t);
-        }, in);
-      }
-      const float qv = in[0], kv = in[1], vv = in[2];
-      float qq = lg_warp_sum(qv * qv), kk = lg_warp_sum(kv * kv);  // both sums of squares in one block reduction
-      if (lane == 0) {
-        red[warp] = qq;
-        red[NW + warp] = kk;
-      }
-      __syncthreads();
-      qq = kk = 0.f;
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        qq += red[w];
-        kk += red[NW + w];
-      }
-      const float qr = rsqrtf(qq / HD + EPS), kr = rsqrtf(kk / HD + EPS);
-      if (t < HD) {
-        q[t] = qv * qr * (1.f + qw[t]);
-        kn[t] = kv * kr * (1.f + kw[t]);
-      }
-      __syncthreads();
-      float qo = 0.f, ko = 0.f;
-      if (t < HD) {
-        qo = q[t];
-        ko = kn[t];
-        if (t < RD) {  // x*cos + rotate_half(x)*sin within the first RD dims
-          const int half = RD / 2, i = t % half;
-          float sn, cs;
-          mk_sincos((float)pos * inv_freq[i], &sn, &cs);
-          const float qp = t < half ? -q[t + half] : q[t - half];
-          const float kp = t < half ? -kn[t + half] : kn[t - half];
-          qo = qo * cs + qp * sn;
-          ko = ko * cs + kp * sn;
-        }
-      }
-      __syncthreads();
-      if (t < HD) {
-        q[t] = qo;
-        kn[t] = round_to_kv(ko);
-        vn[t] = round_to_kv(vv);
-        if (h % GROUP == 0) {  // the group's first query head appends k, v at pos
-          kcache[(size_t)pos * HD + t] = lg_from_float<kv_t>(ko);
-          vcache[(size_t)pos * HD + t] = lg_from_float<kv_t>(vv);
-        }
-      }
-      __syncthreads();
-      // o = softmax(q K^T * HD^-0.5) V over keys j <= pos (j == pos from shared memory: this step's k, v).
-      // Each warp takes keys warp, warp + NW, ... in batches of KB (K and V rows loaded together) and keeps an
-      // online softmax (running max m, sum l, acc); the warps' partials are merged at the end.
-      constexpr int KB = EPL >= 8 ? 2 : 16 / EPL;
-      float qreg[EPL], acc[EPL];
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) {
-        qreg[e] = q[lane * EPL + e];
-        acc[e] = 0.f;
-      }
-      float m = lg_neg_inf(), l = 0.f;
-      for (int j0 = warp; j0 <= pos; j0 += NW * KB) {
-        float kf[KB][EPL], vf[KB][EPL];
-#pragma unroll
-        for (int b = 0; b < KB; ++b) {
-          const int j = j0 + b * NW;
-          if (j < pos) {
-            load_kv<EPL>(kcache + (size_t)j * HD + lane * EPL, kf[b]);
-            load_kv<EPL>(vcache + (size_t)j * HD + lane * EPL, vf[b]);
-          } else {
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) {
-              kf[b][e] = j == pos ? kn[lane * EPL + e] : 0.f;
-              vf[b][e] = j == pos ? vn[lane * EPL + e] : 0.f;
-            }
-          }
-        }
-        float d[KB];
-#pragma unroll
-        for (int b = 0; b < KB; ++b) {
-          d[b] = 0.f;
-#pragma unroll
-          for (int e = 0; e < EPL; ++e) d[b] += qreg[e] * kf[b][e];
-        }
-        float mb = m;
-#pragma unroll
-        for (int b = 0; b < KB; ++b) {
-          d[b] = lg_warp_sum(d[b]) * ATTN_SCALE;
-          if (j0 + b * NW <= pos) mb = fmaxf(mb, d[b]);
-        }
-        const float corr = mk_exp(m - mb);  // 0 on the first batch (m = -inf)
-        l *= corr;
-#pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[e] *= corr;
-#pragma unroll
-        for (int b = 0; b < KB; ++b) {
-          if (j0 + b * NW > pos) continue;
-          const float p = mk_exp(d[b] - mb);
-          l += p;
-#pragma unroll
-          for (int e = 0; e < EPL; ++e) acc[e] += p * vf[b][e];
-        }
-        m = mb;
-      }
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) part[warp * HD + lane * EPL + e] = acc[e];
-      if (lane == 0) {
-        red[warp] = m;
-        red[NW + warp] = l;
-      }
-      __syncthreads();
-      if (t < HD) {
-        float mmax = red[0];
-#pragma unroll
-        for (int w = 1; w < NW; ++w) mmax = fmaxf(mmax, red[w]);
-        float o = 0.f, lsum = 0.f;
-#pragma unroll
-        for (int w = 0; w < NW; ++w) {
-          const float c = mk_exp(red[w] - mmax);  // warps without keys: m = -inf, c = 0
-          o += c * part[w * HD + t];
-          lsum += c * red[NW + w];
-        }
-        publish(s + S_AT_O + h * HD + t, o / lsum, epoch);
-      }
-      __syncthreads();
-    }
+    attention_mix(a, lw, pos, smem, epoch);
   } else {
     float* xs = smem;
     unsigned long long* x = s + S_X;
@@ -1013,6 +1116,8 @@ __device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float*
 // D gate/up + SiLU, E down + residual) → lm_head + argmax → one grid barrier. The phases hand over through epoch-
 // tagged words (see the handover above). The argmax keys are double-buffered by step parity and come zeroed from
 // the host: block 0 zeroes the next step's before the barrier, after every block has read it as its token.
+// The register budget that keeps blocks_per_cu blocks resident: NVIDIA's launch bounds say it; clang's AMDGPU
+// backend takes it as the waves each SIMD must hold (its launch bounds only cap the block size).
 extern "C" __global__ void __launch_bounds__(512, 1)
 qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* recurrent, kv_t* kv_cache,
     unsigned long long* scratch, unsigned* barrier, unsigned long long* argmax, const int* tokens_in, int* tokens_out,

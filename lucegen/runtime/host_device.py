@@ -31,7 +31,8 @@ from .device import Buffer, ByValue, TensorMap, check_tensor_map_2d, upload_pair
 
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
 DECLARED_BYTES = {"address": 8, "int32": 4, "float": 4, "int64": 8, "struct": None}
-_KERNEL = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)')
+_KERNEL = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?'
+                     r'(?:__attribute__\(\(\w+\([^)]*\)\)\)\s*)*(\w+)\s*\(([^)]*)\)')
 _QUALIFIERS = re.compile(r"\b(const|volatile|__restrict__|__grid_constant__)\b")
 
 

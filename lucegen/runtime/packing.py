@@ -108,6 +108,16 @@ def out_cols(config: ModelConfig, kind: int) -> int:
     return c.linear_value_dim if kind == 0 else c.num_attention_heads * c.head_dim
 
 
+#: Key ranges per attention head at most in the decode megakernel (its scratch holds that many partial softmaxes).
+ATTENTION_SPLITS_MAX = 32
+
+
+def attention_splits(config: ModelConfig, blocks: int) -> int:
+    """Key ranges per head at most: a power of two, one block each (so that every head's ranges run at once)."""
+    per_head = max(1, blocks // config.num_attention_heads)
+    return min(ATTENTION_SPLITS_MAX, 1 << (per_head.bit_length() - 1))
+
+
 def plan_layout(config: ModelConfig) -> Layout:
     c = config
     h = c.hidden_size
@@ -154,7 +164,8 @@ def plan_layout(config: ModelConfig) -> Layout:
     for name, n in (("x", h), ("dn_in", c.conv_dim), ("dn_z", c.linear_value_dim),
                     ("dn_g", c.linear_num_value_heads), ("dn_beta", c.linear_num_value_heads),
                     ("dn_o", c.linear_value_dim), ("at_in", in_rows(c, 1)),
-                    ("at_o", c.num_attention_heads * c.head_dim), ("act", c.intermediate_size)):
+                    ("at_o", c.num_attention_heads * c.head_dim), ("act", c.intermediate_size),
+                    ("at_part", c.num_attention_heads * ATTENTION_SPLITS_MAX * (c.head_dim + 2))):
         scratch[name] = size
         size = _align(size + n, SCRATCH_ALIGN)
     return Layout(c, tuple(layers), embed, lm_head, final_norm, inv_freq, mat, vec, scratch, size)
@@ -197,15 +208,18 @@ def check_supported(config: ModelConfig, target: Target) -> None:
 
 
 def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False, pipeline_a: bool = True,
-                  rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2) -> dict:
+                  rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2, att_keys_per_warp: int | None = None) -> dict:
     """The ``mk`` dict the template renders with (plus the descriptor's own params). Tuning knobs: ``pipeline_a``
-    (double-buffer the in-projection), rows per warp of the row-split matvecs."""
+    (double-buffer the in-projection), rows per warp of the row-split matvecs, cached keys per warp per batch of the
+    attention (its split over blocks follows: a head's keys are cut into ranges of at most that many per block)."""
     check_supported(config, target)
     c = config
     lay = plan_layout(c)
     blocks, threads, warp = target.megakernel.blocks, target.megakernel.threads, target.warp_size
     warps = threads // warp
     h, ao, vd = c.hidden_size, c.num_attention_heads * c.head_dim, c.linear_value_dim
+    if att_keys_per_warp is None:  # a batch of cached K and V rows in a lane's registers: 32 floats
+        att_keys_per_warp = max(1, 16 // (c.head_dim // warp))
     segs_c_dn = _segments(h, blocks, warps, vd)
     segs_c_at = _segments(h, blocks, warps, ao)
     segs_e = _segments(h, blocks, warps, c.intermediate_size)
@@ -231,6 +245,11 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         "attn_scale": f32_literal(c.head_dim ** -0.5),
         "n_dn": lay.n_dn, "n_at": lay.n_at,
         "blocks": blocks,
+        "att_splits": attention_splits(c, blocks),
+        # AMD: the waves of blocks_per_cu blocks spread over the CU's SIMDs (their register budget)
+        "waves_per_simd": (-(-threads * target.megakernel.blocks_per_cu // (warp * target.simds_per_cu))
+                           if target.is_amd else 0),
+        "att_keys_per_warp": att_keys_per_warp, "att_keys_per_block": att_keys_per_warp * warps,
         "smem_floats": smem_floats,
         "xs_max": xs_max,
         "heads_max": heads_max,

@@ -72,8 +72,9 @@ def compare_logits(kernel: np.ndarray, ref: np.ndarray) -> dict:
             "nan": bool(np.isnan(kernel).any())}
 
 
-def check_teacher_forced(preset: str, prompt_len: int, seed: int, steps: int = 64, tuning: tuple = ()) -> dict:
-    dec, ref = decoder(preset, tuning=tuning)
+def check_teacher_forced(preset: str, prompt_len: int, seed: int, steps: int = 64, tuning: tuple = (),
+                         max_context: int = 256) -> dict:
+    dec, ref = decoder(preset, max_context, tuning=tuning)
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, dec.config.vocab_size, prompt_len + steps).astype(np.int32)
     dec.reset()
@@ -115,6 +116,15 @@ def test_teacher_forced_logits_and_state(preset):
 @pytest.mark.parametrize("tuning", [(("rows_a", 4), ("pipeline_a", False)), (("rows_a", 1), ("pairs_d", 1))])
 def test_tuning_variants_stay_correct(tuning):
     report(f"teacher_forced[tiny-gqa, {dict(tuning)}]", check_teacher_forced("tiny-gqa", 20, seed=4, tuning=tuning))
+
+
+def test_attention_keys_split_over_blocks():
+    """Past the keys one block takes, the attention splits each head's keys over blocks (flash decoding) and merges
+    the partial softmaxes: 300 + 64 positions of tiny run at least 4 ranges per head at the end."""
+    dec, _ = decoder("tiny", 512)
+    p = dec.params
+    assert p["att_splits"] >= 4 and 300 + 64 > 2 * p["att_keys_per_block"], p["att_keys_per_block"]
+    report("teacher_forced[tiny, 364 positions]", check_teacher_forced("tiny", 300, seed=7, max_context=512))
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
