@@ -173,12 +173,13 @@ __device__ __forceinline__ void lg_softmax_step(float& m, float& l, float s, flo
   l = l * corr + p;
   m = mn;
 }
-// The warps meet in order: with M = max_w m_w and c_w = e^(m_w - M) (0 for a warp with no keys: m_w = -inf),
-// store(d, sum_w c_w acc_w[d] / sum_w c_w l_w) for each dim d. Every thread of the block calls it (one barrier);
-// part and stats are the block's shared scratch.
+// The warps meet in order, leaving the block's partial softmax: with M = max_w m_w and c_w = e^(m_w - M) (0 for a
+// warp with no keys: m_w = -inf; at least one warp has keys), store(d, sum_w c_w acc_w[d], M, sum_w c_w l_w) for
+// each dim d. Every thread of the block calls it (one barrier); part and stats are the block's shared scratch.
 template <int WARPS, int HD, int EPL, typename Store>
-__device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD], float (&stats)[2][WARPS],
-                                                       const float (&acc)[EPL], float m, float l, Store store) {
+__device__ __forceinline__ void lg_softmax_merge_warps_partial(float (&part)[WARPS][HD], float (&stats)[2][WARPS],
+                                                               const float (&acc)[EPL], float m, float l,
+                                                               Store store) {
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
 #pragma unroll
   for (int e = 0; e < EPL; ++e) part[warp][lane * EPL + e] = acc[e];
@@ -196,8 +197,15 @@ __device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD],
       o += c * part[w][d];
       lsum += c * stats[1][w];
     }
-    store(d, o / lsum);
+    store(d, o, mmax, lsum);
   }
+}
+// The same, normalised: store(d, sum_w c_w acc_w[d] / sum_w c_w l_w).
+template <int WARPS, int HD, int EPL, typename Store>
+__device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD], float (&stats)[2][WARPS],
+                                                       const float (&acc)[EPL], float m, float l, Store store) {
+  lg_softmax_merge_warps_partial(part, stats, acc, m, l,
+                                 [&](int d, float o, float, float lsum) { store(d, o / lsum); });
 }
 #define TV_NT 256
 #define TV_NW 8

@@ -193,6 +193,49 @@ __device__ __forceinline__ float lg_l2norm_scale(float sum_sq) { return rsqrtf(s
 __device__ __forceinline__ float lg_delta_log_decay(float a_log, float a, float dt_bias) {
   return -expf(a_log) * lg_softplus(a + dt_bias);
 }
+// One key of a warp's online softmax (base e), s its scaled score: m' = max(m, s), corr = e^(m - m'),
+// p = e^(s - m'), l' = l corr + p. The caller scales its accumulators by corr and adds p v.
+__device__ __forceinline__ void lg_softmax_step(float& m, float& l, float s, float& corr, float& p) {
+  const float mn = fmaxf(m, s);
+  corr = expf(m - mn);
+  p = expf(s - mn);
+  l = l * corr + p;
+  m = mn;
+}
+// The warps meet in order, leaving the block's partial softmax: with M = max_w m_w and c_w = e^(m_w - M) (0 for a
+// warp with no keys: m_w = -inf; at least one warp has keys), store(d, sum_w c_w acc_w[d], M, sum_w c_w l_w) for
+// each dim d. Every thread of the block calls it (one barrier); part and stats are the block's shared scratch.
+template <int WARPS, int HD, int EPL, typename Store>
+__device__ __forceinline__ void lg_softmax_merge_warps_partial(float (&part)[WARPS][HD], float (&stats)[2][WARPS],
+                                                               const float (&acc)[EPL], float m, float l,
+                                                               Store store) {
+  const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) part[warp][lane * EPL + e] = acc[e];
+  if (lane == 0) {
+    stats[0][warp] = m;
+    stats[1][warp] = l;
+  }
+  __syncthreads();
+  float mmax = stats[0][0];
+  for (int w = 1; w < WARPS; ++w) mmax = fmaxf(mmax, stats[0][w]);
+  for (int d = threadIdx.x; d < HD; d += WARPS * LG_WARP_SIZE) {
+    float o = 0.0f, lsum = 0.0f;
+    for (int w = 0; w < WARPS; ++w) {
+      const float c = expf(stats[0][w] - mmax);
+      o += c * part[w][d];
+      lsum += c * stats[1][w];
+    }
+    store(d, o, mmax, lsum);
+  }
+}
+// The same, normalised: store(d, sum_w c_w acc_w[d] / sum_w c_w l_w).
+template <int WARPS, int HD, int EPL, typename Store>
+__device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD], float (&stats)[2][WARPS],
+                                                       const float (&acc)[EPL], float m, float l, Store store) {
+  lg_softmax_merge_warps_partial(part, stats, acc, m, l,
+                                 [&](int d, float o, float, float lsum) { store(d, o / lsum); });
+}
 
 typedef bf16_t wt_t;   // weight element (bf16)
 typedef bf16_t kv_t;     // KV-cache element (bf16)
@@ -767,13 +810,14 @@ __device__ __forceinline__ void load_kv(const kv_t* p, float (&out)[EPL]) {
 __device__ __forceinline__ float round_to_kv(float x) { return lg_to_float(lg_from_float<kv_t>(x)); }
 
 // ---- B, the token mixing, split over the keys (flash decoding)
-// Head h's keys 0..pos are cut into S contiguous ranges, S the fewest powers of two (at most ATT_SPLITS) whose ranges
-// hold at most ATT_KEYS_PER_BLOCK keys, and block (h, split) takes one range. With S = 1 the block hands on o_h
-// itself; else it hands on its partial softmax (max m, sum l, unnormalised o) and, once every split of h is in, the
-// same block merges HD / S of h's dims:  o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s,  M = max_s m_s.
+// Head h's keys 0..pos are cut into S even contiguous ranges, S the fewest powers of two (at most ATT_SPLITS, at most
+// the key count: no range is empty) whose ranges hold at most ATT_KEYS_PER_BLOCK keys, and block (h, split) takes
+// one. With S = 1 the block hands on o_h itself; else it hands on its partial softmax (max m, sum l, unnormalised o;
+// lg_softmax_merge_warps_partial) and, once every split of h is in, the same block merges HD / S of h's dims:
+//   o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s,  M = max_s m_s.
 __device__ __forceinline__ int attention_splits(int n_keys) {
   int splits = 1;
-  while (splits < mk::ATT_SPLITS && splits * mk::ATT_KEYS_PER_BLOCK < n_keys) splits *= 2;
+  while (splits < mk::ATT_SPLITS && splits * mk::ATT_KEYS_PER_BLOCK < n_keys && 2 * splits <= n_keys) splits *= 2;
   return splits;
 }
 
@@ -855,17 +899,16 @@ __device__ void attention_inputs(const DecodeArgs& a, const LayerWeights& lw, in
   __syncthreads();
 }
 
-// softmax(q K^T * HD^-0.5) V over keys [lo, hi) as (m, l, unnormalised o): thread t < HD gets o[t], every thread m
-// and l. Key pos comes from kn[] and vn[] (this step's). Each warp takes keys lo + warp, lo + warp + NW, ... in
-// batches of ATT_KB with an online softmax; the first batch arrives in kf, vf (loaded before the inputs); the warps'
-// partials meet in part[] and red[].
-template <int EPL>
+// softmax(q K^T * HD^-0.5) V over keys [lo, hi) as a partial softmax: store(d, unnormalised o[d], m, l) for every
+// dim d (lg_softmax_merge_warps_partial). Key pos comes from kn[] and vn[] (this step's). Each warp takes keys
+// lo + warp, lo + warp + NW, ... in batches of ATT_KB with an online softmax; the first batch arrives in kf, vf
+// (loaded before the inputs); the warps' partials meet in part[] and red[].
+template <int EPL, class Store>
 __device__ void attention_keys(const kv_t* kcache, const kv_t* vcache, int lo, int hi, int pos, const float* q,
                                const float* kn, const float* vn, float (&kf)[mk::ATT_KB][EPL],
-                               float (&vf)[mk::ATT_KB][EPL], float* red, float* part, float& o, float& m_out,
-                               float& l_out) {
+                               float (&vf)[mk::ATT_KB][EPL], float* red, float* part, Store store) {
   using namespace mk;
-  const int t = threadIdx.x, warp = t / WARP, lane = lg_lane_id();
+  const int warp = threadIdx.x / WARP, lane = lg_lane_id();
   float qreg[EPL], acc[EPL];
 #pragma unroll
   for (int e = 0; e < EPL; ++e) {
@@ -910,29 +953,8 @@ __device__ void attention_keys(const kv_t* kcache, const kv_t* vcache, int lo, i
     }
     m = mb;
   }
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) part[warp * HD + lane * EPL + e] = acc[e];
-  if (lane == 0) {
-    red[warp] = m;
-    red[NW + warp] = l;
-  }
-  __syncthreads();
-  float mmax = red[0];
-#pragma unroll
-  for (int w = 1; w < NW; ++w) mmax = fmaxf(mmax, red[w]);
-  o = 0.f;
-  float lsum = 0.f;
-  if (mmax != lg_neg_inf()) {  // a range without keys: m = -inf, l = 0, o = 0
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      const float c = mk_exp(red[w] - mmax);  // warps without keys: m = -inf, c = 0
-      if (t < HD) o += c * part[w * HD + t];
-      lsum += c * red[NW + w];
-    }
-  }
-  m_out = mmax;
-  l_out = lsum;
-  __syncthreads();
+  lg_softmax_merge_warps_partial(*reinterpret_cast<float(*)[NW][HD]>(part), *reinterpret_cast<float(*)[2][NW]>(red),
+                                 acc, m, l, store);
 }
 
 __device__ __noinline__ void attention_mix(const DecodeArgs& a, const LayerWeights& lw, int pos, float* smem,
@@ -945,13 +967,13 @@ __device__ __noinline__ void attention_mix(const DecodeArgs& a, const LayerWeigh
   float* vn = kn + HD;
   float* red = vn + HD;
   float* part = red + 64;
-  const int n_keys = pos + 1, splits = attention_splits(n_keys), span = (n_keys + splits - 1) / splits;
+  const int n_keys = pos + 1, splits = attention_splits(n_keys);
   unsigned long long* part_o = a.scratch + S_AT_PART;                       // [NH][ATT_SPLITS][HD]
   unsigned long long* part_ml = a.scratch + S_AT_PART + NH * ATT_SPLITS * HD;  // [NH][ATT_SPLITS][m, l]
   __syncthreads();  // every warp is done with the in-projection's shared memory
   for (int item = blockIdx.x; item < NH * splits; item += BLOCKS) {
     const int h = item / splits, split = item % splits, g = h / GROUP;
-    const int lo = split * span, hi = min(n_keys, lo + span);  // this block's keys
+    const int lo = split * n_keys / splits, hi = (split + 1) * n_keys / splits;  // this block's keys
     kv_t* kcache = a.kv_cache + (((size_t)lw.slot * 2 + 0) * NKV + g) * a.max_context * HD;
     kv_t* vcache = a.kv_cache + (((size_t)lw.slot * 2 + 1) * NKV + g) * a.max_context * HD;
     float kf[ATT_KB][EPL], vf[ATT_KB][EPL];  // the first batch of cached keys does not depend on this step
@@ -959,16 +981,16 @@ __device__ __noinline__ void attention_mix(const DecodeArgs& a, const LayerWeigh
     // the group's first query head appends k, v at pos (in the range that holds pos)
     attention_inputs(a, lw, h, pos, h % GROUP == 0 && lo <= pos && pos < hi, epoch - 1, kcache, vcache, q, kn, vn,
                      red);
-    float o, m, l;
-    attention_keys<EPL>(kcache, vcache, lo, hi, pos, q, kn, vn, kf, vf, red, part, o, m, l);
-    if (t < HD) {
+    attention_keys<EPL>(kcache, vcache, lo, hi, pos, q, kn, vn, kf, vf, red, part,
+                        [&](int d, float o, float m, float l) {
       if (splits == 1) {
-        publish(a.scratch + S_AT_O + h * HD + t, o / l, epoch);
+        publish(a.scratch + S_AT_O + h * HD + d, o / l, epoch);
       } else {
-        publish(part_o + (h * ATT_SPLITS + split) * HD + t, o, epoch);
-        if (t < 2) publish(part_ml + (h * ATT_SPLITS + split) * 2 + t, t == 0 ? m : l, epoch);
+        publish(part_o + (h * ATT_SPLITS + split) * HD + d, o, epoch);
+        if (d < 2) publish(part_ml + (h * ATT_SPLITS + split) * 2 + d, d == 0 ? m : l, epoch);
       }
-    }
+    });
+    __syncthreads();  // part[] and red[] are read until here
   }
   if (splits == 1) return;
   // Merge: block (h, split) finishes dims d0 .. d0 + dims of o_h; thread (sp, d) brings split sp's m, l and o[d0 + d].
@@ -989,7 +1011,7 @@ __device__ __noinline__ void attention_mix(const DecodeArgs& a, const LayerWeigh
     if (t < HD) {
       float mmax = mx[0];
       for (int i = 1; i < splits; ++i) mmax = fmaxf(mmax, mx[i]);
-      const float c = in[0] == lg_neg_inf() ? 0.f : mk_exp(in[0] - mmax);
+      const float c = mk_exp(in[0] - mmax);
       num[sp * dims + d] = c * in[2];
       if (d == 0) den[sp] = c * in[1];
     }
