@@ -56,13 +56,31 @@ extern "C" __global__ void q8k_quantize(const float* x, int K, int M, int Mpad, 
   if (lane == 0) d[(size_t)b * Mpad + m] = dd;
 }
 
+// The B fragment of token row `tok`, values k0 .. k0 + 7: int8 as stored, or (HALF_IN) quantised as it is loaded
+// from fp16 activations with the token's 127 / amax of this 256-value block, `inv` (fp16, rounded down so that
+// |x inv| <= 127): hfma2(x, inv, 1536) rounds x inv to an integer whose two's complement byte is the low byte of the
+// result's bits (1536 = 0x6600: unit steps on [1024, 2048)), so one hfma2 per 2 values and one byte permute per 4.
+template <bool HALF_IN>
+__device__ __forceinline__ uint2 b_fragment(const void* act, const void* inv, int K, int Mpad, int b, int tok, int k0) {
+  if (!HALF_IN) return __ldg(reinterpret_cast<const uint2*>(static_cast<const signed char*>(act) + (size_t)tok * K + k0));
+  const uint4 x = __ldg(reinterpret_cast<const uint4*>(static_cast<const __half*>(act) + (size_t)tok * K + k0));
+  const __half h = __ldg(static_cast<const __half*>(inv) + (size_t)b * Mpad + tok);
+  const __half2 i2 = __halves2half2(h, h), magic = __float2half2_rn(1536.f);
+  __half2 r[4];
+  const unsigned xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) r[e] = __hfma2(*reinterpret_cast<const __half2*>(&xs[e]), i2, magic);
+  const unsigned* w = reinterpret_cast<const unsigned*>(r);
+  return make_uint2(__byte_perm(w[0], w[1], 0x6420), __byte_perm(w[2], w[3], 0x6420));
+}
+
 // Tensor-core form. W tiled: per (tile of 16 rows, block b) 256 bytes of headers (row r at 16 r) then 2048 bytes of
 // quants, [j][lane][16]: lane (g, t) finds bytes 32 j + 8 t .. + 7 of row g, then of row g + 8. Block = warps
 // (tiles_per_block x parts); warp w: tile w / parts, blocks b = part, part + parts, ...
-template <int NT, int WARPS, bool PREFETCH>
+template <int NT, int WARPS, bool PREFETCH, bool HALF_IN>
 __device__ void q4k_imma_body(const unsigned char* __restrict__ W, int nb, int tiles, int parts,
-                              const signed char* __restrict__ q, int K, const float* __restrict__ ad,
-                              const int* __restrict__ asum, int Mpad, int M, float* __restrict__ out, int N) {
+                              const void* __restrict__ q, int K, const float* __restrict__ ad,
+                              const void* __restrict__ asum, int Mpad, int M, float* __restrict__ out, int N) {
   __shared__ float red[WARPS][NT][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tpb = WARPS / parts, tile = blockIdx.x * tpb + warp / parts, part = warp % parts;
@@ -100,7 +118,7 @@ __device__ void q4k_imma_body(const unsigned char* __restrict__ W, int nb, int t
         const int scg = kbyte(kg.sc, s), sc8 = kbyte(k8.sc, s);
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const uint2 bq = __ldg(reinterpret_cast<const uint2*>(q + (size_t)(8 * n + g) * K + b * 256 + 32 * s + 8 * t));
+          const uint2 bq = b_fragment<HALF_IN>(q, asum, K, Mpad, b, 8 * n + g, b * 256 + 32 * s + 8 * t);
           int c[4];
           imma0(c, a, bq.x, bq.y);
           imma(Mn[n], am, bq.x, bq.y);
@@ -130,18 +148,22 @@ __device__ void q4k_imma_body(const unsigned char* __restrict__ W, int nb, int t
     }
   }
 }
-#define IMMA_KERNEL(NAME, NT, WARPS, MINB, PF) \
+#define IMMA_KERNEL(NAME, NT, WARPS, MINB, PF, HALF_IN) \
 extern "C" __global__ void __launch_bounds__(32 * WARPS, MINB) NAME(const unsigned char* W, int nb, int tiles, int parts, \
-    const signed char* q, int K, const float* ad, const int* asum, int Mpad, int M, float* out, int N) { \
-  q4k_imma_body<NT, WARPS, PF>(W, nb, tiles, parts, q, K, ad, asum, Mpad, M, out, N); }
-// q4k_imma_nt<token groups>_w<warps a block>; _pf: the next block's weights loaded before this one's products.
-IMMA_KERNEL(q4k_imma_nt1_w8, 1, 8, 2, false)
-IMMA_KERNEL(q4k_imma_nt2_w8, 2, 8, 2, false)
-IMMA_KERNEL(q4k_imma_nt3_w8, 3, 8, 1, false)
-IMMA_KERNEL(q4k_imma_nt2_w4, 2, 4, 4, false)
-IMMA_KERNEL(q4k_imma_nt3_w4, 3, 4, 3, false)
-IMMA_KERNEL(q4k_imma_nt3_w8_pf, 3, 8, 1, true)
-IMMA_KERNEL(q4k_imma_nt3_w4_pf, 3, 4, 3, true)
+    const void* q, int K, const float* ad, const void* asum, int Mpad, int M, float* out, int N) { \
+  q4k_imma_body<NT, WARPS, PF, HALF_IN>(W, nb, tiles, parts, q, K, ad, asum, Mpad, M, out, N); }
+// q4k_imma_nt<token groups>_w<warps a block>; _pf: the next block's weights loaded before this one's products;
+// _h: fp16 activations quantised as they are loaded (q: the fp16 rows, asum: the fp16 inv per block and token).
+IMMA_KERNEL(q4k_imma_nt1_w8, 1, 8, 2, false, false)
+IMMA_KERNEL(q4k_imma_nt2_w8, 2, 8, 2, false, false)
+IMMA_KERNEL(q4k_imma_nt3_w8, 3, 8, 1, false, false)
+IMMA_KERNEL(q4k_imma_nt2_w4, 2, 4, 4, false, false)
+IMMA_KERNEL(q4k_imma_nt3_w4, 3, 4, 3, false, false)
+IMMA_KERNEL(q4k_imma_nt3_w8_pf, 3, 8, 1, true, false)
+IMMA_KERNEL(q4k_imma_nt3_w4_pf, 3, 4, 3, true, false)
+IMMA_KERNEL(q4k_imma_nt1_w8_h, 1, 8, 2, false, true)
+IMMA_KERNEL(q4k_imma_nt2_w4_h, 2, 4, 4, false, true)
+IMMA_KERNEL(q4k_imma_nt3_w4_h, 3, 4, 3, false, true)
 
 // dp4a form, one row, raw GGML rows (144 bytes a block). Warp = R rows; lane (bl = lane / 4, c = lane % 4): blocks
 // bl, bl + 8, ..., quant bytes 32 c .. 32 c + 31 (sub-blocks 2c low nibbles, 2c + 1 high nibbles).

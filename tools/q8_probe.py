@@ -39,6 +39,24 @@ def q8k(x: np.ndarray) -> np.ndarray:
     return (np.rint(xb * inv) * (amax / np.float32(127))).reshape(M, K).astype(np.float64)
 
 
+def half_inputs(x: np.ndarray, Mpad: int):
+    """For the kernels that quantise as they load (``_h``): the fp16 rows (zero past M), 127 / amax per token and
+    256 values as fp16 rounded down (so |x inv| <= 127), the f32 scale 1 / inv of each, and the activations as
+    those kernels see them (rint(x inv) / inv, exact in float64)."""
+    M, K = x.shape
+    x16 = np.zeros((Mpad, K), np.float16)
+    x16[:M] = x
+    amax = np.abs(x16.astype(np.float64)).reshape(Mpad, K // 256, 256).max(-1)
+    inv = np.where(amax > 0, 127 / np.maximum(amax, 1e-30), 0).astype(np.float16)
+    over = inv.astype(np.float64) * amax > 127
+    inv[over] = np.nextafter(inv[over], np.float16(0))
+    d = np.where(inv > 0, np.float32(1) / np.maximum(inv.astype(np.float32), np.float32(1e-30)), 0).astype(np.float32)
+    q = np.rint(x16.astype(np.float64).reshape(Mpad, K // 256, 256) * inv.astype(np.float64)[..., None])
+    assert np.abs(q).max() <= 127
+    seen = (q * d.astype(np.float64)[..., None]).reshape(Mpad, K)[:M]
+    return x16, np.ascontiguousarray(inv.T), np.ascontiguousarray(d.T), seen
+
+
 def tile_q4k(raw: np.ndarray, N: int, nb: int) -> np.ndarray:
     """Q4_K rows in the probe's tiles: per (16 rows, block) the 16 headers, then [j][lane][16 bytes] where lane
     (g, t) finds quant bytes 32 j + 8 t .. + 7 of row g, then of row g + 8 (tools/q8_probe.cu)."""
@@ -137,6 +155,22 @@ def q4k(probe: Probe, rows: list[int]) -> None:
                                            np.int32(parts), address(q.ptr), np.int32(K), address(d.ptr), address(s32.ptr),
                                            np.int32(Mpad), np.int32(M), address(out.ptr), np.int32(N)], stream=st))
                     probe.report(f"{kname} parts={parts}", launch, 10 * copies, out, M, N, ref, raw.nbytes)
+            x16, inv16, d32, seen = half_inputs(x, Mpad)
+            hb = [dev.upload(a) for a in (x16, inv16, d32)]
+            ref_h = seen @ Wd.T
+            for kname, warps, parts_list in [("q4k_imma_nt1_w8_h", 8, (2, 4)), ("q4k_imma_nt2_w4_h", 4, (4,)),
+                                             ("q4k_imma_nt3_w4_h", 4, (2, 4))][nt - 1: nt]:
+                fn = probe.mod.function(kname)
+                for parts in parts_list:
+                    grid = -(-(N // 16) // (warps // parts))
+                    launch = (lambda i, fn=fn, grid=grid, warps=warps, parts=parts: fn.launch(
+                        grid, 32 * warps, [address(tileds[i % copies].ptr), np.int32(nb), np.int32(N // 16),
+                                           np.int32(parts), address(hb[0].ptr), np.int32(K), address(hb[2].ptr),
+                                           address(hb[1].ptr), np.int32(Mpad), np.int32(M), address(out.ptr),
+                                           np.int32(N)], stream=st))
+                    probe.report(f"{kname} parts={parts}", launch, 10 * copies, out, M, N, ref_h, raw.nbytes)
+            for b in hb:
+                b.free()
             if M == 1:
                 for R in (1, 2):
                     fn = probe.mod.function(f"q4k_dp4a_r{R}")
