@@ -13,12 +13,16 @@ __device__ __forceinline__ int dp4a_us(unsigned a, int b, int c) {
   int d; asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
 }
 __device__ __forceinline__ void imma(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ void imma0(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%10,%10,%10,%10};"
+               : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 // The 6-bit scales / mins of a K-quant header, 8 sub-blocks a byte each: words [0] sub-blocks 0..3, [1] 4..7.
 struct KS { unsigned sc[2], m[2]; float d, dmin; };
@@ -34,12 +38,16 @@ __device__ __forceinline__ int kbyte(const unsigned (&w)[2], int s) { return (w[
 
 // Activations: x[M][K] float -> q int8 [Mpad][K], d [K/256][Mpad] float, sums of q per 32 [K/32][Mpad] int.
 // One warp per (token, 256 values).
-extern "C" __global__ void q8k_quantize(const float* x, int K, int M, int Mpad, signed char* q, float* d, int* sums, int* sums16) {
+extern "C" __global__ void q8k_quantize(const float* x, int K, int M, int Mpad, signed char* q, float* d, int* sums,
+                                        int* sums16) {
   const int lane = threadIdx.x & 31, b = blockIdx.x, m = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
   if (m >= Mpad) return;
   float v[8];
   float amax = 0.f;
-  for (int i = 0; i < 8; ++i) { v[i] = m < M ? x[(size_t)m * K + b * 256 + 8 * lane + i] : 0.f; amax = fmaxf(amax, fabsf(v[i])); }
+  for (int i = 0; i < 8; ++i) {
+    v[i] = m < M ? x[(size_t)m * K + b * 256 + 8 * lane + i] : 0.f;
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
   for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
   const float dd = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
   int s = 0; unsigned lo = 0, hi = 0;
@@ -62,7 +70,8 @@ extern "C" __global__ void q8k_quantize(const float* x, int K, int M, int Mpad, 
 // result's bits (1536 = 0x6600: unit steps on [1024, 2048)), so one hfma2 per 2 values and one byte permute per 4.
 template <bool HALF_IN>
 __device__ __forceinline__ uint2 b_fragment(const void* act, const void* inv, int K, int Mpad, int b, int tok, int k0) {
-  if (!HALF_IN) return __ldg(reinterpret_cast<const uint2*>(static_cast<const signed char*>(act) + (size_t)tok * K + k0));
+  if (!HALF_IN)
+    return __ldg(reinterpret_cast<const uint2*>(static_cast<const signed char*>(act) + (size_t)tok * K + k0));
   const uint4 x = __ldg(reinterpret_cast<const uint4*>(static_cast<const __half*>(act) + (size_t)tok * K + k0));
   const __half h = __ldg(static_cast<const __half*>(inv) + (size_t)b * Mpad + tok);
   const __half2 i2 = __halves2half2(h, h), magic = __float2half2_rn(1536.f);
@@ -149,8 +158,8 @@ __device__ void q4k_imma_body(const unsigned char* __restrict__ W, int nb, int t
   }
 }
 #define IMMA_KERNEL(NAME, NT, WARPS, MINB, PF, HALF_IN) \
-extern "C" __global__ void __launch_bounds__(32 * WARPS, MINB) NAME(const unsigned char* W, int nb, int tiles, int parts, \
-    const void* q, int K, const float* ad, const void* asum, int Mpad, int M, float* out, int N) { \
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MINB) NAME(const unsigned char* W, int nb, int tiles, \
+    int parts, const void* q, int K, const float* ad, const void* asum, int Mpad, int M, float* out, int N) { \
   q4k_imma_body<NT, WARPS, PF, HALF_IN>(W, nb, tiles, parts, q, K, ad, asum, Mpad, M, out, N); }
 // q4k_imma_nt<token groups>_w<warps a block>; _pf: the next block's weights loaded before this one's products;
 // _h: fp16 activations quantised as they are loaded (q: the fp16 rows, asum: the fp16 inv per block and token).
@@ -167,39 +176,28 @@ IMMA_KERNEL(q4k_imma_nt3_w4_h, 3, 4, 3, false, true)
 
 // dp4a form, one row, raw GGML rows (144 bytes a block). Warp = R rows; lane (bl = lane / 4, c = lane % 4): blocks
 // bl, bl + 8, ..., quant bytes 32 c .. 32 c + 31 (sub-blocks 2c low nibbles, 2c + 1 high nibbles).
-template <int R, bool PREFETCH>
+template <int R>
 __device__ void q4k_dp4a_body(const unsigned char* __restrict__ W, int N, int nb, const signed char* __restrict__ q,
-                              const float* __restrict__ ad, const int* __restrict__ asum, int Mpad, float* __restrict__ out) {
+                              const float* __restrict__ ad, const int* __restrict__ asum, int Mpad,
+                              float* __restrict__ out) {
   const int lane = threadIdx.x & 31, c = lane & 3, bl = lane >> 2;
   const int row0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
   if (row0 >= N) return;
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
-  uint4 nh[R], nq0[R], nq1[R];
-  auto load = [&](int b) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const unsigned char* blk = W + ((size_t)(row0 + r) * nb + b) * 144;
-      nh[r] = __ldg(reinterpret_cast<const uint4*>(blk));
-      nq0[r] = __ldg(reinterpret_cast<const uint4*>(blk + 16 + 32 * c));
-      nq1[r] = __ldg(reinterpret_cast<const uint4*>(blk + 32 + 32 * c));
-    }
-  };
-  if (PREFETCH && bl < nb) load(bl);
   for (int b = bl; b < nb; b += 8) {
-    if (!PREFETCH) load(b);
-    uint4 ch[R], cq0[R], cq1[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) { ch[r] = nh[r]; cq0[r] = nq0[r]; cq1[r] = nq1[r]; }
-    if (PREFETCH && b + 8 < nb) load(b + 8);
     const int4* a = reinterpret_cast<const int4*>(q + b * 256 + 64 * c);
     const int4 a0 = __ldg(a), a1 = __ldg(a + 1), a2 = __ldg(a + 2), a3 = __ldg(a + 3);
-    const int slo = __ldg(asum + (size_t)(b * 8 + 2 * c) * Mpad), shi = __ldg(asum + (size_t)(b * 8 + 2 * c + 1) * Mpad);
+    const int slo = __ldg(asum + (size_t)(b * 8 + 2 * c) * Mpad);
+    const int shi = __ldg(asum + (size_t)(b * 8 + 2 * c + 1) * Mpad);
     const float da = __ldg(ad + (size_t)b * Mpad);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const uint4 h = ch[r], q0 = cq0[r], q1 = cq1[r];
+      const unsigned char* blk = W + ((size_t)(row0 + r) * nb + b) * 144;
+      const uint4 h = __ldg(reinterpret_cast<const uint4*>(blk));
+      const uint4 q0 = __ldg(reinterpret_cast<const uint4*>(blk + 16 + 32 * c));
+      const uint4 q1 = __ldg(reinterpret_cast<const uint4*>(blk + 32 + 32 * c));
       int lo = 0, hi = 0;
       lo = dp4a_us(q0.x & 0x0F0F0F0Fu, a0.x, lo); lo = dp4a_us(q0.y & 0x0F0F0F0Fu, a0.y, lo);
       lo = dp4a_us(q0.z & 0x0F0F0F0Fu, a0.z, lo); lo = dp4a_us(q0.w & 0x0F0F0F0Fu, a0.w, lo);
@@ -222,13 +220,13 @@ __device__ void q4k_dp4a_body(const unsigned char* __restrict__ W, int N, int nb
     if (lane == 0 && row0 + r < N) out[row0 + r] = s;
   }
 }
-#define DP4A_KERNEL(NAME, R, PF) \
+#define DP4A_KERNEL(NAME, R) \
 extern "C" __global__ void __launch_bounds__(256) NAME(const unsigned char* W, int N, int nb, \
     const signed char* q, const float* ad, const int* asum, int Mpad, float* out) { \
-  q4k_dp4a_body<R, PF>(W, N, nb, q, ad, asum, Mpad, out); }
+  q4k_dp4a_body<R>(W, N, nb, q, ad, asum, Mpad, out); }
 // q4k_dp4a_r<rows a warp>
-DP4A_KERNEL(q4k_dp4a_r1, 1, false)
-DP4A_KERNEL(q4k_dp4a_r2, 2, false)
+DP4A_KERNEL(q4k_dp4a_r1, 1)
+DP4A_KERNEL(q4k_dp4a_r2, 2)
 // Q6_K, one row, dp4a. Blocks as structure of arrays: ql[128], qh[64], scales int8[16], d f16 per block.
 // Lane (bl = lane / 8: blocks bl, bl + 4, ...; c = lane % 8: half h = c / 4, quarter u = c % 4): values
 // 128 h + 32 u .. + 31 (sub-blocks 8h + 2u, 8h + 2u + 1 of 16).
@@ -246,7 +244,8 @@ __device__ void q6k_dp4a_body(const unsigned char* __restrict__ ql, const unsign
   for (int b = bl; b < nb; b += 4) {
     const int4* a = reinterpret_cast<const int4*>(q + b * 256 + 128 * h + 32 * u);
     const int4 a0 = __ldg(a), a1 = __ldg(a + 1);
-    const int s0 = __ldg(asum16 + (size_t)(b * 16 + 8 * h + 2 * u) * Mpad), s1 = __ldg(asum16 + (size_t)(b * 16 + 8 * h + 2 * u + 1) * Mpad);
+    const int s0 = __ldg(asum16 + (size_t)(b * 16 + 8 * h + 2 * u) * Mpad);
+    const int s1 = __ldg(asum16 + (size_t)(b * 16 + 8 * h + 2 * u + 1) * Mpad);
     const float da = __ldg(ad + (size_t)b * Mpad);
 #pragma unroll
     for (int r = 0; r < R; ++r) {

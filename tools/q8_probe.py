@@ -152,7 +152,8 @@ def q4k(probe: Probe, rows: list[int]) -> None:
                     grid = -(-(N // 16) // (warps // parts))
                     launch = (lambda i, fn=fn, grid=grid, warps=warps, parts=parts: fn.launch(
                         grid, 32 * warps, [address(tileds[i % copies].ptr), np.int32(nb), np.int32(N // 16),
-                                           np.int32(parts), address(q.ptr), np.int32(K), address(d.ptr), address(s32.ptr),
+                                           np.int32(parts), address(q.ptr), np.int32(K), address(d.ptr),
+                                           address(s32.ptr),
                                            np.int32(Mpad), np.int32(M), address(out.ptr), np.int32(N)], stream=st))
                     probe.report(f"{kname} parts={parts}", launch, 10 * copies, out, M, N, ref, raw.nbytes)
             x16, inv16, d32, seen = half_inputs(x, Mpad)
@@ -175,8 +176,9 @@ def q4k(probe: Probe, rows: list[int]) -> None:
                 for R in (1, 2):
                     fn = probe.mod.function(f"q4k_dp4a_r{R}")
                     launch = (lambda i, fn=fn, R=R: fn.launch(
-                        -(-N // (8 * R)), 256, [address(raws[i % copies].ptr), np.int32(N), np.int32(nb), address(q.ptr),
-                                                address(d.ptr), address(s32.ptr), np.int32(Mpad), address(out.ptr)], stream=st))
+                        -(-N // (8 * R)), 256, [address(raws[i % copies].ptr), np.int32(N), np.int32(nb),
+                                                address(q.ptr), address(d.ptr), address(s32.ptr), np.int32(Mpad),
+                                                address(out.ptr)], stream=st))
                     probe.report(f"q4k_dp4a_r{R}", launch, 10 * copies, out, M, N, ref, raw.nbytes)
             out.free()
         for b in raws + tileds:
@@ -203,7 +205,8 @@ def q6k(probe: Probe) -> None:
             fn = probe.mod.function(f"q6k_dp4a_r{R}")
             launch = (lambda i, fn=fn, R=R: fn.launch(
                 -(-N // (8 * R)), 256, [*(address(b.ptr) for b in bufs[i % copies]), np.int32(N), np.int32(nb),
-                                        address(q.ptr), address(d.ptr), address(s16.ptr), np.int32(8), address(out.ptr)],
+                                        address(q.ptr), address(d.ptr), address(s16.ptr), np.int32(8),
+                                        address(out.ptr)],
                 stream=st))
             probe.report(f"q6k_dp4a_r{R}", launch, max(10, 4 * copies), out, 1, N, ref, raw.nbytes)
         out.free()
