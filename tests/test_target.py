@@ -357,6 +357,17 @@ def test_quant_table_sets_the_quantised_targets_compute_type():
     assert same.quantised_target() is same
 
 
+def test_quantised_variant_renders_only_what_differs():
+    """`lucegen build` writes a family for the quantised-target variant only where its render differs from the
+    target's own: quant_gemm (QG_FOLD) does, small_kernels (no compute type) does not."""
+    from lucegen.commands.build import render_units
+
+    units = render_units([load_target("sm_90")])
+    variant = {u.family.name for u in units if u.target.variant == "quant"}
+    assert "quant_gemm" in variant and "small_kernels" not in variant
+    assert "small_kernels" in {u.family.name for u in units if u.target.variant != "quant"}
+
+
 @pytest.mark.parametrize("chip, quant, field, message", [
     ("sm_90", {"compute_dtype": "fp8"}, "quant.compute_dtype", "not one of"),
     ("sm_75", {"compute_dtype": "bf16"}, "quant.compute_dtype", "not in dtypes"),

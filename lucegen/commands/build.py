@@ -50,13 +50,21 @@ class Unit:
 
 
 def render_units(targets: list[Target]) -> list[Unit]:
-    """Every family for each target, and for its quantised-target variant where that differs ([quant])."""
+    """Every family for each target, and for its quantised-target variant where that differs ([quant]): a family
+    whose render is the same for the variant (it does not read what [quant] changes) is written and compiled once."""
     units = []
     for t in targets:
+        base = {}
+        for fam in codegen.families(t):
+            base[fam.name] = codegen.render_family(t, fam)
+            units.append(Unit(t, fam, base[fam.name], codegen.generated_path(t, fam)))
         q = t.quantised_target()
-        for v in (t,) if q is t else (t, q):
-            for fam in codegen.families(v):
-                units.append(Unit(v, fam, codegen.render_family(v, fam), codegen.generated_path(v, fam)))
+        if q is t:
+            continue
+        for fam in codegen.families(q):
+            source = codegen.render_family(q, fam)
+            if source != base.get(fam.name):
+                units.append(Unit(q, fam, source, codegen.generated_path(q, fam)))
     return units
 
 
