@@ -14,10 +14,12 @@ For the engine's own figures on the same shapes: python3 tools/quant_gemm_bench.
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 
 import numpy as np
 
+from lucegen.bench.gemm import time_graph_us
 from lucegen.compile import nvrtc
 from lucegen.compile.base import CompiledModule
 from lucegen.model.gguf_io import random_k_blocks
@@ -85,22 +87,12 @@ class Probe:
         self.mod = self.dev.load(CompiledModule("q8_probe", self.dev.target.name, arch, cubin, infos, log,
                                                 nvrtc.compiler_id(), (), False))
         self.stream = self.dev.stream()
-        self.start, self.end = self.dev.event(), self.dev.event()
 
     def time_us(self, launch, reps: int) -> float:
-        """µs per launch of ``launch(i)`` over reps launches captured in one graph (their host cost left out)."""
-        st = self.stream
-        st.begin_capture()
-        for i in range(reps):
-            launch(i)
-        graph = st.end_capture()
-        graph.launch(st)
-        self.start.record(st)
-        graph.launch(st)
-        self.end.record(st)
-        self.end.synchronize()
-        graph.destroy()
-        return self.start.elapsed_ms(self.end) / reps * 1e3
+        """µs per launch of ``launch(i, stream)``, i = 0, 1, ... (the copy to read), over reps launches captured in
+        one graph (lucegen.bench.gemm.time_graph_us: the launches' host cost left out)."""
+        index = itertools.count()
+        return time_graph_us(self.dev, lambda stream: launch(next(index), stream), repeats=3, batch=reps)
 
     def quantised(self, x: np.ndarray, Mpad: int):
         """Upload x and quantise it on the device: (q, d, sums per 32, sums per 16) buffers, and the quantiser's µs."""
@@ -110,7 +102,7 @@ class Probe:
                 self.dev.alloc(4 * Mpad * (K // 16)))
         fn = self.mod.function("q8k_quantize")
         args = [address(xb.ptr), np.int32(K), np.int32(M), np.int32(Mpad), *(address(b.ptr) for b in bufs)]
-        us = self.time_us(lambda i: fn.launch((K // 256, Mpad // 8), 256, args, stream=self.stream), 50)
+        us = self.time_us(lambda i, stream: fn.launch((K // 256, Mpad // 8), 256, args, stream=stream), 50)
         xb.free()
         return bufs, us
 
@@ -150,11 +142,11 @@ def q4k(probe: Probe, rows: list[int]) -> None:
                 fn = probe.mod.function(kname)
                 for parts in parts_list:
                     grid = -(-(N // 16) // (warps // parts))
-                    launch = (lambda i, fn=fn, grid=grid, warps=warps, parts=parts: fn.launch(
+                    launch = (lambda i, stream=st, fn=fn, grid=grid, warps=warps, parts=parts: fn.launch(
                         grid, 32 * warps, [address(tileds[i % copies].ptr), np.int32(nb), np.int32(N // 16),
                                            np.int32(parts), address(q.ptr), np.int32(K), address(d.ptr),
                                            address(s32.ptr),
-                                           np.int32(Mpad), np.int32(M), address(out.ptr), np.int32(N)], stream=st))
+                                           np.int32(Mpad), np.int32(M), address(out.ptr), np.int32(N)], stream=stream))
                     probe.report(f"{kname} parts={parts}", launch, 10 * copies, out, M, N, ref, raw.nbytes)
             x16, inv16, d32, seen = half_inputs(x, Mpad)
             hb = [dev.upload(a) for a in (x16, inv16, d32)]
@@ -164,21 +156,21 @@ def q4k(probe: Probe, rows: list[int]) -> None:
                 fn = probe.mod.function(kname)
                 for parts in parts_list:
                     grid = -(-(N // 16) // (warps // parts))
-                    launch = (lambda i, fn=fn, grid=grid, warps=warps, parts=parts: fn.launch(
+                    launch = (lambda i, stream=st, fn=fn, grid=grid, warps=warps, parts=parts: fn.launch(
                         grid, 32 * warps, [address(tileds[i % copies].ptr), np.int32(nb), np.int32(N // 16),
                                            np.int32(parts), address(hb[0].ptr), np.int32(K), address(hb[2].ptr),
                                            address(hb[1].ptr), np.int32(Mpad), np.int32(M), address(out.ptr),
-                                           np.int32(N)], stream=st))
+                                           np.int32(N)], stream=stream))
                     probe.report(f"{kname} parts={parts}", launch, 10 * copies, out, M, N, ref_h, raw.nbytes)
             for b in hb:
                 b.free()
             if M == 1:
                 for R in (1, 2):
                     fn = probe.mod.function(f"q4k_dp4a_r{R}")
-                    launch = (lambda i, fn=fn, R=R: fn.launch(
+                    launch = (lambda i, stream=st, fn=fn, R=R: fn.launch(
                         -(-N // (8 * R)), 256, [address(raws[i % copies].ptr), np.int32(N), np.int32(nb),
                                                 address(q.ptr), address(d.ptr), address(s32.ptr), np.int32(Mpad),
-                                                address(out.ptr)], stream=st))
+                                                address(out.ptr)], stream=stream))
                     probe.report(f"q4k_dp4a_r{R}", launch, 10 * copies, out, M, N, ref, raw.nbytes)
             out.free()
         for b in raws + tileds:
@@ -203,11 +195,11 @@ def q6k(probe: Probe) -> None:
         print(f"{name} N={N} K={K} M=1", flush=True)
         for R in (1, 2):
             fn = probe.mod.function(f"q6k_dp4a_r{R}")
-            launch = (lambda i, fn=fn, R=R: fn.launch(
+            launch = (lambda i, stream=st, fn=fn, R=R: fn.launch(
                 -(-N // (8 * R)), 256, [*(address(b.ptr) for b in bufs[i % copies]), np.int32(N), np.int32(nb),
                                         address(q.ptr), address(d.ptr), address(s16.ptr), np.int32(8),
                                         address(out.ptr)],
-                stream=st))
+                stream=stream))
             probe.report(f"q6k_dp4a_r{R}", launch, max(10, 4 * copies), out, 1, N, ref, raw.nbytes)
         out.free()
         for group in bufs:

@@ -15,9 +15,11 @@ with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma). The kernels are
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import numpy as np
 
+from lucegen.bench.gemm import time_graph_us
 from lucegen.families.quant_gemm import WARPS
 from lucegen.model.gguf_io import random_k_blocks
 from lucegen.model.quant import TYPES
@@ -41,8 +43,6 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False):
     print(f"{target.name}: activations in {target.compute_dtype}")
     qg = QuantGemm(dev, target, H, 1e-6)
     rng = np.random.default_rng(0)
-    st = dev.stream()
-    start, end = dev.event(), dev.event()
     for name, (segs, K, ep) in SHAPES.items():
         raw = [(t, random_k_blocks(rng, t, r * K // TYPES[t][1], 0.02), r, 0) for t, r in segs]
         copies = [qg.matrix(raw, K, pair=ep == "swiglu")]
@@ -66,28 +66,21 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False):
             w = dev.upload(np.zeros(N, np.float32))
             ss = dev.alloc(4 * M * 1024)
 
-            def launch(W):
+            index = itertools.count()
+
+            def launch(stream):  # each launch reads the next copy
+                W = copies[next(index) % len(copies)]
                 if ep == "rows_f32":
-                    qg.rows_f32(a.ptr, K, W, None, M, N, K, 0, 0, M, out.ptr, N, stream=st)
+                    qg.rows_f32(a.ptr, K, W, None, M, N, K, 0, 0, M, out.ptr, N, stream=stream)
                 elif ep == "swiglu":
-                    qg.swiglu(a.ptr, K, W, None, M, 2 * N, K, 0, 0, M, out.ptr, N, stream=st)
+                    qg.swiglu(a.ptr, K, W, None, M, 2 * N, K, 0, 0, M, out.ptr, N, stream=stream)
                 else:
-                    qg.residual(a.ptr, K, W, None, M, N, K, x.ptr, N, w.ptr, xn.ptr, N, ss.ptr, M, stream=st)
-            reps = 10 * len(copies)
-            st.begin_capture()  # a graph of reps launches: the launches' host cost stays out of the timing
-            for i in range(reps):
-                launch(copies[i % len(copies)])
-            graph = st.end_capture()
-            graph.launch(st)
-            start.record(st)
-            graph.launch(st)
-            end.record(st)
-            end.synchronize()
-            ms_each = start.elapsed_ms(end) / reps
+                    qg.residual(a.ptr, K, W, None, M, N, K, x.ptr, N, w.ptr, xn.ptr, N, ss.ptr, M, stream=stream)
+            # a graph of 10 launches a copy: the launches' host cost stays out of the timing
+            ms_each = time_graph_us(dev, launch, repeats=3, batch=10 * len(copies)) / 1e3
             print(f"{name:34s} M={M:3d}  {ms_each * 1e3:8.1f} us  {W.weight_bytes / ms_each / 1e6:7.0f} GB/s  "
                   f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={qg.kernel(W, M, a.ptr, K)[0]}"
                   f"{'' if ring is None else f' ring={ring}'}{'' if wg is None else f' wgmma={wg}'}", flush=True)
-            graph.destroy()
             for b in (a, out, x, xn, w, ss):
                 b.free()
         for c in copies:

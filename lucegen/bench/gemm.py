@@ -28,7 +28,7 @@ def _time_torch_us(torch, fn, repeats: int, batch: int = 10) -> float:
     return statistics.median(times)
 
 
-def _time_graph_us(device, launch, repeats: int, batch: int = 10) -> float:
+def time_graph_us(device, launch, repeats: int, batch: int = 10) -> float:
     """Our kernels captured ``batch`` times into one CUDA graph (as the prefill runner replays them: no Python
     launch cost in the measurement); median over ``repeats`` graph launches of time / batch, in microseconds."""
     stream = device.stream()
@@ -90,7 +90,7 @@ def bench_gemm_shapes(device, target, pf: dict, shapes, repeats: int = 20, gemm=
         else:
             raise ValueError(f"unknown epilogue {epilogue!r}")
         torch.cuda.synchronize()
-        ours_us = _time_graph_us(device, ours, repeats)
+        ours_us = time_graph_us(device, ours, repeats)
         wt = w.t()
         cublas_us = _time_torch_us(torch, lambda: torch.matmul(a, wt), repeats)
         flops = 2.0 * M * N * K
