@@ -125,9 +125,12 @@ class DDTree:
 class Quant:
     """The quantised GGUF target (DFlash / DDTree, lucegen/runtime/quant_target.py): ``compute_dtype`` is its
     activation type, which may differ from the descriptor's (the megakernel's). In fp16 the K-quants' GEMM fragments
-    carry the sub-block scales (templates/kernels/quant_gemm.cu.j2, QG_FOLD)."""
+    carry the sub-block scales (templates/kernels/quant_gemm.cu.j2, QG_FOLD). ``int8_activations``: the matrix groups
+    of Q4_K / Q5_K blocks alone take their activations quantised to int8 per 256 values (as GGML's Q8_K) and multiply
+    on the integer tensor cores (mma m16n8k32 s8: sm_80+, fp16 activations quantised as they load)."""
 
     compute_dtype: str
+    int8_activations: bool = dataclasses.field(default=False, metadata={"optional": True})
 
 
 @dataclass(frozen=True)
@@ -470,6 +473,14 @@ def _check_consistency(t: Target, path) -> None:
             fail("quant.compute_dtype", f"{t.quant.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
         if t.quant.compute_dtype not in t.dtypes:
             fail("quant.compute_dtype", f"{t.quant.compute_dtype} is not in dtypes {list(t.dtypes)}")
+        if t.quant.int8_activations:
+            sm = _sm_capability(t.arch) if t.vendor == "nvidia" else None
+            if sm is None or sm < (8, 0):
+                fail("quant.int8_activations", f"needs the integer tensor cores' mma m16n8k32 s8 (NVIDIA sm_80+), "
+                                               f"not {t.arch}")
+            if t.quant_compute_dtype != "fp16":
+                fail("quant.int8_activations", f"quantises fp16 activations as they load; [quant] compute_dtype is "
+                                               f"{t.quant_compute_dtype}")
 
     mk = t.megakernel
     if mk.threads % t.warp_size:

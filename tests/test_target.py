@@ -357,6 +357,23 @@ def test_quant_table_sets_the_quantised_targets_compute_type():
     assert same.quantised_target() is same
 
 
+def test_int8_activations_give_the_quantised_variant_its_int8_kernels():
+    """[quant] int8_activations on: the fp16 variant renders quant_gemm_nt<N>q (mma m16n8k32 s8), the descriptor's
+    own bf16 render does not; without the key (off) the variant has none."""
+    from lucegen import codegen
+    from lucegen.families.quant_gemm import NT_MAX, instances
+
+    data = copy.deepcopy(RAW["sm_90"])
+    data["quant"]["int8_activations"] = True
+    t = target_from_dict(data, "sm_90.toml")
+    q = t.quantised_target()
+    assert [k.name for k in instances(q) if k.int8] == [f"nt{n}q" for n in range(1, NT_MAX + 1)]
+    assert "m16n8k32.row.col.s32.s8.s8.s32" in codegen.render_family(q, codegen.family("quant_gemm"))
+    assert not any(k.int8 for k in instances(t))
+    del data["quant"]["int8_activations"]
+    assert not any(k.int8 for k in instances(target_from_dict(data, "sm_90.toml").quantised_target()))
+
+
 def test_quantised_variant_renders_only_what_differs():
     """`lucegen build` writes a family for the quantised-target variant only where its render differs from the
     target's own: quant_gemm (QG_FOLD) does, small_kernels (no compute type) does not."""
@@ -374,6 +391,10 @@ def test_quantised_variant_renders_only_what_differs():
     ("sm_90", {"compute_dtype": 16}, "quant.compute_dtype", "expected a string"),
     ("sm_90", {}, "quant.compute_dtype", "missing"),
     ("sm_90", {"kv_cache_type": "fp16", "compute_dtype": "fp16"}, "quant.kv_cache_type", "unknown key"),
+    ("sm_75", {"compute_dtype": "fp16", "int8_activations": True}, "quant.int8_activations", "sm_80+"),
+    ("gfx1100", {"compute_dtype": "fp16", "int8_activations": True}, "quant.int8_activations", "sm_80+"),
+    ("sm_90", {"compute_dtype": "bf16", "int8_activations": True}, "quant.int8_activations", "fp16"),
+    ("sm_90", {"compute_dtype": "fp16", "int8_activations": 1}, "quant.int8_activations", "expected a boolean"),
 ])
 def test_quant_table_is_checked(chip, quant, field, message):
     data = copy.deepcopy(RAW[chip])

@@ -32,9 +32,9 @@ class PerturbedReference(Reference):
         super().__init__(*args, **kwargs)
         self.rng = np.random.default_rng(seed)
 
-    def _norm_in(self, x, w):
+    def _norm_in(self, x, w, weight):
         x = (x * (1 + 2.0 ** -23 * self.rng.standard_normal(x.shape))).astype(F32)
-        return super()._norm_in(x, w)
+        return super()._norm_in(x, w, weight)
 
 
 def metrics(a, b) -> dict:

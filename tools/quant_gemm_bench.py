@@ -1,20 +1,23 @@
 """Time the quantised GEMM on the 27B's matrix shapes: GB/s of weights per launch and rows (M) per launch. The
 launches cycle through copies of each matrix (over 200 MB in all), so the weights come from DRAM as in a decode
-step, not from the L2. ``--parts`` also times the given K splits (QuantGemm.parts overridden) beside the planned one.
+step, not from the L2. Every launch reads its input's magnitudes per 16 values and the epilogues write their
+output's, as in the layer loop (they matter to int8-activation groups alone). ``--parts`` also times the given K splits (QuantGemm.parts overridden) beside the planned one.
 ``--tiles`` times Q4_K matrices of those many 16-row tiles instead of the 27B's (an in-projection-like one, K = 5120,
 and a down-like one, K = 17408): how the grid's fill of the chip (waves of resident blocks) sets the bandwidth.
 
 ``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring), ``--wgmma 0,1``
-with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma). The kernels are the quantised target's
+with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma), ``--int8 0,1`` with int8 activations off and on
+for the groups that take them (QuantGemm.int8: Q4_K / Q5_K alone, [quant] int8_activations). The kernels are the quantised target's
 (``Target.quantised_target()``: [quant] compute_dtype); ``--descriptor-dtype`` times them in the descriptor's own.
 
     python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--wgmma 0,1]
-                                      [--descriptor-dtype]
+                                      [--int8 0,1 --int8-kernels] [--descriptor-dtype]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 
 import numpy as np
@@ -37,9 +40,12 @@ SHAPES = {  # name: (segments [(type, rows)], K, epilogue)
 }
 
 
-def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False):
+def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, int8s=(None,), int8_kernels=False):
     dev = Device.open()
-    target = dev.target if descriptor_dtype else dev.target.quantised_target()
+    target = dev.target
+    if int8_kernels:
+        target = dataclasses.replace(target, quant=dataclasses.replace(target.quant, int8_activations=True))
+    target = target if descriptor_dtype else target.quantised_target()
     print(f"{target.name}: activations in {target.compute_dtype}")
     qg = QuantGemm(dev, target, H, 1e-6)
     rng = np.random.default_rng(0)
@@ -50,13 +56,17 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False):
             copies.append(qg.matrix(raw, K, pair=ep == "swiglu"))
         W = copies[0]
         planned = QuantGemm.parts(qg, W)
-        for M, parts, ring, wg in [(M, p, r, g) for M in ms for p in [planned] + [p for p in sweep if p != planned]
-                                   for r in rings for g in wgmmas
-                                   if not (ep == "swiglu" and p > WARPS // 2)]:  # a pair: 2 tiles a block
+        has_int8 = qg.int8
+        for M, parts, ring, wg, i8 in [(M, p, r, g, i) for M in ms
+                                       for p in [planned] + [p for p in sweep if p != planned]
+                                       for r in rings for g in wgmmas for i in int8s
+                                       if not (ep == "swiglu" and p > WARPS // 2)]:  # a pair: 2 tiles a block
             if ring is not None:
                 qg.use_ring = bool(ring)
             if wg is not None:
                 qg.use_wgmma = bool(wg)
+            if i8 is not None:
+                qg.int8 = bool(i8) and has_int8
             qg.parts = lambda _W, parts=parts: parts
             a = dev.upload(np.full((M, K), 0x3F80, np.uint16))
             N = W.rows
@@ -65,23 +75,30 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False):
             xn = dev.alloc(M * N * 2)
             w = dev.upload(np.zeros(N, np.float32))
             ss = dev.alloc(4 * M * 1024)
+            # magnitudes per 16 values: of A (as a producer's epilogue leaves them), and of the output
+            am, amo = dev.alloc(M * K // 8), dev.alloc(M * max(N, H) // 8)
+            if has_int8:
+                qg.amax(a.ptr, K, M, K, am.ptr)
 
             index = itertools.count()
 
             def launch(stream):  # each launch reads the next copy
                 W = copies[next(index) % len(copies)]
                 if ep == "rows_f32":
-                    qg.rows_f32(a.ptr, K, W, None, M, N, K, 0, 0, M, out.ptr, N, stream=stream)
+                    qg.rows_f32(a.ptr, K, W, None, M, N, K, 0, 0, M, out.ptr, N, stream=stream, a_amax=am.ptr)
                 elif ep == "swiglu":
-                    qg.swiglu(a.ptr, K, W, None, M, 2 * N, K, 0, 0, M, out.ptr, N, stream=stream)
+                    qg.swiglu(a.ptr, K, W, None, M, 2 * N, K, 0, 0, M, out.ptr, N, stream=stream, a_amax=am.ptr,
+                              amax_out=amo.ptr if qg.int8 else 0)
                 else:
-                    qg.residual(a.ptr, K, W, None, M, N, K, x.ptr, N, w.ptr, xn.ptr, N, ss.ptr, M, stream=stream)
+                    qg.residual(a.ptr, K, W, None, M, N, K, x.ptr, N, w.ptr, xn.ptr, N, ss.ptr, M, stream=stream,
+                                a_amax=am.ptr, amax_out=amo.ptr if qg.int8 else 0)
             # a graph of 10 launches a copy: the launches' host cost stays out of the timing
             ms_each = time_graph_us(dev, launch, repeats=3, batch=10 * len(copies)) / 1e3
             print(f"{name:34s} M={M:3d}  {ms_each * 1e3:8.1f} us  {W.weight_bytes / ms_each / 1e6:7.0f} GB/s  "
                   f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={qg.kernel(W, M, a.ptr, K)[0]}"
-                  f"{'' if ring is None else f' ring={ring}'}{'' if wg is None else f' wgmma={wg}'}", flush=True)
-            for b in (a, out, x, xn, w, ss):
+                  f"{'' if ring is None else f' ring={ring}'}{'' if wg is None else f' wgmma={wg}'}"
+                  f"{'' if i8 is None else f' int8={i8}'}", flush=True)
+            for b in (a, out, x, xn, w, ss, am, amo):
                 b.free()
         for c in copies:
             c.free()
@@ -99,10 +116,14 @@ if __name__ == "__main__":
     cli.add_argument("--tiles", type=_ints, help="Q4_K matrices of these many row tiles instead of the 27B's")
     cli.add_argument("--ring", type=_ints, default=(None,), help="the one-row weight ring off / on: 0,1")
     cli.add_argument("--wgmma", type=_ints, default=(None,), help="the warpgroup-MMA kernels off / on: 0,1")
+    cli.add_argument("--int8", type=_ints, default=(None,), help="int8 activations off / on: 0,1 (with --int8-kernels "
+                     "where the descriptor leaves them out)")
+    cli.add_argument("--int8-kernels", action="store_true", help="render the int8-activation kernels whatever the "
+                     "descriptor's [quant] int8_activations")
     cli.add_argument("--descriptor-dtype", action="store_true",
                      help="the descriptor's compute_dtype, not the quantised target's [quant] one")
     args = cli.parse_args()
     if args.tiles:
         SHAPES = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
                   for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in args.tiles}
-    main(args.rows, args.parts, args.ring, args.wgmma, args.descriptor_dtype)
+    main(args.rows, args.parts, args.ring, args.wgmma, args.descriptor_dtype, args.int8, args.int8_kernels)

@@ -254,6 +254,17 @@ struct QgNoMin {
 // (fragment), the scales of rows g, g + 8 (scales) and, with a min, mins / dmins (QgKHeaders). Tile-block byte
 // maps: quant_gemm.py _tile_map. ----
 
+// The int8 A fragment (m16n8k32: rows g, g + 8 at k = 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3) of sub-block s from a
+// K-quant's 4 chunks of nibbles (sub-blocks 2p, 2p + 1 in chunk p): the low or high nibbles as bytes.
+__device__ __forceinline__ void qg_nibbles_q8(const uint4 (&qs)[4], int s, unsigned (&a)[4]) {
+  const uint4& c = qs[s >> 1];
+  const int shift = 4 * (s & 1);
+  a[0] = (c.x >> shift) & 0x0F0F0F0Fu;
+  a[1] = (c.z >> shift) & 0x0F0F0F0Fu;
+  a[2] = (c.y >> shift) & 0x0F0F0F0Fu;
+  a[3] = (c.w >> shift) & 0x0F0F0F0Fu;
+}
+
 // Q4_K (256 values, 144 bytes): [16 headers of 16 B][4 chunks of qs: sub-blocks 2p (low nibbles), 2p + 1 (high)].
 struct QgQ4KRaw { uint4 h, h8, qs[4]; };
 struct QgQ4K : QgKHeaders<QgQ4KRaw> {
@@ -271,6 +282,8 @@ struct QgQ4K : QgKHeaders<QgQ4KRaw> {
     const int shift = 4 * (s & 1);
     fragment_of(r, s, ((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu, ((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu, a);
   }
+  // The int8 A fragment (m16n8k32) of sub-block s: the values as bytes, as they sit in the tile-block.
+  static __device__ __forceinline__ void fragment_q8(const Raw& r, int s, unsigned (&a)[4]) { qg_nibbles_q8(r.qs, s, a); }
 };
 
 // Q5_K (256 values, 176 bytes): as Q4_K with a chunk of high bits (bit s of byte l: sub-block s, value l) between.
@@ -293,6 +306,13 @@ struct QgQ5K : QgKHeaders<QgQ5KRaw> {
     const unsigned hg8 = (((j ? r.qh.w : r.qh.z) >> s) & 0x01010101u) << 4;
     fragment_of(r, s, (((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu) | hg, (((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu) | hg8,
                 a);
+  }
+  static __device__ __forceinline__ void fragment_q8(const Raw& r, int s, unsigned (&a)[4]) {
+    qg_nibbles_q8(r.qs, s, a);  // the low nibbles, then the fifth bits
+    a[0] |= ((r.qh.x >> s) & 0x01010101u) << 4;
+    a[1] |= ((r.qh.z >> s) & 0x01010101u) << 4;
+    a[2] |= ((r.qh.y >> s) & 0x01010101u) << 4;
+    a[3] |= ((r.qh.w >> s) & 0x01010101u) << 4;
   }
 };
 
@@ -474,6 +494,7 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
   }
 }
 
+
 #define QG_ROWS_F32 0
 #define QG_SWIGLU 1
 #define QG_RESIDUAL 2
@@ -507,13 +528,15 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   }
 }
 
-template <int NT, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA>
+template <int NT, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const fp16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
                                            float* __restrict__ x, const float* __restrict__ norm_w,
                                            fp16_t* __restrict__ xn, float* __restrict__ ss_out,
-                                           unsigned long long* __restrict__ argmax_key) {
+                                           unsigned long long* __restrict__ argmax_key,
+                                           const unsigned short* __restrict__ a_amax,
+                                           unsigned short* __restrict__ amax_out) {
   __shared__ float red[QG_WARPS][NT * 4][LG_WARP_SIZE];
   __shared__ float row_part[8 * NT][QG_WARPS];
   __shared__ float squares[8 * NT][16 * QG_WARPS + 1];
@@ -627,7 +650,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       if (mm >= rows_here || n >= segs.seg[0].rows) continue;
       const float rs = row_scale(mm);
       const float gate = value(jj, r, mm) * rs, up = value(jj + half, r, mm) * rs;
-      reinterpret_cast<fp16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = lg_from_float<fp16_t>(gate / (1.0f + __expf(-gate)) * up);
+      const fp16_t act = lg_from_float<fp16_t>(gate / (1.0f + __expf(-gate)) * up);
+      reinterpret_cast<fp16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = act;
     }
   } else {  // residual: one matrix, the block's columns contiguous
     const int cols = tiles_per_block * 16, n0 = blockIdx.x * cols, N = segs.seg[0].rows;
@@ -656,43 +680,48 @@ extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
 quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key);
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+  quant_gemm<1, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
 quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<1, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key);
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+  quant_gemm<1, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
 quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<2, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key);
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+  quant_gemm<2, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
 quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<3, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key);
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+  quant_gemm<3, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
 extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
 quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<4, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key);
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+  quant_gemm<4, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }

@@ -12,6 +12,9 @@ from ..model.quant import TYPES
 GEMM_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 #: The types of 256-value blocks: a staged kernel's launch holds these alone (its rounds walk K in 256-value blocks).
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+#: Block types of the int8-activation kernels (quant_gemm_nt<N>q, [quant] int8_activations): 4- and 5-bit K-quants,
+#: whose unsigned values are int8 as they are; a launch over a group of these alone takes them.
+INT8_TYPES = ("Q4_K", "Q5_K")
 #: Warps per block (tuning choice: 8 row-tile parts share one block's reduction and epilogue).
 WARPS = 8
 #: Groups of 8 tokens per block, at most (kernels quant_gemm_nt1 .. nt4: 8 .. 32 tokens).
@@ -88,10 +91,11 @@ class GemmKernel(NamedTuple):
     staged: bool = False
     ring: bool = False
     wgmma: bool = False
+    int8: bool = False
 
     @property
-    def blocks_per_cu(self) -> int:  # 128 registers a thread for one or two groups unstaged, and wgmma; else 255
-        return 2 if (self.nt <= 2 and not self.staged) or self.wgmma else 1
+    def blocks_per_cu(self) -> int:  # 128 registers a thread for one or two groups unstaged (int8: one), and wgmma
+        return 2 if (self.nt <= (1 if self.int8 else 2) and not self.staged) or self.wgmma else 1
 
 
 def instances(target) -> tuple[GemmKernel, ...]:
@@ -99,14 +103,22 @@ def instances(target) -> tuple[GemmKernel, ...]:
     same operations on that column, fewer on the columns it drops. A staged instance exists where the chip has
     cp.async and room for the rounds of a launch of WARPS parts; m1r, m1 streaming its weights through per-warp
     rings of shared memory, where the chip has cp.async; nt<N>w for WGMMA_NT, warpgroup MMAs over staged rounds,
-    where it has wgmma (sm_90a)."""
+    where it has wgmma (sm_90a); nt<N>q, the int8-activation kernels, where :func:`has_int8`."""
     plain = (GemmKernel("m1", 1, one_row=True),) + tuple(GemmKernel(f"nt{nt}", nt) for nt in range(1, NT_MAX + 1))
     room = target.smem_per_block_optin - STAGED_STATIC_BYTES
     staged = tuple(GemmKernel(f"nt{nt}s", nt, staged=True) for nt in STAGED_NT
                    if target.features.cp_async and staged_smem_bytes(nt, WARPS) <= room)
     ring = (GemmKernel("m1r", 1, one_row=True, ring=True),) if target.features.cp_async else ()
     wgmma = tuple(GemmKernel(f"nt{nt}w", nt, wgmma=True) for nt in WGMMA_NT) if _has_wgmma(target) else ()
-    return plain + staged + ring + wgmma
+    int8 = tuple(GemmKernel(f"nt{nt}q", nt, int8=True) for nt in range(1, NT_MAX + 1)) if has_int8(target) else ()
+    return plain + staged + ring + wgmma + int8
+
+
+def has_int8(target) -> bool:
+    """Whether ``target`` (as the quantised target renders it) has the int8-activation kernels: [quant]
+    int8_activations, rendered in fp16 (the quantised target's variant; the descriptor's own compute type may be
+    bf16)."""
+    return target.quant is not None and target.quant.int8_activations and target.compute_dtype == "fp16"
 
 
 def _has_wgmma(target) -> bool:
@@ -124,7 +136,8 @@ def _params(target) -> dict:
             "staged_any": any(k.staged for k in kernels), "ring_any": any(k.ring for k in kernels),
             "ring_stages": RING_STAGES, "ring_types": RING_TYPES, "max_segments": MAX_SEGMENTS,
             "wgmma_any": any(k.wgmma for k in kernels), "nt_max": NT_MAX,
-            "wgmma_stages": WGMMA_STAGES, "wgmma_buffers": WGMMA_BUFFERS}
+            "wgmma_stages": WGMMA_STAGES, "wgmma_buffers": WGMMA_BUFFERS,
+            "int8_any": any(k.int8 for k in kernels), "int8_types": INT8_TYPES}
 
 
 def _arch(target) -> str | None:

@@ -255,3 +255,43 @@ def _quant_q6_k(x):
 
 _QUANT = {"Q8_0": _quant_q8_0, "Q4_0": _quant_q4_0, "Q5_0": _quant_q5_0, "Q5_1": _quant_q5_1,
           "Q4_K": _quant_q4_k, "Q5_K": _quant_q5_k, "Q6_K": _quant_q6_k}
+
+
+# ------------------------------------------------------------------------------------------------ int8 activations
+#: Values per activation scale of the int8-activation GEMM (GGML's Q8_K block).
+Q8_ACT_BLOCK = QK_K
+
+
+def q8_activation_scales(x: np.ndarray) -> np.ndarray:
+    """The int8-activation GEMM's scale per token and 256 values (templates/kernels/quant_gemm.cu.j2, qg_q8_scale):
+    inv = 127 / amax in float32, then to fp16 rounded toward zero (so |x inv| <= 127), 0 where amax is 0. ``x``
+    [..., K] holds fp16 values (K a multiple of 256); returns inv as float32 [..., K / 256]."""
+    x = np.asarray(x, np.float32)
+    if x.shape[-1] % Q8_ACT_BLOCK:
+        raise ValueError(f"int8 activations come in blocks of {Q8_ACT_BLOCK} values, got rows of {x.shape[-1]}")
+    amax = np.abs(x.reshape(*x.shape[:-1], -1, Q8_ACT_BLOCK)).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond 65504: inf, one step toward zero is 65504
+        half = inv.astype(np.float16)  # round to nearest, then one step toward zero where that went up
+    up = half.astype(np.float32) > inv
+    half[up] = np.nextafter(half[up], np.float16(0))
+    return np.minimum(half.astype(np.float32), np.float32(65504))
+
+
+def q8_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """fp16 values [..., K] -> (q int8 [..., K], inv float32 [..., K / 256]): q = rint(x inv), ties to even (the
+    exact product of two fp16 values, rounded once, as the kernels' hfma2 does)."""
+    x = np.asarray(x, np.float32)
+    inv = q8_activation_scales(x)
+    q = np.rint(x.reshape(*inv.shape, Q8_ACT_BLOCK) * inv[..., None]).reshape(x.shape)
+    return q.astype(np.int8), inv
+
+
+def q8_dequantized(x: np.ndarray) -> np.ndarray:
+    """x as the int8-activation GEMM sees it: q / inv per 256 values, float32 (q da with da = 1 / inv in float32,
+    the kernels' per-block scale)."""
+    q, inv = q8_activations(x)
+    with np.errstate(divide="ignore"):
+        da = np.where(inv > 0, np.float32(1) / np.where(inv > 0, inv, 1), 0).astype(np.float32)
+    return (q.astype(np.float32).reshape(*inv.shape, Q8_ACT_BLOCK) * da[..., None]).reshape(q.shape)

@@ -24,6 +24,7 @@ import numpy as np
 
 from .config import FULL, ModelConfig
 from .kv_cache import kv_format, stored
+from .quant import q8_dequantized
 
 try:
     import numba
@@ -228,14 +229,18 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     raise ValueError(f"round_to: unknown dtype {dtype!r}")
 
 
-def norm_input(x: np.ndarray, gain: np.ndarray, eps: float, gemm_inputs: str = "f32") -> np.ndarray:
+def norm_input(x: np.ndarray, gain: np.ndarray, eps: float, gemm_inputs: str = "f32", int8: bool = False) -> np.ndarray:
     """An RMSNorm with weight ``gain`` (1 + w for Qwen3.5's zero-centred norms, w for Qwen3's) as a projection's
     input: x * rsqrt(mean x^2 + eps) * gain; with ``gemm_inputs`` "bf16" / "fp16", round(x * gain) * rsqrt(...),
-    the order in which the prefill GEMM epilogue applies it."""
+    the order in which the prefill GEMM epilogue applies it; ``int8``: round(x * gain) int8-rounded per 256 values
+    (quant.q8_dequantized) before the row scale, as the int8-activation GEMM takes it."""
     var = np.mean(np.square(x), axis=-1, keepdims=True)
     if gemm_inputs == "f32":
         return (x / np.sqrt(var + F32(eps))).astype(F32) * gain
-    return (round_to(x * gain, gemm_inputs) * (F32(1) / np.sqrt(var + F32(eps)))).astype(F32)
+    rounded = round_to(x * gain, gemm_inputs)
+    if int8:
+        rounded = q8_dequantized(rounded)
+    return (rounded * (F32(1) / np.sqrt(var + F32(eps)))).astype(F32)
 
 
 class Reference:
@@ -247,11 +252,17 @@ class Reference:
     round(x * (1 + w)) * rsqrt(mean x^2 + eps) (the norm's row scale applied after the rounding, as the prefill
     GEMM epilogue does), the gated-norm and gated-attention outputs, the SwiGLU activation, and the KV cache entries.
     The default ``"f32"`` rounds nothing. ``kv_cache`` (a format of lucegen/model/kv_cache.py) stores the KV cache
-    entries in that format instead (q8_0 / q4_0: quantised and back)."""
+    entries in that format instead (q8_0 / q4_0: quantised and back). ``int8_inputs``: the weights (internal names)
+    whose inputs are also int8-rounded per 256 values (quant.q8_dequantized, with gemm_inputs "fp16"), as the quantised
+    target's int8-activation GEMMs take them (QuantDecoder.int8_weights); weights sharing an input share the choice."""
 
-    def __init__(self, config: ModelConfig, checkpoint, gemm_inputs: str = "f32", kv_cache: str | None = None):
+    def __init__(self, config: ModelConfig, checkpoint, gemm_inputs: str = "f32", kv_cache: str | None = None,
+                 int8_inputs=()):
         if gemm_inputs not in ("f32", "bf16", "fp16"):
             raise ValueError(f"gemm_inputs must be f32, bf16 or fp16, got {gemm_inputs!r}")
+        self.int8_inputs = frozenset(int8_inputs)
+        if self.int8_inputs and gemm_inputs != "fp16":
+            raise ValueError(f"int8 inputs are rounded from fp16 values; gemm_inputs is {gemm_inputs!r}")
         self.gemm_inputs = gemm_inputs
         self.kv_format = None if kv_cache is None else kv_format(kv_cache)
         self.config = config
@@ -280,16 +291,18 @@ class Reference:
                     np.zeros((c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim), F32)))
         return ReferenceState(layers)
 
-    def _round(self, x: np.ndarray) -> np.ndarray:
-        return x if self.gemm_inputs == "f32" else round_to(x, self.gemm_inputs)
+    def _round(self, x: np.ndarray, weight: str | None = None) -> np.ndarray:
+        """x as the input of ``weight`` (or a cache entry: None)."""
+        x = x if self.gemm_inputs == "f32" else round_to(x, self.gemm_inputs)
+        return q8_dequantized(x) if weight in self.int8_inputs else x
 
     def _stored(self, kv_rows: np.ndarray) -> np.ndarray:
         """KV cache rows [..., head_dim] as the cache holds them."""
         return self._round(kv_rows) if self.kv_format is None else stored(self.kv_format, kv_rows)
 
-    def _norm_in(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """rms_norm_1p(x, w) as a projection input (see the class docstring for the rounded variant)."""
-        return norm_input(x, F32(1) + w, self.config.rms_norm_eps, self.gemm_inputs)
+    def _norm_in(self, x: np.ndarray, w: np.ndarray, weight: str) -> np.ndarray:
+        """rms_norm_1p(x, w) as the input of ``weight`` (see the class docstring for the rounded variants)."""
+        return norm_input(x, F32(1) + w, self.config.rms_norm_eps, self.gemm_inputs, weight in self.int8_inputs)
 
     # -------------------------------------------------------------------------------------- forward
     def forward(self, tokens, state: ReferenceState, hidden_layers=(), logits: str = "all"):
@@ -308,12 +321,13 @@ class Reference:
         hidden = {}
         for i, kind in enumerate(c.layer_types):
             p = f"layers.{i}."
-            h = self._norm_in(x, self.w[p + "input_layernorm.weight"])
+            first = p + ("self_attn.q_proj.weight" if kind == FULL else "linear_attn.in_proj_qkv.weight")
+            h = self._norm_in(x, self.w[p + "input_layernorm.weight"], first)
             if kind == FULL:
                 x = x + self.gated_attention(i, h, positions, state.layers[i])
             else:
                 x = x + self.gated_delta_net(i, h, state.layers[i])
-            h = self._norm_in(x, self.w[p + "post_attention_layernorm.weight"])
+            h = self._norm_in(x, self.w[p + "post_attention_layernorm.weight"], p + "mlp.gate_proj.weight")
             x = x + self.swiglu_mlp(i, h)
             if i in hidden_layers:
                 hidden[i] = x.copy()
@@ -322,7 +336,8 @@ class Reference:
             out = None
         else:
             xs = x[-1:] if logits == "last" else x
-            out = self._norm_in(xs, self.w["norm.weight"]) @ self.lm_head.T
+            head = "embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+            out = self._norm_in(xs, self.w["norm.weight"], head) @ self.lm_head.T
         return (out, hidden) if hidden_layers else out
 
     def swiglu_mlp(self, i: int, x: np.ndarray) -> np.ndarray:
@@ -330,7 +345,7 @@ class Reference:
         p = f"layers.{i}.mlp."
         gate = x @ self.w[p + "gate_proj.weight"].T
         up = x @ self.w[p + "up_proj.weight"].T
-        return self._round(silu(gate) * up) @ self.w[p + "down_proj.weight"].T
+        return self._round(silu(gate) * up, p + "down_proj.weight") @ self.w[p + "down_proj.weight"].T
 
     def gated_attention(self, i: int, x: np.ndarray, positions: np.ndarray, cache: AttentionCache) -> np.ndarray:
         """Qwen3_5Attention (eager): q_proj gives per head [query | gate]; q/k RMSNorm (1+w) per head; partial RoPE;
@@ -358,7 +373,7 @@ class Reference:
         probs = (scores / scores.sum(axis=-1, keepdims=True)).astype(F32)
         out = probs.reshape(c.num_kv_heads, group * t, -1) @ values  # [kv_heads, group*t, hd]
         out = out.reshape(c.num_attention_heads, t, hd).transpose(1, 0, 2).reshape(t, -1)
-        return self._round(out * sigmoid(gate)) @ self.w[p + "o_proj.weight"].T
+        return self._round(out * sigmoid(gate), p + "o_proj.weight") @ self.w[p + "o_proj.weight"].T
 
     def gated_delta_net(self, i: int, x: np.ndarray, st: DeltaNetState) -> np.ndarray:
         """Qwen3_5GatedDeltaNet: in_proj_qkv -> causal depthwise conv + SiLU -> split q, k, v -> l2norm(q), l2norm(k),
@@ -386,8 +401,8 @@ class Reference:
         q = l2norm(q) * F32(1 / np.sqrt(dk))
         k = l2norm(k)
         o = gated_delta_rule(q, k, v, g, beta, st.recurrent)  # [t, hv, dv]
-        o = self._round(gated_rms_norm(o, z, self.w[p + "norm.weight"], c.rms_norm_eps))
-        return o.reshape(t, -1) @ self.w[p + "out_proj.weight"].T
+        o = gated_rms_norm(o, z, self.w[p + "norm.weight"], c.rms_norm_eps).reshape(t, -1)
+        return self._round(o, p + "out_proj.weight") @ self.w[p + "out_proj.weight"].T
 
     # -------------------------------------------------------------------------------------- convenience
     def greedy(self, prompt, steps: int, state: ReferenceState | None = None) -> list[int]:

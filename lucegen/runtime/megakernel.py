@@ -64,6 +64,9 @@ class SequenceState:
 
     kv_format: KvFormat
     token_buffers = 0  # int32 arrays of max_context entries the decoder holds besides the state
+    #: The weights (internal names) whose GEMMs take int8-rounded inputs: the quantised target's int8-activation
+    #: groups (the Reference of this decoder rounds their inputs alike: Reference(int8_inputs=...)).
+    int8_weights: frozenset[str] = frozenset()
 
     @property
     def kv_layer_bytes(self) -> int:

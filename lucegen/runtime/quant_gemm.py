@@ -23,8 +23,9 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import (GEMM_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, RING_TYPES, WARPS, WGMMA_MAX_PARTS,
-                                   instances, ring_smem_bytes, smem_fits, staged_smem_bytes, wgmma_smem_bytes)
+from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, RING_TYPES, WARPS,
+                                   WGMMA_MAX_PARTS, has_int8, instances, ring_smem_bytes, smem_fits, staged_smem_bytes,
+                                   wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -174,7 +175,7 @@ class QuantMatrix:
     order; its tile-blocks live in ``segment_buffers`` (those it allocated, and frees, in ``buffers``), its segment
     table (a kernel argument) in ``table``."""
 
-    def __init__(self, device, segments, K: int, *, pair: bool = False):
+    def __init__(self, device, segments, K: int, *, pair: bool = False, int8: bool = True):
         if not 1 <= len(segments) <= MAX_SEGMENTS:
             raise LucegenError(f"a quantised matrix group has 1 to {MAX_SEGMENTS} segments, got {len(segments)}")
         rows = [int(s[2]) for s in segments]
@@ -185,6 +186,7 @@ class QuantMatrix:
             self.buffers.append(device.upload(tile_pack(raw, type_name, n, K)))
         self._describe(K, pair, [s[0] for s in segments], rows, list(self.buffers))
         self.weight_bytes = sum(int(np.asarray(s[1]).size) for s in segments)
+        self.int8_allowed = int8  # whether its launches may take int8 activations (QuantGemm.int8_matrix)
 
     def _describe(self, K: int, pair: bool, types: list[str], rows: list[int], buffers: list[Buffer]) -> None:
         self.K, self.pair, self.types, self.segment_rows, self.segment_buffers = K, pair, types, rows, buffers
@@ -214,7 +216,7 @@ class QuantMatrix:
         if self.pair or not 0 < first < len(self.types):
             raise LucegenError(f"a view from segment {first} of a {len(self.types)}-segment group")
         view = QuantMatrix.__new__(QuantMatrix)
-        view.buffers, view.weight_bytes = [], 0
+        view.buffers, view.weight_bytes, view.int8_allowed = [], 0, self.int8_allowed
         view._describe(self.K, False, self.types[first:], self.segment_rows[first:], self.segment_buffers[first:])
         return view
 
@@ -246,12 +248,22 @@ class QuantGemm:
             if k.wgmma:
                 fn.set_max_dynamic_smem(wgmma_smem_bytes(k.nt, WGMMA_MAX_PARTS))
         self.threads = WARPS * target.warp_size
+        #: Whether groups of INT8_TYPES alone take int8 activations (nt<N>q): a numerics of its own, so fixed for the
+        #: module's life (int8_matrix says which groups; the Reference of the model must round their inputs alike).
+        self.int8 = has_int8(target)
+        self.amax_fn = self.module.function("quant_gemm_amax") if self.int8 else None
         self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
         self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
 
-    def matrix(self, segments, K: int, *, pair: bool = False) -> QuantMatrix:
-        """Repack and upload ``segments`` [(type, raw GGML bytes, rows, unused)] of K columns each."""
-        return QuantMatrix(self.device, segments, K, pair=pair)
+    def matrix(self, segments, K: int, *, pair: bool = False, int8: bool = True) -> QuantMatrix:
+        """Repack and upload ``segments`` [(type, raw GGML bytes, rows, unused)] of K columns each; ``int8=False``
+        keeps the group on float activations whatever its types."""
+        return QuantMatrix(self.device, segments, K, pair=pair, int8=int8)
+
+    def int8_matrix(self, W: QuantMatrix) -> bool:
+        """Whether launches over ``W`` take int8 activations (quantised per token and 256 values as they load:
+        lucegen/model/quant.py q8_dequantized), at every row count."""
+        return self.int8 and W.int8_allowed and all(t in INT8_TYPES for t in W.types)
 
     def parts(self, W: QuantMatrix) -> int:
         if W.pair:
@@ -278,7 +290,7 @@ class QuantGemm:
 
     # ---- launches ------------------------------------------------------------------------------------------------
     def _launch(self, kind: str, A: int, lda: int, W: QuantMatrix, M: int, K: int, *, ss=0, ss_parts=0, ss_stride=0,
-                out=0, ldo=0, x=0, norm_w=0, xn=0, ss_out=0, argmax_key=0, stream=None) -> None:
+                out=0, ldo=0, x=0, norm_w=0, xn=0, ss_out=0, argmax_key=0, a_amax=0, amax_out=0, stream=None) -> None:
         if not isinstance(W, QuantMatrix):
             raise LucegenError(f"quant_gemm_{kind}: W must be a QuantMatrix, got {type(W).__name__}")
         if M < 1 or K != W.K:
@@ -288,6 +300,14 @@ class QuantGemm:
                                f"lda={lda}")
         if ss and (ss_parts < 1 or ss_stride < M):
             raise LucegenError(f"quant_gemm_{kind}: ss needs ss_parts >= 1 and ss_stride >= M")
+        if self.int8_matrix(W) and not a_amax:
+            raise LucegenError(f"quant_gemm_{kind}: a group of int8 activations needs its input's magnitudes per 16 "
+                               "values (a_amax: QuantGemm.amax, or the epilogue that wrote the input)")
+        if amax_out and not self.int8:
+            raise LucegenError(f"quant_gemm_{kind}: amax_out needs a module with int8-activation kernels")
+        if (a_amax and lda % 16) or (amax_out and ldo % 16):
+            raise LucegenError(f"quant_gemm_{kind}: magnitudes per 16 values need row strides of whole 16s, got "
+                               f"lda={lda} ldo={ldo}")
         parts = self.parts(W)
         grid = (self.grid_width(W), math.ceil(M / (8 * token_groups(M))))
         name, smem = self.kernel(W, M, A, lda)
@@ -295,11 +315,13 @@ class QuantGemm:
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
-            address(xn), address(ss_out), address(argmax_key)), smem=smem, stream=stream,
+            address(xn), address(ss_out), address(argmax_key), address(a_amax), address(amax_out)), smem=smem,
+            stream=stream,
             programmatic=self.target.features.programmatic_launch)
 
     def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
-        """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory: m1 for
+        """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:
+        nt<groups of 8 tokens>q for a group that takes int8 activations (:meth:`int8_matrix`); otherwise m1 for
         one row, else nt<groups of 8 tokens>, or its staged twin (the same bits) where one exists for this target, the
         group holds 256-value block types alone, the activation rows can be copied in 16-byte pieces, and a staged
         row would otherwise be read often enough (STAGE_MIN_REUSE); before that, its warpgroup-MMA twin nt<N>w (the
@@ -308,6 +330,11 @@ class QuantGemm:
         twin is faster: tools/quant_gemm_bench.py --wgmma 0,1); at one row, m1r (the same bits) for a group of
         RING_TYPES alone where its rings leave the kernel's resident blocks per compute unit."""
         nt = token_groups(M)
+        if self.int8_matrix(W):
+            if int(A) % 16 or lda % 8:
+                raise LucegenError(f"quant_gemm: int8 activations are read in 16-byte pieces: A needs 16-byte "
+                                   f"alignment and lda a multiple of 8, got lda={lda}")
+            return f"nt{nt}q", 0
         name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
         k_quants = all(t in K_QUANTS for t in W.types)
         wgmma = f"{name}w"
@@ -326,29 +353,43 @@ class QuantGemm:
                 return ring, smem
         return name, 0
 
+    def amax(self, A: int, lda: int, M: int, K: int, out: int, stream=None) -> None:
+        """out u16 [M, lda / 16]: the largest |A[m, k]| of each 16 values as compute-dtype bits (the template's QgAmax),
+        for launches over int8-activation groups (``a_amax``) whose input no epilogue wrote them for."""
+        if self.amax_fn is None:
+            raise LucegenError(f"quant_gemm_amax: {self.target.name} renders no int8-activation kernels")
+        if lda % 16 or K % 16 or lda < K or int(A) % 16:
+            raise LucegenError(f"quant_gemm_amax: 16-value pieces: lda={lda} and K={K} multiples of 16, A aligned")
+        self.amax_fn.launch((-(-K // 16 // self.threads), M), self.threads,
+                            (address(A), np.int32(lda), np.int32(K), address(out)), stream=stream)
+
     def rows_f32(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
-                 ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0) -> None:
-        """out f32 [m, n] = r[m] * sum_k A[m, k] W[n, k] over the group's rows; ``argmax_key`` (M = 1) as GemmKernels."""
+                 ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0, a_amax: int = 0) -> None:
+        """out f32 [m, n] = r[m] * sum_k A[m, k] W[n, k] over the group's rows; ``argmax_key`` (M = 1) as GemmKernels.
+        ``a_amax``: A's magnitudes per 16 values (:meth:`amax`, or an epilogue's ``amax_out``), which int8-activation
+        groups need (the others ignore it)."""
         if N != W.rows or ldo < N:
             raise LucegenError(f"quant_gemm_rows_f32: N={N} ldo={ldo} for a group of {W.rows} rows")
         if argmax_key and M != 1:
             raise LucegenError(f"quant_gemm_rows_f32: the folded argmax needs M = 1, got M={M}")
         self._launch("rows_f32", A, lda, W, M, K, ss=ss, ss_parts=ss_parts, ss_stride=ss_stride, out=out, ldo=ldo,
-                     argmax_key=argmax_key, stream=stream)
+                     argmax_key=argmax_key, a_amax=a_amax, stream=stream)
 
     def swiglu(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
-               ss_stride: int, out: int, ldo: int, stream=None) -> None:
-        """out [m, i] = silu(r gate_i . A[m]) * (r up_i . A[m]) for a gate/up pair (N = 2 I, as GemmKernels)."""
+               ss_stride: int, out: int, ldo: int, stream=None, a_amax: int = 0, amax_out: int = 0) -> None:
+        """out [m, i] = silu(r gate_i . A[m]) * (r up_i . A[m]) for a gate/up pair (N = 2 I, as GemmKernels);
+        ``amax_out``: out's magnitudes per 16 values too (as :meth:`amax`; int8-activation modules alone)."""
         if not W.pair or N != 2 * W.rows or ldo < W.rows:
             raise LucegenError(f"quant_gemm_swiglu: needs a gate/up pair of N/2 = {N // 2} rows")
         self._launch("swiglu", A, lda, W, M, K, ss=ss, ss_parts=ss_parts, ss_stride=ss_stride, out=out, ldo=ldo,
-                     stream=stream)
+                     a_amax=a_amax, amax_out=amax_out, stream=stream)
 
     def residual(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, x: int, ldx: int, norm_w: int,
                  xn: int, ldxn: int, ss_out: int, ss_stride: int, stream=None, workspace: int = 0,
-                 workspace_bytes: int = 0) -> None:
-        """x f32 += acc; xn = x (1 + norm_w); ss_out[j ss_stride + m]: :meth:`ss_parts` partial sums (no split-K)."""
+                 workspace_bytes: int = 0, a_amax: int = 0, amax_out: int = 0) -> None:
+        """x f32 += acc; xn = x (1 + norm_w); ss_out[j ss_stride + m]: :meth:`ss_parts` partial sums (no split-K);
+        ``amax_out``: xn's magnitudes per 16 values too (as :meth:`amax`; int8-activation modules alone)."""
         if W.count != 1 or N != W.rows or ldx != ldxn or ldx < N or ss_stride < M:
             raise LucegenError(f"quant_gemm_residual: one matrix of N={N} rows, ldx == ldxn >= N, ss_stride >= M")
         self._launch("residual", A, lda, W, M, K, ldo=ldx, x=x, norm_w=norm_w, xn=xn, ss_out=ss_out,
-                     ss_stride=ss_stride, stream=stream)
+                     ss_stride=ss_stride, a_amax=a_amax, amax_out=amax_out, stream=stream)

@@ -14,7 +14,8 @@ embedding stays in GGML row order for the gather (a tied lm_head is the same ten
 
 Its kernels are rendered for ``Target.quantised_target()``: activations (and a float KV cache) in the descriptor's
 ``[quant] compute_dtype`` where it sets one. In fp16 the K-quant GEMM fragments carry the sub-block scales, so a
-256-value block is one tensor-core sum (templates/kernels/quant_gemm.cu.j2).
+256-value block is one tensor-core sum (templates/kernels/quant_gemm.cu.j2); with ``[quant] int8_activations`` the
+groups of Q4_K / Q5_K alone take their inputs int8-rounded per 256 values (``int8_weights`` names them).
 
 The GGUF stores DeltaNet value heads in ggml's tiled order (gguf_io's module notes), and quantised blocks cannot be
 permuted column-wise, so this decoder runs the DeltaNet in that order (``v_heads = "tiled"``): the kernels map
@@ -158,6 +159,7 @@ class QuantDecoder(SequenceState):
 
     def _upload(self) -> None:
         ck, shapes = self.checkpoint, self.config.tensor_shapes()
+        int8: set[str] = set()
         for _, offset, array in _vector_pieces(self.layout, ck, tiled=True):
             self.device.upload(array, Buffer(self.wvec.ptr + 4 * offset, array.nbytes, None))
         for offset, names, pair in self._matrix_names():
@@ -166,8 +168,13 @@ class QuantDecoder(SequenceState):
                 tensor, raw = ck.gguf_tensor(name)
                 rows, cols = shapes[name]
                 segments.append((tensor.type_name, raw, rows, 0))
-            self.matrices[offset] = self.qgemm.matrix(segments, shapes[names[0]][1], pair=pair)
+            # the lm_head keeps float activations: the loop's final xn has no magnitudes (nor needs them: Q6_K)
+            self.matrices[offset] = self.qgemm.matrix(segments, shapes[names[0]][1], pair=pair,
+                                                      int8=offset != self.layout.lm_head)
             self.weight_bytes += self.matrices[offset].weight_bytes
+            if self.qgemm.int8_matrix(self.matrices[offset]):
+                int8 |= set(names)
+        self.int8_weights = frozenset(int8)
         _, raw = ck.gguf_tensor("embed_tokens.weight")
         self.embedding = self.device.upload(np.ascontiguousarray(raw))
         if not self.config.tie_word_embeddings:
@@ -188,6 +195,7 @@ class QuantDecoder(SequenceState):
         pf = prefill_params(self.config, self.target, self.v_heads)
         pf["ss_parts"] = self.ss_parts
         pf["kv"], pf["kv_ctype"] = self.kv_format.name, self.kv_format.ctype
+        pf["int8"] = bool(self.int8_weights)  # the layer loop keeps its GEMM inputs' magnitudes (Activations)
         return pf
 
     def layer_weights(self, pf: dict, *, batch_invariant: bool = False) -> QuantWeights:

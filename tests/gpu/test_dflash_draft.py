@@ -83,7 +83,7 @@ def _engine(pair: str, ring: int | None):
 def references(pair: str, ring: int | None) -> tuple[Reference, DraftReference]:
     dec, drafter = engine(pair, ring)[:2]
     dtype = dec.target.compute_dtype
-    ref = Reference(dec.config, dec.checkpoint, gemm_inputs=dtype)
+    ref = Reference(dec.config, dec.checkpoint, gemm_inputs=dtype, int8_inputs=dec.int8_weights)
     return ref, DraftReference(drafter.config, drafter.checkpoint, ref.w["embed_tokens.weight"], ref.lm_head,
                                gemm_inputs=dtype, window=ring)
 

@@ -5,16 +5,23 @@
 - batch invariance: every row of an M-row launch equals, bit for bit, the same row launched alone; the one-row
   weight ring (m1r) equals the register path; so do the staged and the warpgroup-MMA (wgmma) kernels.
 - swiglu and residual epilogues, the folded argmax, and the exact zero of padded rows.
+- int8 activations ([quant] int8_activations: groups of Q4_K / Q5_K alone): numpy's rounding (quant.py
+  q8_dequantized) bit for bit through one-hot weights, products against numpy over the rounded activations, batch
+  invariance.
 Activations in the target's compute dtype: bf16, or fp16 (whose K-quant fragments carry the sub-block scales).
 """
 
 from __future__ import annotations
+
+import contextlib
+import dataclasses
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lucegen.errors import LucegenError
 from lucegen.families.quant_gemm import GEMM_TYPES
 from lucegen.model import quant
 from lucegen.kernels_ref import from_device_dtype, to_device_dtype
@@ -61,6 +68,23 @@ def activations(qg, rng, M: int, K: int) -> np.ndarray:
     return act_bits(qg, rng.standard_normal((M, K)).astype(np.float32))
 
 
+def seen(qg, W, a_bits: np.ndarray) -> np.ndarray:
+    """The activations as launches over ``W`` multiply them: the compute dtype's values, int8-rounded per 256 values
+    where the group takes int8 activations."""
+    a = act_f32(qg, a_bits)
+    return quant.q8_dequantized(a) if qg.int8_matrix(W) else a
+
+
+@contextlib.contextmanager
+def float_activations(qg):
+    """Every group on the float-activation kernels (the twins compared below), whatever [quant] int8_activations."""
+    int8, qg.int8 = qg.int8, False
+    try:
+        yield
+    finally:
+        qg.int8 = int8
+
+
 def group(rng, types, rows, K, source):
     segs = [(t, raw_blocks(rng, t, r, K, source), r, 0) for t, r in zip(types, rows)]
     dense = np.concatenate([quant.dequantize(s[1], s[0], s[2] * K).reshape(s[2], K) for s in segs]).astype(np.float64)
@@ -71,11 +95,13 @@ def run_rows(qg, W, a_bits, ss=None, ss_parts=0, argmax=False):
     d = qg.device
     M, K = a_bits.shape
     N = W.rows
-    with d.upload(a_bits) as da, d.alloc(M * N * 4) as dout, d.alloc(16) as dkey:
+    with d.upload(a_bits) as da, d.alloc(M * N * 4) as dout, d.alloc(16) as dkey, d.alloc(M * K // 8) as dam:
         dss = d.upload(ss) if ss is not None else None
         d.memset(dkey)
+        if qg.int8:  # the input's magnitudes per 16 values, as a producer leaves them (read by int8 groups alone)
+            qg.amax(da.ptr, K, M, K, dam.ptr)
         qg.rows_f32(da.ptr, K, W, None, M, N, K, dss.ptr if dss else 0, ss_parts, M, dout.ptr, N,
-                    argmax_key=dkey.ptr if argmax else 0)
+                    argmax_key=dkey.ptr if argmax else 0, a_amax=dam.ptr)
         d.synchronize()
         out = d.download(dout, np.float32, (M, N))
         key = int(d.download(dkey, np.uint64, (1,))[0])
@@ -106,7 +132,7 @@ def test_rows_f32_matches_numpy(qg, types, rows, kblocks, M, source, seed):
     try:
         a = activations(qg, rng, M, K)
         got, _ = run_rows(qg, W, a)
-        check_close(got, act_f32(qg, a), dense)
+        check_close(got, seen(qg, W, a), dense)
         # batch invariance: each row alone gives the same bits
         for m in sorted({0, M // 2, M - 1}):
             alone, _ = run_rows(qg, W, a[m : m + 1])
@@ -125,7 +151,8 @@ def test_staged_rounds_match_the_plain_kernel(qg, M):
         pytest.skip(f"{qg.device.target.name} has no staged {plain}")
     qg.use_wgmma = False
     try:
-        check_against_rows_alone(qg, M, f"{plain}s", ["Q4_K", "Q6_K", "Q5_K"])
+        with float_activations(qg):
+            check_against_rows_alone(qg, M, f"{plain}s", ["Q4_K", "Q6_K", "Q5_K"])
     finally:
         qg.use_wgmma = True
 
@@ -163,6 +190,11 @@ def test_wgmma_matches_the_plain_kernel(qg, M):
     name = f"nt{-(-M // 8)}w"
     if name not in qg.functions:
         pytest.skip(f"{qg.device.target.name} has no wgmma kernels")
+    with float_activations(qg):
+        check_wgmma(qg, M, name)
+
+
+def check_wgmma(qg, M, name):
     check_against_rows_alone(qg, M, name, ["Q4_K", "Q6_K", "Q5_K"] if M <= 16 else ["Q4_K"] * 3)
     d, cu = qg.device, qg.device.target.compute_units
     rng = np.random.default_rng(100 + M)
@@ -174,8 +206,10 @@ def test_wgmma_matches_the_plain_kernel(qg, M):
     a = activations(qg, rng, M, K)
 
     def swiglu(rows):
-        with d.upload(rows) as da, d.alloc(rows.shape[0] * I * 2) as dout:
-            qg.swiglu(da.ptr, K, Wp, None, rows.shape[0], 2 * I, K, 0, 0, rows.shape[0], dout.ptr, I)
+        with d.upload(rows) as da, d.alloc(rows.shape[0] * I * 2) as dout, d.alloc(rows.shape[0] * K // 8) as dam:
+            if qg.int8:
+                qg.amax(da.ptr, K, rows.shape[0], K, dam.ptr)
+            qg.swiglu(da.ptr, K, Wp, None, rows.shape[0], 2 * I, K, 0, 0, rows.shape[0], dout.ptr, I, a_amax=dam.ptr)
             d.synchronize()
             return d.download(dout, np.uint16, (rows.shape[0], I))
     try:
@@ -255,9 +289,11 @@ def test_swiglu_and_residual(qg):
     up, du = group(rng, ["Q4_K"], [I], K, "quantized")
     Wp = qg.matrix(gate + up, K, pair=True)
     a = activations(qg, rng, M, K)
-    A = act_f32(qg, a).astype(np.float64)
-    with d.upload(a) as da, d.alloc(M * I * 2) as dout:
-        qg.swiglu(da.ptr, K, Wp, None, M, 2 * I, K, 0, 0, M, dout.ptr, I)
+    A = seen(qg, Wp, a).astype(np.float64)
+    with d.upload(a) as da, d.alloc(M * I * 2) as dout, d.alloc(M * K // 8) as dam:
+        if qg.int8:
+            qg.amax(da.ptr, K, M, K, dam.ptr)
+        qg.swiglu(da.ptr, K, Wp, None, M, 2 * I, K, 0, 0, M, dout.ptr, I, a_amax=dam.ptr)
         d.synchronize()
         got = act_f32(qg, d.download(dout, np.uint16, (M, I)))
     g, u = A @ dg.T, A @ du.T
@@ -282,3 +318,127 @@ def test_swiglu_and_residual(qg):
     np.testing.assert_array_equal(xn, act_f32(qg, act_bits(qg, x1 * (np.float32(1) + norm_w))))
     np.testing.assert_allclose(ss.sum(axis=0), (x1.astype(np.float64) ** 2).sum(axis=1), rtol=1e-5)
     W.free()
+
+
+def int8_qg(device) -> QuantGemm:
+    """The GEMM of the device's quantised target with [quant] int8_activations on (whatever its descriptor chose),
+    where the chip can have it."""
+    t = device.target
+    if t.quant is None or t.quant.compute_dtype != "fp16" or (t.compute_capability or (0, 0)) < (8, 0):
+        pytest.skip(f"{t.name} cannot take int8 activations (mma m16n8k32 s8 on fp16 activations)")
+    target = dataclasses.replace(t, quant=dataclasses.replace(t.quant, int8_activations=True)).quantised_target()
+    qg = QuantGemm(device, target, norm_dim=256, eps=EPS)
+    assert qg.int8
+    return qg
+
+
+def one_hot_q4k(K: int) -> np.ndarray:
+    """Q4_K rows n = 0 .. K - 1 with W[n, k] = (k == n): d = 1, dmin = 0, every sub-block's scale 1 and min 0, value
+    1 at k = n. A launch over them returns the activations as the kernel quantised them, through one float product."""
+    blocks = np.zeros((K, K // 256, 144), np.uint8)
+    blocks[:, :, 0:2] = np.frombuffer(np.float16(1).tobytes(), np.uint8)
+    blocks[:, :, 4:16] = quant.pack_k_scales(np.ones((1, 8), np.uint8), np.zeros((1, 8), np.uint8))[0]
+    n = np.arange(K)
+    b, s, l = n // 256, n % 256 // 32, n % 32
+    blocks[n, b, 16 + 32 * (s // 2) + l] = np.where(s % 2, 0x10, 0x01)
+    return blocks.reshape(-1)
+
+
+def test_int8_rounding_matches_numpy_bit_for_bit():
+    """One-hot Q4_K rows (one_hot_q4k) read the int8 activations back: every value equals quant.q8_dequantized's, bit
+    for bit, for rows of ordinary values, zeros, fp16 subnormals (inv saturates at 65504), the largest fp16 values,
+    and ties (x inv an odd half: rounded to even), at 1 and 19 rows."""
+    qg = int8_qg(gpu_device())
+    rng = np.random.default_rng(3)
+    K = 512
+    W = qg.matrix([("Q4_K", one_hot_q4k(K), K, 0)], K)
+    try:
+        assert qg.int8_matrix(W)
+        a = rng.standard_normal((19, K)).astype(np.float32)
+        a[1] = 0
+        a[2] *= 1e-7
+        a[3] = np.clip(a[3] * 3e4, -65504, 65504)
+        a[4, :256] = 0
+        a[5] = (2 * rng.integers(-127, 127, K) + 1) / 4  # amax 63.5: inv = 2, x inv = n + 1/2 (ties) elsewhere
+        a[5, 0] = a[5, 256] = 63.5
+        bits = act_bits(qg, a)
+        want = quant.q8_dequantized(act_f32(qg, bits))
+        assert np.abs(quant.q8_activations(act_f32(qg, bits))[0][5]).max() == 127
+        for rows in (bits[:1], bits):
+            got, _ = run_rows(qg, W, rows)
+            np.testing.assert_array_equal(got.view(np.uint32), want[: len(rows)].view(np.uint32))
+    finally:
+        W.free()
+
+
+@pytest.mark.parametrize("M", [1, 9, 23, 32])
+def test_int8_groups_match_numpy_and_rows_alone(M):
+    """Groups of Q4_K and Q5_K alone take nt<N>q at every row count, within check_close of numpy's product of the
+    int8-rounded activations, each row bit for bit the row alone; a gate/up pair's SwiGLU rows too. A group with a
+    Q6_K segment keeps float activations."""
+    qg = int8_qg(gpu_device())
+    rng = np.random.default_rng(M)
+    K = 256 * 6
+    cu = qg.device.target.compute_units
+    segs, dense = group(rng, ["Q5_K", "Q4_K", "Q4_K"], [16 * cu + 5, 16 * cu, 40], K, "quantized")
+    W = qg.matrix(segs, K)
+    mixed = qg.matrix(group(rng, ["Q4_K", "Q6_K"], [32, 32], K, "quantized")[0], K)
+    try:
+        a = activations(qg, rng, M, K)
+        with qg.device.upload(a) as da:
+            assert qg.kernel(W, M, da.ptr, K)[0] == f"nt{-(-M // 8)}q"
+            assert not qg.int8_matrix(mixed) and not qg.kernel(mixed, M, da.ptr, K)[0].endswith("q")
+        got, _ = run_rows(qg, W, a)
+        check_close(got, seen(qg, W, a), dense)
+        for m in sorted({0, M // 2, M - 1}):
+            alone, _ = run_rows(qg, W, a[m : m + 1])
+            np.testing.assert_array_equal(alone[0].view(np.uint32), got[m].view(np.uint32))
+    finally:
+        W.free()
+        mixed.free()
+
+
+def test_int8_magnitudes_from_producers_give_the_same_bits():
+    """QgAmax: quant_gemm_amax's magnitudes per 16 values, and those the residual and swiglu epilogues write beside
+    their outputs, equal numpy's; an int8 launch without them is refused."""
+    qg = int8_qg(gpu_device())
+    d, rng = qg.device, np.random.default_rng(5)
+    M, K, I, N = 11, 512, 80, 200
+
+    def magnitudes(bits):
+        return act_bits(qg, np.abs(act_f32(qg, bits)).reshape(bits.shape[0], -1, 16).max(axis=-1))
+
+    a = activations(qg, rng, M, K)
+    segs, dense = group(rng, ["Q4_K", "Q5_K"], [40, 30], K, "quantized")
+    W = qg.matrix(segs, K)
+    gate, up = group(rng, ["Q4_K"], [I], K, "quantized")[0], group(rng, ["Q4_K"], [I], K, "quantized")[0]
+    Wp = qg.matrix(gate + up, K, pair=True)
+    down = qg.matrix(group(rng, ["Q4_K"], [N], 256, "quantized")[0], 256)
+    try:
+        with d.upload(a) as da, d.alloc(M * K // 8) as dam, d.alloc(M * W.rows * 4) as dout:
+            with pytest.raises(LucegenError, match="a_amax"):
+                qg.rows_f32(da.ptr, K, W, None, M, W.rows, K, 0, 0, M, dout.ptr, W.rows)
+            qg.amax(da.ptr, K, M, K, dam.ptr)
+            d.synchronize()
+            np.testing.assert_array_equal(d.download(dam, np.uint16, (M, K // 16)), magnitudes(a))
+            with d.alloc(M * 256 * 2) as dact, d.alloc(M * 256 // 8) as dact_am:  # I = 80 of 256 columns a row
+                d.memset(dact)
+                d.memset(dact_am)
+                qg.swiglu(da.ptr, K, Wp, None, M, 2 * I, K, 0, 0, M, dact.ptr, 256, a_amax=dam.ptr, amax_out=dact_am.ptr)
+                d.synchronize()
+                act = d.download(dact, np.uint16, (M, 256))
+                np.testing.assert_array_equal(d.download(dact_am, np.uint16, (M, 16))[:, : I // 16],
+                                              magnitudes(act)[:, : I // 16])
+                x0 = rng.standard_normal((M, 208)).astype(np.float32)  # N = 200 of 208 columns: a partial group
+                norm_w = rng.standard_normal(208).astype(np.float32) * 0.1
+                with d.upload(x0) as dx, d.upload(norm_w) as dw, d.alloc(M * 208 * 2) as dxn, \
+                        d.alloc(M * 208 // 8) as dxn_am, d.alloc(qg.ss_parts(down) * M * 4) as dss:
+                    d.memset(dxn)
+                    qg.residual(dact.ptr, 256, down, None, M, N, 256, dx.ptr, 208, dw.ptr, dxn.ptr, 208, dss.ptr, M,
+                                a_amax=dact_am.ptr, amax_out=dxn_am.ptr)
+                    d.synchronize()
+                    xn = d.download(dxn, np.uint16, (M, 208))
+                    np.testing.assert_array_equal(d.download(dxn_am, np.uint16, (M, 13)), magnitudes(xn))
+    finally:
+        for m in (W, Wp, down):
+            m.free()

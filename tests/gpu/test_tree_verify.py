@@ -74,7 +74,8 @@ def engine(preset: str, max_context: int = 640):
 @functools.cache
 def reference(preset: str) -> Reference:
     dec = engine(preset)[0]
-    return Reference(dec.config, dec.checkpoint, gemm_inputs=dec.target.compute_dtype, kv_cache=dec.kv_format.name)
+    return Reference(dec.config, dec.checkpoint, gemm_inputs=dec.target.compute_dtype, kv_cache=dec.kv_format.name,
+                     int8_inputs=dec.int8_weights)
 
 
 def start(preset: str, prompt) -> int:

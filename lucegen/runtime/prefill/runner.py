@@ -68,25 +68,36 @@ def recurrent_layer(dec, layer) -> int:
 class Activations:
     """The per-row buffers of the layer loop for up to ``rows`` rows: residual stream ``x`` (f32), its normed copy
     ``xn`` (compute dtype) with the RMSNorm partial sums ``ss``, the in-projection ``proj`` (f32), the token mix's
-    output ``mix`` and the MLP activation ``act`` (compute dtype)."""
+    output ``mix`` and the MLP activation ``act`` (compute dtype). With ``pf["int8"]`` (a quantised target with
+    int8-activation groups) also ``xn_amax``, ``mix_amax``, ``act_amax``: the GEMM inputs' magnitudes per 16 values
+    (QuantGemm.amax), which those groups read."""
 
     NAMES = ("x", "xn", "ss", "proj", "mix", "act")
+    MAGNITUDES = ("xn_amax", "mix_amax", "act_amax")
 
     @staticmethod
     def row_bytes(config, pf: dict) -> dict[str, int]:
         """Bytes per row of each buffer (what lucegen.runtime.memory_plan counts per verify slot)."""
         c, esz = config, 2  # compute dtype bytes
-        return {"x": 4 * c.hidden_size, "xn": esz * c.hidden_size, "ss": 4 * pf["ss_parts"],
-                "proj": 4 * max(pf["NIN_DN"], pf["NIN_AT"]),
-                "mix": esz * max(pf["VD"], c.num_attention_heads * c.head_dim), "act": esz * c.intermediate_size}
+        out = {"x": 4 * c.hidden_size, "xn": esz * c.hidden_size, "ss": 4 * pf["ss_parts"],
+               "proj": 4 * max(pf["NIN_DN"], pf["NIN_AT"]),
+               "mix": esz * max(pf["VD"], c.num_attention_heads * c.head_dim), "act": esz * c.intermediate_size}
+        if pf.get("int8"):  # one 2-byte magnitude per 16 values
+            out.update({f"{name}_amax": out[name] // 16 for name in ("xn", "mix", "act")})
+        return out
 
     def __init__(self, device, config, pf: dict, rows: int):
         self.rows = rows
         for name, size in self.row_bytes(config, pf).items():
             setattr(self, name, device.alloc(rows * size))
 
+    def magnitudes(self, name: str) -> int:
+        """Device address of ``name``'s magnitudes per 16 values, 0 where this loop keeps none."""
+        b = getattr(self, f"{name}_amax", None)
+        return b.ptr if b is not None else 0
+
     def free(self) -> None:
-        for name in self.NAMES:
+        for name in self.NAMES + self.MAGNITUDES:
             b = getattr(self, name, None)
             if isinstance(b, Buffer):
                 b.free()
@@ -172,20 +183,31 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
     x, xn, ss, proj, out, act = (getattr(acts, n).ptr for n in Activations.NAMES)
     ss_parts, layers = pf["ss_parts"], lay.layers
     wmat, wvec = weights.matrix, (lambda off: wvec_at(dec, off))
-    weights.embed(tokens, T, x, xn, ss, seg, stream)
     at_out = c.num_attention_heads * c.head_dim
     resid_ws = resid_ws or {}
+    # int8-activation groups (a quantised target's): each GEMM input's magnitudes per 16 values, written by the
+    # epilogue that produces it (the residuals' xn, the SwiGLU's act) or, after the embedding and the token mix, by
+    # QuantGemm.amax
+    xn_am, mix_am, act_am = (acts.magnitudes(n) for n in ("xn", "mix", "act"))
+    reads = (lambda am: {"a_amax": am}) if xn_am else (lambda am: {})
+    writes = (lambda am: {"amax_out": am}) if xn_am else (lambda am: {})
+    weights.embed(tokens, T, x, xn, ss, seg, stream)
+    if xn_am:
+        gemm.amax(xn, H, T, H, xn_am, stream=stream)
     for i, l in enumerate(layers):
         next_norm = layers[i + 1].in_norm if i + 1 < len(layers) else lay.final_norm
         n_in, k_out = (pf["NIN_DN"], pf["VD"]) if l.kind == 0 else (pf["NIN_AT"], at_out)
         gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, ss, weights.input_ss_parts(i, ss_parts), seg, proj, n_in,
-                      stream=stream)
+                      stream=stream, **reads(xn_am))
         mix(l, T)
+        if mix_am and gemm.int8_matrix(wmat(l.out_mat)):
+            gemm.amax(out, k_out, T, k_out, mix_am, stream=stream)
         gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
-                      stream=stream, **resid_ws)
-        gemm.swiglu(xn, H, wmat(l.gateup), H, T, 2 * I, H, ss, ss_parts, seg, act, I, stream=stream)
+                      stream=stream, **resid_ws, **reads(mix_am), **writes(xn_am))
+        gemm.swiglu(xn, H, wmat(l.gateup), H, T, 2 * I, H, ss, ss_parts, seg, act, I, stream=stream, **reads(xn_am),
+                    **writes(act_am))
         gemm.residual(act, I, wmat(l.down), I, T, H, I, x, H, wvec(next_norm), xn, H, ss, seg, stream=stream,
-                      **resid_ws)
+                      **resid_ws, **reads(act_am), **writes(xn_am))
         if after_layer:
             after_layer(i, T, x)
 
