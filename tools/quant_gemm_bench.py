@@ -1,14 +1,16 @@
 """Time the quantised GEMM on the 27B's matrix shapes: GB/s of weights per launch and rows (M) per launch. The
 launches cycle through copies of each matrix (over 200 MB in all), so the weights come from DRAM as in a decode
 step, not from the L2. Every launch reads its input's magnitudes per 16 values and the epilogues write their
-output's, as in the layer loop (they matter to int8-activation groups alone). ``--parts`` also times the given K splits (QuantGemm.parts overridden) beside the planned one.
+output's, as in the layer loop (they matter to int8-activation groups alone). ``--parts`` also times the given K
+splits (QuantGemm.parts overridden) beside the planned one.
 ``--tiles`` times Q4_K matrices of those many 16-row tiles instead of the 27B's (an in-projection-like one, K = 5120,
 and a down-like one, K = 17408): how the grid's fill of the chip (waves of resident blocks) sets the bandwidth.
 
 ``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring), ``--wgmma 0,1``
 with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma), ``--int8 0,1`` with int8 activations off and on
-for the groups that take them (QuantGemm.int8: Q4_K / Q5_K alone, [quant] int8_activations). The kernels are the quantised target's
-(``Target.quantised_target()``: [quant] compute_dtype); ``--descriptor-dtype`` times them in the descriptor's own.
+for the groups that take them (QuantGemm.int8: Q4_K / Q5_K alone; ``--int8-kernels`` renders them where the
+descriptor's [quant] int8_activations is off). The kernels are the quantised target's (``Target.quantised_target()``:
+[quant] compute_dtype); ``--descriptor-dtype`` times them in the descriptor's own.
 
     python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--wgmma 0,1]
                                       [--int8 0,1 --int8-kernels] [--descriptor-dtype]

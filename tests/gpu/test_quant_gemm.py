@@ -424,7 +424,8 @@ def test_int8_magnitudes_from_producers_give_the_same_bits():
             with d.alloc(M * 256 * 2) as dact, d.alloc(M * 256 // 8) as dact_am:  # I = 80 of 256 columns a row
                 d.memset(dact)
                 d.memset(dact_am)
-                qg.swiglu(da.ptr, K, Wp, None, M, 2 * I, K, 0, 0, M, dact.ptr, 256, a_amax=dam.ptr, amax_out=dact_am.ptr)
+                qg.swiglu(da.ptr, K, Wp, None, M, 2 * I, K, 0, 0, M, dact.ptr, 256, a_amax=dam.ptr,
+                          amax_out=dact_am.ptr)
                 d.synchronize()
                 act = d.download(dact, np.uint16, (M, 256))
                 np.testing.assert_array_equal(d.download(dact_am, np.uint16, (M, 16))[:, : I // 16],
