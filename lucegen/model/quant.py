@@ -270,8 +270,7 @@ def q8_activation_scales(x: np.ndarray) -> np.ndarray:
     if x.shape[-1] % Q8_ACT_BLOCK:
         raise ValueError(f"int8 activations come in blocks of {Q8_ACT_BLOCK} values, got rows of {x.shape[-1]}")
     amax = np.abs(x.reshape(*x.shape[:-1], -1, Q8_ACT_BLOCK)).max(axis=-1)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    inv = _safe_div(np.float32(127), amax).astype(np.float32)
     with np.errstate(over="ignore"):  # beyond 65504: inf, one step toward zero is 65504
         half = inv.astype(np.float16)  # round to nearest, then one step toward zero where that went up
     up = half.astype(np.float32) > inv
@@ -292,6 +291,5 @@ def q8_dequantized(x: np.ndarray) -> np.ndarray:
     """x as the int8-activation GEMM sees it: q / inv per 256 values, float32 (q da with da = 1 / inv in float32,
     the kernels' per-block scale)."""
     q, inv = q8_activations(x)
-    with np.errstate(divide="ignore"):
-        da = np.where(inv > 0, np.float32(1) / np.where(inv > 0, inv, 1), 0).astype(np.float32)
+    da = _safe_div(np.float32(1), inv).astype(np.float32)
     return (q.astype(np.float32).reshape(*inv.shape, Q8_ACT_BLOCK) * da[..., None]).reshape(q.shape)
