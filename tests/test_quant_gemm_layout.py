@@ -43,6 +43,30 @@ def test_q4_k_lane_chunk_holds_its_fragment_bytes():
                 np.testing.assert_array_equal(src, row * 144 + 16 + 32 * p + 16 * j + 4 * t + np.arange(4))
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
+def test_int8_lane_chunk_holds_values_8t_to_8t_plus_7(qtype):
+    """The int8-activation layout: lane l = 4 g + t, chunk p, words (row g, j = 0), (row g, j = 1), (row g + 8, ..),
+    word (row, j) = qs bytes 32 p + 8 t + 4 j .. + 3 of that row, so that the lane's words 0 and 1 (the m16n8k32 A
+    fragment's k slots 4t .. and 16 + 4t ..) are values 8t .. 8t + 7 of sub-blocks 2p, 2p + 1, its activations one
+    16-byte load; Q5_K's chunk of fifth bits alike (qh bytes 8 t + 4 j ..). Other types have no int8 layout."""
+    size, qs, chunks = (144, 16, 256) if qtype == "Q4_K" else (176, 48, 768)
+    m = _tile_map(qtype, int8=True)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for w, (row, j) in enumerate([(g, 0), (g, 1), (g + 8, 0), (g + 8, 1)]):
+            for p in range(4):
+                src = m[chunks + 512 * p + 16 * lane + 4 * w : chunks + 512 * p + 16 * lane + 4 * w + 4]
+                np.testing.assert_array_equal(src, row * size + qs + 32 * p + 8 * t + 4 * j + np.arange(4))
+            if qtype == "Q5_K":
+                src = m[256 + 16 * lane + 4 * w : 256 + 16 * lane + 4 * w + 4]
+                np.testing.assert_array_equal(src, row * size + 16 + 8 * t + 4 * j + np.arange(4))
+    raw = np.random.default_rng(0).integers(0, 256, 20 * 2 * size, dtype=np.uint8)
+    np.testing.assert_array_equal(tile_unpack(tile_pack(raw, qtype, 20, 512, int8=True), qtype, 20, 512, int8=True),
+                                  raw)
+    with pytest.raises(LucegenError, match="int8"):
+        _tile_map("Q6_K", int8=True)
+
+
 def test_q6_k_value_of_every_fragment_slot():
     """Every Q6_K value reached through the kernel's fragment rule (sub-block s = 8 h + 2 u + i, lane t, byte e) is
     value 16 s + 4 t + e of the row: its low nibble from ql[64 h + (jj % 64)] >> 4 (jj // 64) and high bits from
@@ -102,9 +126,12 @@ def test_grid_of_the_27b_launches():
     from lucegen.runtime.host_device import HostDevice
 
     qg = QuantGemm(HostDevice(load_target("sm_90")), load_target("sm_90"), 5120, 1e-6)
-    shapes = {"down": (320, False, 160, 32), "in-projection": (1030, False, 258, 64),
-              "gate/up": (2176, True, 544, 32), "lm_head": (15520, False, 1940, 128)}
-    for name, (tiles, pair, blocks, columns) in shapes.items():
-        W = types.SimpleNamespace(tiles=tiles, pair=pair)
+    shapes = {"down": (320, False, False, 160, 32), "in-projection": (1030, False, False, 258, 64),
+              "gate/up": (2176, True, False, 544, 32), "lm_head": (15520, False, False, 1940, 128),
+              # int8 activations: blocks of Q8_WARPS = 4 warps, one tile a block (a pair: one of each matrix)
+              "down int8": (320, False, True, 320, 16), "in-projection int8": (1030, False, True, 1030, 16),
+              "gate/up int8": (2176, True, True, 1088, 16)}
+    for name, (tiles, pair, int8, blocks, columns) in shapes.items():
+        W = types.SimpleNamespace(tiles=tiles, pair=pair, int8=int8)
         assert (qg.grid_width(W), qg.block_columns(W)) == (blocks, columns), name
-        assert qg.ss_parts(W) == blocks
+        assert qg.ss_parts(W) == tiles  # a residual's RMSNorm partial sums: one per row tile, whatever its blocks

@@ -25,7 +25,6 @@ import itertools
 import numpy as np
 
 from lucegen.bench.gemm import time_graph_us
-from lucegen.families.quant_gemm import WARPS
 from lucegen.model.gguf_io import random_k_blocks
 from lucegen.model.quant import TYPES
 from lucegen.runtime.device import Device
@@ -51,59 +50,68 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, in
     print(f"{target.name}: activations in {target.compute_dtype}")
     qg = QuantGemm(dev, target, H, 1e-6)
     rng = np.random.default_rng(0)
+    has_int8 = qg.int8
     for name, (segs, K, ep) in SHAPES.items():
         raw = [(t, random_k_blocks(rng, t, r * K // TYPES[t][1], 0.02), r, 0) for t, r in segs]
-        copies = [qg.matrix(raw, K, pair=ep == "swiglu")]
-        while len(copies) * copies[0].weight_bytes < 200e6:
-            copies.append(qg.matrix(raw, K, pair=ep == "swiglu"))
-        W = copies[0]
-        planned = QuantGemm.parts(qg, W)
-        has_int8 = qg.int8
-        for M, parts, ring, wg, i8 in [(M, p, r, g, i) for M in ms
-                                       for p in [planned] + [p for p in sweep if p != planned]
-                                       for r in rings for g in wgmmas for i in int8s
-                                       if not (ep == "swiglu" and p > WARPS // 2)]:  # a pair: 2 tiles a block
-            if ring is not None:
-                qg.use_ring = bool(ring)
-            if wg is not None:
-                qg.use_wgmma = bool(wg)
-            if i8 is not None:
-                qg.int8 = bool(i8) and has_int8
-            qg.parts = lambda _W, parts=parts: parts
-            a = dev.upload(np.full((M, K), 0x3F80, np.uint16))
-            N = W.rows
-            out = dev.alloc(M * max(N, H) * 4)
-            x = dev.alloc(M * N * 4)
-            xn = dev.alloc(M * N * 2)
-            w = dev.upload(np.zeros(N, np.float32))
-            ss = dev.alloc(4 * M * 1024)
-            # magnitudes per 16 values: of A (as a producer's epilogue leaves them), and of the output
-            am, amo = dev.alloc(M * K // 8), dev.alloc(M * max(N, H) // 8)
-            if has_int8:
-                qg.amax(a.ptr, K, M, K, am.ptr)
+        for i8 in int8s:  # a group's activations (and its tile layout) are fixed when it is built
+            qg.int8 = has_int8 if i8 is None else bool(i8) and has_int8
+            copies = [qg.matrix(raw, K, pair=ep == "swiglu", int8=True)]
+            while len(copies) * copies[0].weight_bytes < 200e6:
+                copies.append(qg.matrix(raw, K, pair=ep == "swiglu", int8=True))
+            for M in ms:
+                for parts, ring, wg in itertools.product([None] + [p for p in sweep], rings, wgmmas):
+                    _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8)
+            for c in copies:
+                c.free()
 
-            index = itertools.count()
 
-            def launch(stream):  # each launch reads the next copy
-                W = copies[next(index) % len(copies)]
-                if ep == "rows_f32":
-                    qg.rows_f32(a.ptr, K, W, None, M, N, K, 0, 0, M, out.ptr, N, stream=stream, a_amax=am.ptr)
-                elif ep == "swiglu":
-                    qg.swiglu(a.ptr, K, W, None, M, 2 * N, K, 0, 0, M, out.ptr, N, stream=stream, a_amax=am.ptr,
-                              amax_out=amo.ptr if qg.int8 else 0)
-                else:
-                    qg.residual(a.ptr, K, W, None, M, N, K, x.ptr, N, w.ptr, xn.ptr, N, ss.ptr, M, stream=stream,
-                                a_amax=am.ptr, amax_out=amo.ptr if qg.int8 else 0)
-            # a graph of 10 launches a copy: the launches' host cost stays out of the timing
-            ms_each = time_graph_us(dev, launch, repeats=3, batch=10 * len(copies)) / 1e3
-            print(f"{name:34s} M={M:3d}  {ms_each * 1e3:8.1f} us  {W.weight_bytes / ms_each / 1e6:7.0f} GB/s  "
-                  f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={qg.kernel(W, M, a.ptr, K)[0]}"
-                  f"{'' if ring is None else f' ring={ring}'}{'' if wg is None else f' wgmma={wg}'}"
-                  f"{'' if i8 is None else f' int8={i8}'}", flush=True)
-            for b in (a, out, x, xn, w, ss, am, amo):
-                b.free()
-        for c in copies:
-            c.free()
+def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8):
+    """Print the time of one launch over ``copies`` (each launch reads the next) at M rows."""
+    W = copies[0]
+    if i8 and not W.int8:
+        return  # no int8 kernel for this group: timed with int8=0
+    planned = QuantGemm.parts(qg, W)
+    if parts == planned or (ep == "swiglu" and parts is not None and parts > qg.warps(W) // 2):
+        return  # timed as the planned one; a pair holds 2 tiles a block
+    parts = planned if parts is None else parts
+    if ring is not None:
+        qg.use_ring = bool(ring)
+    if wg is not None:
+        qg.use_wgmma = bool(wg)
+    qg.parts = lambda _W, parts=parts: parts
+    a = dev.upload(np.full((M, K), 0x3F80, np.uint16))
+    N = W.rows
+    out = dev.alloc(M * max(N, H) * 4)
+    x = dev.alloc(M * N * 4)
+    xn = dev.alloc(M * N * 2)
+    w = dev.upload(np.zeros(N, np.float32))
+    ss = dev.alloc(4 * M * 1024)
+    # magnitudes per 16 values: of A (as a producer's epilogue leaves them), and of the output
+    am, amo = dev.alloc(M * K // 8), dev.alloc(M * max(N, H) // 8)
+    if qg.amax_fn is not None:
+        qg.amax(a.ptr, K, M, K, am.ptr)
+    index = itertools.count()
+
+    def launch(stream):  # each launch reads the next copy
+        W = copies[next(index) % len(copies)]
+        amax_out = amo.ptr if qg.amax_fn is not None else 0
+        if ep == "rows_f32":
+            qg.rows_f32(a.ptr, K, W, None, M, N, K, 0, 0, M, out.ptr, N, stream=stream, a_amax=am.ptr)
+        elif ep == "swiglu":
+            qg.swiglu(a.ptr, K, W, None, M, 2 * N, K, 0, 0, M, out.ptr, N, stream=stream, a_amax=am.ptr,
+                      amax_out=amax_out)
+        else:
+            qg.residual(a.ptr, K, W, None, M, N, K, x.ptr, N, w.ptr, xn.ptr, N, ss.ptr, M, stream=stream,
+                        a_amax=am.ptr, amax_out=amax_out)
+    # a graph of 10 launches a copy: the launches' host cost stays out of the timing
+    ms_each = time_graph_us(dev, launch, repeats=3, batch=10 * len(copies)) / 1e3
+    print(f"{name:34s} M={M:3d}  {ms_each * 1e3:8.1f} us  {W.weight_bytes / ms_each / 1e6:7.0f} GB/s  "
+          f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={qg.kernel(W, M, a.ptr, K)[0]}"
+          f"{'' if ring is None else f' ring={ring}'}{'' if wg is None else f' wgmma={wg}'}"
+          f"{'' if i8 is None else f' int8={i8}'}", flush=True)
+    del qg.parts  # the planned parts again
+    for b in (a, out, x, xn, w, ss, am, amo):
+        b.free()
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -539,19 +539,19 @@ __device__ __forceinline__ void qg_tile_ring(float (&acc)[NT][4], const unsigned
 #define QG_SWIGLU 1
 #define QG_RESIDUAL 2
 
-// Block b: QG_WARPS / parts row tiles of the launch's matrices (swiglu: the same tiles of gate, segment 0, and of
+// Block b: WARPS / parts row tiles of the launch's matrices (swiglu: the same tiles of gate, segment 0, and of
 // up, segment 1), warp w on tile w / parts and blocks w % parts, .. of K; tokens m0 .. m0 + 8 NT - 1 with
 // m0 = 8 NT blockIdx.y. The parts' sums meet in shared memory in warp order, then one epilogue:
 //   rows_f32:  out[m, col0 + n] = acc r[m]                 r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps)
 //              (argmax_key, M = 1: the row's argmax folded into an 8-byte key, zeroed beforehand)
 //   swiglu:    out[m, n] = silu(gate r[m]) (up r[m])      (compute type)
-//   residual:  x[m, n] += acc; xn[m, n] = x (1 + norm_w[n]); ss_out[b ss_stride + m] = sum over the block's
-//              columns of x^2, in column order
+//   residual:  x[m, n] += acc; xn[m, n] = x (1 + norm_w[n]); ss_out[tile ss_stride + m] = sum over the row tile's
+//              16 columns of x^2, in column order (one part per row tile, whatever the block's warps)
 // The row scales' partial sums: row_part[mm][w] = warp w's share of sum_j ss[j ss_stride + m0 + mm], thread t
-// summing j = t, t + QG_THREADS, .. and the warp's lanes then added by a fixed butterfly, so each row's sum has the
+// summing j = t, t + 32 WARPS, .. and the warp's lanes then added by a fixed butterfly, so each row's sum has the
 // same order whatever M (batch invariance). Read after the K loop: the weights stream first.
-template <int NT>
-__device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WARPS], const float* __restrict__ ss,
+template <int NT, int WARPS>
+__device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][WARPS], const float* __restrict__ ss,
                                                 int ss_parts, int ss_stride, int m0, int M) {
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
   float sum_sq[8 * NT];  // every row's loads in flight at once, then the reductions
@@ -559,7 +559,7 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   for (int mm = 0; mm < 8 * NT; ++mm) {
     sum_sq[mm] = 0.0f;
     if (m0 + mm < M)
-      for (int j = threadIdx.x; j < ss_parts; j += QG_THREADS) sum_sq[mm] += ss[(size_t)j * ss_stride + m0 + mm];
+      for (int j = threadIdx.x; j < ss_parts; j += WARPS * LG_WARP_SIZE) sum_sq[mm] += ss[(size_t)j * ss_stride + m0 + mm];
   }
 #pragma unroll
   for (int mm = 0; mm < 8 * NT; ++mm) {
@@ -568,7 +568,7 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   }
 }
 
-template <int NT, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8>
+template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -577,12 +577,13 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
                                            unsigned long long* __restrict__ argmax_key,
                                            const unsigned short* __restrict__ a_amax,
                                            unsigned short* __restrict__ amax_out) {
-  __shared__ float red[QG_WARPS][NT * 4][LG_WARP_SIZE];
-  __shared__ float row_part[8 * NT][QG_WARPS];
-  __shared__ float squares[8 * NT][16 * QG_WARPS + 1];
+  constexpr int THREADS = WARPS * LG_WARP_SIZE;
+  __shared__ float red[WARPS][NT * 4][LG_WARP_SIZE];
+  __shared__ float row_part[8 * NT][WARPS];
+  __shared__ float squares[8 * NT][16 * WARPS + 1];
   lg_launch_dependents();
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
-  const int tiles_per_block = QG_WARPS / parts, m0 = 8 * NT * blockIdx.y;
+  const int tiles_per_block = WARPS / parts, m0 = 8 * NT * blockIdx.y;
   // Which matrix tile local tile j is: segment tile_seg(j) (-1: none), its row tile tile_local(j).
   auto tile_seg = [&](int j) -> int {
     if (kind == QG_SWIGLU) {
@@ -652,14 +653,14 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) red[WGMMA ? j * parts + part : warp][nt * 4 + c][lane] = acc[nt][c];
-  if (kind != QG_RESIDUAL && ss != nullptr) qg_row_partials<NT>(row_part, ss, ss_parts, ss_stride, m0, M);
+  if (kind != QG_RESIDUAL && ss != nullptr) qg_row_partials<NT, WARPS>(row_part, ss, ss_parts, ss_stride, m0, M);
   __syncthreads();
 
   // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps), the warps' shares added in warp order (1: no ss).
   auto row_scale = [&](int mm) {
     if (ss == nullptr) return 1.0f;
     float sum_sq = 0.0f;
-    for (int w = 0; w < QG_WARPS; ++w) sum_sq += row_part[mm][w];
+    for (int w = 0; w < WARPS; ++w) sum_sq += row_part[mm][w];
     return rsqrtf(sum_sq / (float)norm_dim + eps);
   };
   // The sum over the parts of element (tile j, row r, token mm), in part order.
@@ -673,7 +674,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   const int rows_here = min(8 * NT, M - m0);
   if (kind == QG_ROWS_F32) {
     unsigned long long best = 0ull;
-    for (int i = threadIdx.x; i < tiles_per_block * 16 * 8 * NT; i += QG_THREADS) {
+    for (int i = threadIdx.x; i < tiles_per_block * 16 * 8 * NT; i += THREADS) {
       const int mm = i % (8 * NT), r = (i / (8 * NT)) % 16, jj = i / (8 * NT * 16);
       const int s = tile_seg(jj);
       if (s < 0 || mm >= rows_here) continue;
@@ -698,7 +699,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     }
   } else if (kind == QG_SWIGLU) {
     const int half = tiles_per_block / 2;
-    for (int i = threadIdx.x; i < half * 16 * 8 * NT; i += QG_THREADS) {
+    for (int i = threadIdx.x; i < half * 16 * 8 * NT; i += THREADS) {
       const int mm = i % (8 * NT), r = (i / (8 * NT)) % 16, jj = i / (8 * NT * 16);
       const int n = tile_local(jj, 0) * 16 + r;
       if (mm >= rows_here || n >= segs.seg[0].rows) continue;
@@ -709,7 +710,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     }
   } else {  // residual: one matrix, the block's columns contiguous
     const int cols = tiles_per_block * 16, n0 = blockIdx.x * cols, N = segs.seg[0].rows;
-    for (int i = threadIdx.x; i < cols * 8 * NT; i += QG_THREADS) {
+    for (int i = threadIdx.x; i < cols * 8 * NT; i += THREADS) {
       const int mm = i % (8 * NT), cl = i / (8 * NT), jj = cl / 16, r = cl % 16, n = n0 + cl;
       float sq = 0.0f;
       if (mm < rows_here && n < N) {
@@ -722,70 +723,72 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       squares[mm][cl] = sq;
     }
     __syncthreads();
-    if (threadIdx.x < rows_here) {
+    for (int i = threadIdx.x; i < tiles_per_block * rows_here; i += THREADS) {
+      const int jj = i / rows_here, mm = i % rows_here;
+      if (n0 + 16 * jj >= N) break;  // the tiles past the matrix (their parts do not exist)
       float sum_sq = 0.0f;
-      for (int cl = 0; cl < cols; ++cl) sum_sq += squares[threadIdx.x][cl];
-      ss_out[(size_t)blockIdx.x * ss_stride + m0 + threadIdx.x] = sum_sq;
+      for (int r = 0; r < 16; ++r) sum_sq += squares[mm][16 * jj + r];
+      ss_out[(size_t)(blockIdx.x * tiles_per_block + jj) * ss_stride + m0 + mm] = sum_sq;
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<1, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<1, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<2, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
 quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<3, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
 quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<4, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<4, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<1, true, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, true, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }

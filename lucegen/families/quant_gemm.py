@@ -17,6 +17,11 @@ K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 INT8_TYPES = ("Q4_K", "Q5_K")
 #: Warps per block (tuning choice: 8 row-tile parts share one block's reduction and epilogue).
 WARPS = 8
+#: Warps per block of the int8-activation kernels (tuning choice), and their resident blocks per compute unit at
+#: 1 to 3 token groups (4: two): their loops need fewer registers than the float ones, so more, smaller blocks keep
+#: more warps in flight.
+Q8_WARPS = 4
+Q8_BLOCKS_PER_CU = 3
 #: Groups of 8 tokens per block, at most (kernels quant_gemm_nt1 .. nt4: 8 .. 32 tokens).
 NT_MAX = 4
 #: Groups of 8 tokens whose kernels also come staged (tuning choice): the block copies each round's activations
@@ -69,6 +74,12 @@ def wgmma_smem_bytes(nt: int, parts: int, slot_bytes: int = WGMMA_MAX_SLOT_BYTES
     return WGMMA_STAGES * (parts * 256 * 8 * nt * 2 + WARPS * slot_bytes)
 
 
+def q8_smem_bytes(nt: int, K: int) -> int:
+    """Dynamic shared memory of an int8-activation launch: its scales, da (4 bytes) and inv (2) per block of 256
+    values of K and token of the block's 8 nt (the template's QgQ8Scales)."""
+    return K // 256 * 8 * nt * 6
+
+
 def ring_smem_bytes(slot_bytes: int) -> int:
     """Dynamic shared memory of a ring launch whose largest tile-block is ``slot_bytes``: every warp's slots."""
     return WARPS * RING_STAGES * slot_bytes
@@ -94,8 +105,14 @@ class GemmKernel(NamedTuple):
     int8: bool = False
 
     @property
-    def blocks_per_cu(self) -> int:  # 128 registers a thread for one or two groups unstaged (int8: one), and wgmma
-        return 2 if (self.nt <= (1 if self.int8 else 2) and not self.staged) or self.wgmma else 1
+    def warps(self) -> int:
+        return Q8_WARPS if self.int8 else WARPS
+
+    @property
+    def blocks_per_cu(self) -> int:  # 128 registers a thread for one or two groups unstaged, and wgmma
+        if self.int8:
+            return Q8_BLOCKS_PER_CU if self.nt <= 3 else 2
+        return 2 if (self.nt <= 2 and not self.staged) or self.wgmma else 1
 
 
 def instances(target) -> tuple[GemmKernel, ...]:

@@ -10,8 +10,9 @@ covers one *matrix group* (a :class:`QuantMatrix`): segments of possibly differe
 concatenated into the output columns (a DeltaNet in-projection is [qkv | z | a | b]).
 
 Layout: ``tile_pack`` permutes a matrix's GGML bytes into tile-blocks (16 rows x one block each), so that lane
-4 g + t of a warp reads its m16n8k16 fragments of rows g and g + 8 as 16-byte chunks (see the template's notes);
-``tile_unpack`` inverts it. The bytes are not changed, only moved.
+4 g + t of a warp reads its m16n8k16 fragments of rows g and g + 8 as 16-byte chunks (see the template's notes),
+or, for a group on int8 activations, its m16n8k32 fragments of values 8t .. 8t + 7 of each 32; ``tile_unpack``
+inverts it. The bytes are not changed, only moved.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, RING_TYPES, WARPS,
-                                   WGMMA_MAX_PARTS, has_int8, instances, ring_smem_bytes, smem_fits, staged_smem_bytes,
-                                   wgmma_smem_bytes)
+from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX,
+                                   Q8_WARPS, RING_TYPES, WARPS, WGMMA_MAX_PARTS, has_int8, instances, q8_smem_bytes,
+                                   ring_smem_bytes, smem_fits, staged_smem_bytes, wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -37,9 +38,10 @@ KINDS = {"rows_f32": 0, "swiglu": 1, "residual": 2}
 
 
 @functools.cache
-def _tile_map(type_name: str) -> np.ndarray:
+def _tile_map(type_name: str, int8: bool = False) -> np.ndarray:
     """Byte i of a tile-block comes from byte ``map[i] % BYTES`` of row ``map[i] // BYTES``'s block (the template's
-    Qg<type>::load reads it back in this order)."""
+    Qg<type>::load reads it back in this order). ``int8``: the int8-activation kernels' order of the values of a
+    Q4_K / Q5_K sub-block, lane t's words j = 0, 1 holding values 8 t + 4 j .. (the float kernels': 16 j + 4 t ..)."""
     size = TYPES[type_name][2]
     out = np.full(TILE_ROWS * size, -1, np.int64)
 
@@ -53,16 +55,20 @@ def _tile_map(type_name: str) -> np.ndarray:
             for w in range(4):
                 put(base + 16 * lane + 4 * w, g + 8 * (w // 2), src_of(t, w % 2), 4)
 
+    if int8 and type_name not in INT8_TYPES:
+        raise LucegenError(f"no int8-activation tile layout for GGML type {type_name}")
     if type_name in ("Q4_K", "Q5_K"):
         for r in range(TILE_ROWS):
             put(16 * r, r, 0, 16)  # d, dmin, 12 bytes of scales
         qs = 16
+
+        def value(t: int, j: int) -> int:  # the lane's word j: values l .. l + 3 of a sub-block
+            return 8 * t + 4 * j if int8 else 16 * j + 4 * t
         if type_name == "Q5_K":
-            chunk(256, lambda t, j: 16 + 16 * j + 4 * t)  # qh bytes l = 16 j + 4 t ..
+            chunk(256, lambda t, j: 16 + value(t, j))  # qh bytes l ..
             qs = 48
-        for p in range(4):  # sub-blocks 2p, 2p + 1: qs bytes 32 p + 16 j + 4 t ..
-            chunk(256 + (512 if type_name == "Q5_K" else 0) + 512 * p,
-                  lambda t, j, p=p: qs + 32 * p + 16 * j + 4 * t)
+        for p in range(4):  # sub-blocks 2p, 2p + 1: qs bytes 32 p + l ..
+            chunk(256 + (512 if type_name == "Q5_K" else 0) + 512 * p, lambda t, j, p=p: qs + 32 * p + value(t, j))
     elif type_name == "Q6_K":
         for r in range(TILE_ROWS):
             put(16 * r, r, 192, 16)  # int8 scales
@@ -82,10 +88,10 @@ def _tile_map(type_name: str) -> np.ndarray:
 
 
 @functools.cache
-def _tile_words(type_name: str) -> tuple[np.dtype, np.ndarray]:
+def _tile_words(type_name: str, int8: bool = False) -> tuple[np.dtype, np.ndarray]:
     """:func:`_tile_map` in the widest words it moves whole (every run of it starts and ends on such a word): the word
     type, and the word index map. A gather of words is many times faster than one of bytes."""
-    byte_map = _tile_map(type_name)
+    byte_map = _tile_map(type_name, int8)
     for width, dtype in ((8, np.uint64), (4, np.uint32), (2, np.uint16)):
         runs = byte_map.reshape(-1, width)
         if TYPES[type_name][2] % width == 0 and (runs - runs[:, :1] == np.arange(width)).all() \
@@ -100,10 +106,10 @@ def tile_bytes(type_name: str, rows: int, cols: int) -> int:
 
 
 @functools.cache
-def _tile_gather(type_name: str, blocks: int) -> tuple[np.dtype, np.ndarray]:
+def _tile_gather(type_name: str, blocks: int, int8: bool = False) -> tuple[np.dtype, np.ndarray]:
     """Where each word of a row tile's tile-blocks comes from: (word type, index) such that tile-block b's words are
     ``words[index[b W : (b + 1) W]]`` of the tile's 16 GGML rows as one run of words (rows of ``blocks`` blocks)."""
-    word, word_map = _tile_words(type_name)
+    word, word_map = _tile_words(type_name, int8)
     size = TYPES[type_name][2]
     start = word_map * word.itemsize  # the first byte of each word: row * size + offset in the row's block
     row, offset = start // size, start % size
@@ -111,9 +117,10 @@ def _tile_gather(type_name: str, blocks: int) -> tuple[np.dtype, np.ndarray]:
     return word, (index // word.itemsize).reshape(-1)
 
 
-def tile_pack(raw: np.ndarray, type_name: str, rows: int, cols: int) -> np.ndarray:
+def tile_pack(raw: np.ndarray, type_name: str, rows: int, cols: int, int8: bool = False) -> np.ndarray:
     """GGML bytes of a [rows, cols] matrix (row-major blocks) -> tile-blocks [row tile][block][16 * BYTES] (rows
-    padded to a multiple of 16 with zero blocks, which dequantise to 0): one gather of words per matrix."""
+    padded to a multiple of 16 with zero blocks, which dequantise to 0): one gather of words per matrix. ``int8``:
+    the int8-activation kernels' layout (:func:`_tile_map`)."""
     if type_name not in GEMM_TYPES:
         raise LucegenError(f"the quantised GEMM reads {', '.join(GEMM_TYPES)} blocks, not {type_name}")
     _, values, size = TYPES[type_name]
@@ -127,23 +134,23 @@ def tile_pack(raw: np.ndarray, type_name: str, rows: int, cols: int) -> np.ndarr
         padded = np.zeros(tiles * TILE_ROWS * nb * size, np.uint8)
         padded[: raw.size] = raw
         raw = padded
-    word, index = _tile_gather(type_name, nb)
+    word, index = _tile_gather(type_name, nb, int8)
     return np.take(raw.view(word).reshape(tiles, -1), index, axis=1).view(np.uint8).reshape(-1)
 
 
-def tile_unpack(packed: np.ndarray, type_name: str, rows: int, cols: int) -> np.ndarray:
+def tile_unpack(packed: np.ndarray, type_name: str, rows: int, cols: int, int8: bool = False) -> np.ndarray:
     """Inverse of :func:`tile_pack`: the GGML bytes of the [rows, cols] matrix."""
     _, values, size = TYPES[type_name]
     nb, tiles = cols // values, math.ceil(rows / TILE_ROWS)
-    word, index = _tile_gather(type_name, nb)
+    word, index = _tile_gather(type_name, nb, int8)
     out = np.empty(tiles * TILE_ROWS * nb * size, np.uint8)
     out.view(word).reshape(tiles, -1)[:, index] = np.ascontiguousarray(packed, np.uint8).view(word).reshape(tiles, -1)
     return out[: rows * nb * size]
 
 
-def plan_parts(tiles: int, compute_units: int, most: int = WARPS, blocks_per_cu: int = 1) -> int:
+def plan_parts(tiles: int, compute_units: int, most: int = WARPS, blocks_per_cu: int = 1, warps: int = WARPS) -> int:
     """Warps per row tile (each summing every parts-th block of K): the fewest that give every compute unit
-    ``blocks_per_cu`` blocks' worth of warps. Fewer parts mean longer runs of K per warp (its first load's latency
+    ``blocks_per_cu`` blocks' worth of warps (blocks of ``warps``). Fewer parts mean longer runs of K per warp (its first load's latency
     paid once) and, staged, more tiles sharing a block's activations; more fill the chip. Depends on the matrix
     alone, never on the row count (batch invariance). Measured on the 27B's shapes (tools/quant_gemm_bench.py
     1 9 23 --parts 1,2,4,8, H100, us at 1 / 23 rows): one block's worth for a matrix, so the residuals (320 tiles)
@@ -151,7 +158,7 @@ def plan_parts(tiles: int, compute_units: int, most: int = WARPS, blocks_per_cu:
     in-projection (1030 tiles) 2, not 4 (23.1 -> 22.9 / 60.4 -> 50.3); two blocks' worth for a gate/up pair, counted
     by its tiles of one matrix (2 parts: 46.2 / 110.4, against 1 part: 56.1 / 123.2)."""
     parts = 1
-    while parts < most and tiles * parts < blocks_per_cu * WARPS * compute_units:
+    while parts < most and tiles * parts < blocks_per_cu * warps * compute_units:
         parts *= 2
     return parts
 
@@ -175,18 +182,21 @@ class QuantMatrix:
     order; its tile-blocks live in ``segment_buffers`` (those it allocated, and frees, in ``buffers``), its segment
     table (a kernel argument) in ``table``."""
 
-    def __init__(self, device, segments, K: int, *, pair: bool = False, int8: bool = True):
+    def __init__(self, device, segments, K: int, *, pair: bool = False, int8: bool = False):
         if not 1 <= len(segments) <= MAX_SEGMENTS:
             raise LucegenError(f"a quantised matrix group has 1 to {MAX_SEGMENTS} segments, got {len(segments)}")
         rows = [int(s[2]) for s in segments]
         if pair and (len(segments) != 2 or rows[0] != rows[1]):
             raise LucegenError("a gate/up pair needs two segments of equal rows")
+        if int8 and not all(s[0] in INT8_TYPES for s in segments):
+            raise LucegenError(f"int8 activations for a group of {', '.join(INT8_TYPES)} alone")
+        #: Whether its launches take int8 activations (the kernels nt<N>q, and their layout of the tile-blocks).
+        self.int8 = int8
         self.buffers: list[Buffer] = []
         for type_name, raw, n, _ in segments:
-            self.buffers.append(device.upload(tile_pack(raw, type_name, n, K)))
+            self.buffers.append(device.upload(tile_pack(raw, type_name, n, K, int8)))
         self._describe(K, pair, [s[0] for s in segments], rows, list(self.buffers))
         self.weight_bytes = sum(int(np.asarray(s[1]).size) for s in segments)
-        self.int8_allowed = int8  # whether its launches may take int8 activations (QuantGemm.int8_matrix)
 
     def _describe(self, K: int, pair: bool, types: list[str], rows: list[int], buffers: list[Buffer]) -> None:
         self.K, self.pair, self.types, self.segment_rows, self.segment_buffers = K, pair, types, rows, buffers
@@ -216,7 +226,7 @@ class QuantMatrix:
         if self.pair or not 0 < first < len(self.types):
             raise LucegenError(f"a view from segment {first} of a {len(self.types)}-segment group")
         view = QuantMatrix.__new__(QuantMatrix)
-        view.buffers, view.weight_bytes, view.int8_allowed = [], 0, self.int8_allowed
+        view.buffers, view.weight_bytes, view.int8 = [], 0, self.int8
         view._describe(self.K, False, self.types[first:], self.segment_rows[first:], self.segment_buffers[first:])
         return view
 
@@ -247,42 +257,61 @@ class QuantGemm:
                 fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
             if k.wgmma:
                 fn.set_max_dynamic_smem(wgmma_smem_bytes(k.nt, WGMMA_MAX_PARTS))
-        self.threads = WARPS * target.warp_size
-        #: Whether groups of INT8_TYPES alone take int8 activations (nt<N>q): a numerics of its own, which a decoder
-        #: keeps for its life (int8_matrix says which groups; the Reference of the model must round their inputs
-        #: alike); tests and tools/quant_gemm_bench.py turn it off to compare the float-activation kernels.
+            if k.int8:
+                fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
+        self.threads = WARPS * target.warp_size  # quant_gemm_amax's blocks
+        #: Whether the groups of INT8_TYPES alone that :meth:`matrix` builds take int8 activations (nt<N>q): a
+        #: numerics of its own, fixed for a group's life (the Reference of the model must round their inputs alike:
+        #: int8_matrix says which groups); tests and tools/quant_gemm_bench.py turn it off to build groups for the
+        #: float-activation kernels.
         self.int8 = has_int8(target)
         self.amax_fn = self.module.function("quant_gemm_amax") if self.int8 else None
         self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
         self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
 
-    def matrix(self, segments, K: int, *, pair: bool = False, int8: bool = True) -> QuantMatrix:
-        """Repack and upload ``segments`` [(type, raw GGML bytes, rows, unused)] of K columns each; ``int8=False``
-        keeps the group on float activations whatever its types."""
+    def matrix(self, segments, K: int, *, pair: bool = False, int8: bool = False) -> QuantMatrix:
+        """Repack and upload ``segments`` [(type, raw GGML bytes, rows, unused)] of K columns each; ``int8``: on int8
+        activations if the group holds INT8_TYPES alone and the module takes them (:attr:`int8`), its launches then
+        needing their input's magnitudes (``a_amax``)."""
+        int8 = int8 and self.int8 and all(s[0] in INT8_TYPES for s in segments)
         return QuantMatrix(self.device, segments, K, pair=pair, int8=int8)
 
-    def int8_matrix(self, W: QuantMatrix) -> bool:
+    @staticmethod
+    def int8_matrix(W: QuantMatrix) -> bool:
         """Whether launches over ``W`` take int8 activations (quantised per token and 256 values as they load:
         lucegen/model/quant.py q8_dequantized), at every row count."""
-        return self.int8 and W.int8_allowed and all(t in INT8_TYPES for t in W.types)
+        return W.int8
+
+    @staticmethod
+    def warps(W: QuantMatrix) -> int:
+        """Warps per block of every launch over ``W``."""
+        return Q8_WARPS if W.int8 else WARPS
 
     def parts(self, W: QuantMatrix) -> int:
+        """K parts of every launch over ``W``: planned (:func:`plan_parts`) for the float kernels; all of a block's
+        Q8_WARPS for the int8 ones, a tile a block (a pair: a tile of each), measured best for every 27B shape
+        (tools/quant_gemm_bench.py 1 9 23 --parts 1,2,4 --int8 1 --int8-kernels, H100, us at 1 / 23 rows: the
+        in-projection 28.0 -> 24.6 / 54.4 -> 47.0 at 4 parts against 2; down Q4_K 35.3 -> 22.3 / 85.2 -> 56.1)."""
+        if W.int8:
+            return Q8_WARPS // 2 if W.pair else Q8_WARPS
         if W.pair:
             return plan_parts(W.tiles // 2, self.target.compute_units, most=WARPS // 2, blocks_per_cu=2)
         return plan_parts(W.tiles, self.target.compute_units)
 
     def block_columns(self, W: QuantMatrix) -> int:
-        """Output columns per block of a launch over ``W`` (a pair: of each matrix): its WARPS / parts row tiles of
+        """Output columns per block of a launch over ``W`` (a pair: of each matrix): its warps / parts row tiles of
         TILE_ROWS rows (the parts of a tile's K are its warps)."""
-        return WARPS // self.parts(W) * TILE_ROWS // (2 if W.pair else 1)
+        return self.warps(W) // self.parts(W) * TILE_ROWS // (2 if W.pair else 1)
 
     def grid_width(self, W: QuantMatrix) -> int:
         """Blocks across the output columns of a launch over ``W``."""
         return -(-W.tiles * TILE_ROWS // (2 if W.pair else 1) // self.block_columns(W))
 
-    def ss_parts(self, W: QuantMatrix) -> int:
-        """The RMSNorm partial sums a residual launch over ``W`` leaves per row: one per block."""
-        return self.grid_width(W)
+    @staticmethod
+    def ss_parts(W: QuantMatrix) -> int:
+        """The RMSNorm partial sums a residual launch over ``W`` leaves per row: one per row tile (TILE_ROWS
+        columns), whatever the kernel's blocks."""
+        return W.tiles
 
     @staticmethod
     def residual_workspace_bytes(M: int, N: int) -> int:
@@ -301,10 +330,13 @@ class QuantGemm:
                                f"lda={lda}")
         if ss and (ss_parts < 1 or ss_stride < M):
             raise LucegenError(f"quant_gemm_{kind}: ss needs ss_parts >= 1 and ss_stride >= M")
-        if self.int8_matrix(W) and not a_amax:
+        if W.int8 and not a_amax:
             raise LucegenError(f"quant_gemm_{kind}: a group of int8 activations needs its input's magnitudes per 16 "
                                "values (a_amax: QuantGemm.amax, or the epilogue that wrote the input)")
-        if amax_out and not self.int8:
+        if W.int8 and (lda % 128 or int(A) % 16 or int(a_amax) % 16):
+            raise LucegenError(f"quant_gemm_{kind}: int8 activations are read in 16-byte pieces, their magnitudes 16 "
+                               f"at a time: A and a_amax 16-byte aligned, lda a multiple of 128, got lda={lda}")
+        if amax_out and self.amax_fn is None:
             raise LucegenError(f"quant_gemm_{kind}: amax_out needs a module with int8-activation kernels")
         if (a_amax and lda % 16) or (amax_out and ldo % 16):
             raise LucegenError(f"quant_gemm_{kind}: magnitudes per 16 values need row strides of whole 16s, got "
@@ -312,7 +344,7 @@ class QuantGemm:
         parts = self.parts(W)
         grid = (self.grid_width(W), math.ceil(M / (8 * token_groups(M))))
         name, smem = self.kernel(W, M, A, lda)
-        self.functions[name].launch(grid, self.threads, (
+        self.functions[name].launch(grid, self.warps(W) * self.target.warp_size, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
@@ -331,8 +363,11 @@ class QuantGemm:
         twin is faster: tools/quant_gemm_bench.py --wgmma 0,1); at one row, m1r (the same bits) for a group of
         RING_TYPES alone where its rings leave the kernel's resident blocks per compute unit."""
         nt = token_groups(M)
-        if self.int8_matrix(W):
-            return f"nt{nt}q", 0
+        if W.int8:
+            smem = q8_smem_bytes(nt, W.K)
+            if not smem_fits(self.target, smem, self.static_smem[f"nt{nt}q"], 1):
+                raise LucegenError(f"quant_gemm_nt{nt}q: the int8 scales of K={W.K} ({smem} bytes) exceed shared memory")
+            return f"nt{nt}q", smem
         name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
         k_quants = all(t in K_QUANTS for t in W.types)
         wgmma = f"{name}w"

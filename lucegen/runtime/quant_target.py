@@ -39,7 +39,7 @@ from . import packing
 from .device import Buffer, Device, address
 from .megakernel import SequenceState
 from .prefill.runner import LayerWeights
-from .quant_gemm import QuantGemm, QuantMatrix
+from .quant_gemm import TILE_ROWS, QuantGemm, QuantMatrix
 
 
 def _vector_pieces(layout: packing.Layout, checkpoint, tiled: bool):
@@ -179,9 +179,8 @@ class QuantDecoder(SequenceState):
         self.embedding = self.device.upload(np.ascontiguousarray(raw))
         if not self.config.tie_word_embeddings:
             self.weight_bytes += raw.size
-        residual = self.matrices[self.layout.layers[0].down]
-        self.ss_parts = self.qgemm.ss_parts(residual)
-        self.part_columns = self.qgemm.block_columns(residual)  # the embedding's ss parts: as wide as a residual's
+        self.ss_parts = self.qgemm.ss_parts(self.matrices[self.layout.layers[0].down])
+        self.part_columns = TILE_ROWS  # the embedding's ss parts: as wide as a residual's (QuantGemm.ss_parts)
 
     def kv_choices(self) -> tuple[str, ...]:
         """The descriptor's float type and the quantised formats."""

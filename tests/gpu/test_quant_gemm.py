@@ -351,7 +351,7 @@ def test_int8_rounding_matches_numpy_bit_for_bit():
     qg = int8_qg(gpu_device())
     rng = np.random.default_rng(3)
     K = 512
-    W = qg.matrix([("Q4_K", one_hot_q4k(K), K, 0)], K)
+    W = qg.matrix([("Q4_K", one_hot_q4k(K), K, 0)], K, int8=True)
     try:
         assert qg.int8_matrix(W)
         a = rng.standard_normal((19, K)).astype(np.float32)
@@ -381,8 +381,8 @@ def test_int8_groups_match_numpy_and_rows_alone(M):
     K = 256 * 6
     cu = qg.device.target.compute_units
     segs, dense = group(rng, ["Q5_K", "Q4_K", "Q4_K"], [16 * cu + 5, 16 * cu, 40], K, "quantized")
-    W = qg.matrix(segs, K)
-    mixed = qg.matrix(group(rng, ["Q4_K", "Q6_K"], [32, 32], K, "quantized")[0], K)
+    W = qg.matrix(segs, K, int8=True)
+    mixed = qg.matrix(group(rng, ["Q4_K", "Q6_K"], [32, 32], K, "quantized")[0], K, int8=True)
     try:
         a = activations(qg, rng, M, K)
         with qg.device.upload(a) as da:
@@ -410,10 +410,10 @@ def test_int8_magnitudes_from_producers_give_the_same_bits():
 
     a = activations(qg, rng, M, K)
     segs, dense = group(rng, ["Q4_K", "Q5_K"], [40, 30], K, "quantized")
-    W = qg.matrix(segs, K)
+    W = qg.matrix(segs, K, int8=True)
     gate, up = group(rng, ["Q4_K"], [I], K, "quantized")[0], group(rng, ["Q4_K"], [I], K, "quantized")[0]
-    Wp = qg.matrix(gate + up, K, pair=True)
-    down = qg.matrix(group(rng, ["Q4_K"], [N], 256, "quantized")[0], 256)
+    Wp = qg.matrix(gate + up, K, pair=True, int8=True)
+    down = qg.matrix(group(rng, ["Q4_K"], [N], 256, "quantized")[0], 256, int8=True)
     try:
         with d.upload(a) as da, d.alloc(M * K // 8) as dam, d.alloc(M * W.rows * 4) as dout:
             with pytest.raises(LucegenError, match="a_amax"):

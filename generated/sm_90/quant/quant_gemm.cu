@@ -769,24 +769,194 @@ __device__ __forceinline__ void qg_tile_wgmma(float (&acc)[NT][4], const unsigne
   }
 }
 
+// ---- int8 activations ([quant] int8_activations; QuantGemm.kernel takes nt<N>q for groups of
+// Q4_K / Q5_K alone, at every row count). Per token m and 256-value block b the fp16 activations are quantised as they load, as GGML's
+// Q8_K (lucegen/model/quant.py q8_activations, q8_dequantized):
+//   inv = 127 / amax, to fp16 rounded toward zero (0 where amax = max_k |A[m, k]| is 0);  qa = rint(A[m, k] inv);
+//   da = 1 / inv
+// and a K-quant block's product (q, sc, m: the block's unsigned values, 6-bit scales and mins) is integer sums up to
+// one float step per (row, token, block):
+//   sum_k W[n, k] A[m, k] ~ da (d sum_s sc_s sum_{k in s} q[n, k] qa[k] - dmin sum_s m_s sum_{k in s} qa[k])
+// The inner sums are exact in int32 on mma m16n8k32 s8 (the mins a second product against m splat over the
+// sub-block), so any row count gives the same bits. A fragments are the tile-blocks' bytes as they are; amax comes
+// from the magnitudes per 16 values that the producers of A leave beside it (QgAmax, below).
+__device__ __forceinline__ void qg_imma_k32(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 { %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The launch's scales (QgQ8Scales in dynamic shared memory, [block b of K][token mm of the block's 8 NT]): inv as fp16
+// bits and da, from the magnitudes per 16 values that A's producer left (amax: QgAmax of A, lda / 16 a row, 16 per
+// 256 values; zero for tokens m0 + mm >= M). Every thread of the block takes part, then a block barrier.
+struct QgQ8Scales {
+  float* da;
+  unsigned short* inv;
+};
+template <int NT, int THREADS>
+__device__ __forceinline__ void qg_q8_scales(QgQ8Scales sc, const unsigned short* __restrict__ amax, int lda, int K,
+                                             int m0, int M) {
+  const int blocks = K / 256;
+  for (int i = threadIdx.x; i < 8 * NT * blocks; i += THREADS) {
+    const int mm = i / blocks, b = i % blocks, m = m0 + mm;  // a row's blocks on consecutive threads
+    unsigned most = 0u;  // magnitudes' fp16 bits, non-negative: ordered as integers
+    if (m < M) {
+      const uint4* p = reinterpret_cast<const uint4*>(amax + (size_t)m * (lda / 16) + 16 * b);
+      const uint4 lo = __ldg(p), hi = __ldg(p + 1);
+      most = __vmaxu2(__vmaxu2(__vmaxu2(lo.x, lo.y), __vmaxu2(lo.z, lo.w)),
+                      __vmaxu2(__vmaxu2(hi.x, hi.y), __vmaxu2(hi.z, hi.w)));
+      most = max(most & 0xFFFFu, most >> 16);
+    }
+    const float a = qg_f16(most);
+    const __half inv = __float2half_rz(a > 0.0f ? __fdiv_rn(127.0f, a) : 0.0f);
+    sc.inv[b * 8 * NT + mm] = __half_as_ushort(inv);
+    sc.da[b * 8 * NT + mm] = a > 0.0f ? __frcp_rn(__half2float(inv)) : 0.0f;
+  }
+}
+// The dependency wait, then the scales: what every warp of an int8 launch does once its first weights are on their
+// way (A and amax may come from the previous kernel).
+template <int NT, int THREADS>
+__device__ __forceinline__ void qg_q8_prologue(QgQ8Scales sc, const unsigned short* __restrict__ amax, int lda, int K,
+                                               int m0, int M) {
+  lg_grid_dependency_wait();
+  qg_q8_scales<NT, THREADS>(sc, amax, lda, K, m0, M);
+  __syncthreads();
+}
+// 4 fp16 values as int8 bytes: hfma2(x, inv, 1536) rounds x inv to an integer k (|k| <= 127) at 1536 + k, whose
+// bits' low byte is k's two's complement (unit steps on [1024, 2048)); one byte permute packs the four.
+__device__ __forceinline__ unsigned qg_q8_word(unsigned x01, unsigned x23, unsigned inv2) {
+  constexpr unsigned MAGIC = 0x66006600u;  // (1536, 1536)
+  return __byte_perm(qg_fma2(x01, inv2, MAGIC), qg_fma2(x23, inv2, MAGIC), 0x6420u);
+}
+
+// acc += one tile-block (cur) of block b times the int8 activations of tokens m0 + 8 nt + g (zero beyond M). An int8
+// matrix's tile-blocks hold lane t's bytes of each 32 values at k = 8t .. 8t + 7 (quant_gemm.py _tile_map, int8): the
+// MMA's k slots 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3 take them, so the lane's activations are one 16-byte load.
+template <typename Q, int NT>
+__device__ __forceinline__ void qg_tile_block_q8(float (&acc)[NT][4], const typename Q::Raw& cur,
+                                                 const fp16_t* __restrict__ A, int lda, int m0, int M, int b,
+                                                 QgQ8Scales sc) {
+  const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
+  const fp16_t* row[NT];
+  unsigned inv2[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int m = m0 + 8 * nt + g;
+    row[nt] = m < M ? A + (size_t)m * lda + 256 * b + 8 * t : nullptr;
+    inv2[nt] = (unsigned)sc.inv[b * 8 * NT + 8 * nt + g] * 0x00010001u;
+  }
+  const QgKScales kg = qg_k_scales(cur.h), k8 = qg_k_scales(cur.h8);
+  int sums[NT][4], mins[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) sums[nt][c] = mins[nt][c] = 0;
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    unsigned a[4];
+    Q::fragment_q8(cur, s, a);
+    const int byte = 8 * (s & 3);
+    const unsigned mg = ((kg.m[s >> 2] >> byte) & 0xFFu) * 0x01010101u, m8 = ((k8.m[s >> 2] >> byte) & 0xFFu) * 0x01010101u;
+    const unsigned mf[4] = {mg, m8, mg, m8};
+    const int scg = (kg.sc[s >> 2] >> byte) & 0xFF, sc8 = (k8.sc[s >> 2] >> byte) & 0xFF;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      unsigned b0 = 0u, b1 = 0u;
+      if (row[nt] != nullptr) {
+        const uint4 x = __ldg(reinterpret_cast<const uint4*>(row[nt] + 32 * s));
+        b0 = qg_q8_word(x.x, x.y, inv2[nt]);
+        b1 = qg_q8_word(x.z, x.w, inv2[nt]);
+      }
+      int dot[4] = {0, 0, 0, 0};
+      qg_imma_k32(dot, a, b0, b1);
+      qg_imma_k32(mins[nt], mf, b0, b1);
+      sums[nt][0] += scg * dot[0];
+      sums[nt][1] += scg * dot[1];
+      sums[nt][2] += sc8 * dot[2];
+      sums[nt][3] += sc8 * dot[3];
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const float2 da = *reinterpret_cast<const float2*>(sc.da + b * 8 * NT + 8 * nt + 2 * t);  // columns 2t, 2t + 1
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const QgKScales& k = c < 2 ? kg : k8;
+      acc[nt][c] = fmaf(c & 1 ? da.y : da.x, fmaf(-k.dmin, (float)mins[nt][c], k.d * (float)sums[nt][c]), acc[nt][c]);
+    }
+  }
+}
+
+// qg_tile with int8 activations: tile-blocks b = part, part + parts, .., the next one's bytes loaded while this one
+// computes; the block's scales (qg_q8_prologue) made while the first one loads.
+template <typename Q, int NT, int THREADS>
+__device__ __forceinline__ void qg_tile_q8(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K, int part,
+                                           int parts, const fp16_t* __restrict__ A, int lda, int m0, int M,
+                                           const unsigned short* __restrict__ amax, QgQ8Scales sc) {
+  const int lane = (int)lg_lane_id();
+  const int blocks = K / Q::VALUES;
+  constexpr int TB = 16 * Q::BYTES;
+  typename Q::Raw cur, next;
+  if (part < blocks) Q::load(cur, tile + (size_t)part * TB, lane);
+  qg_q8_prologue<NT, THREADS>(sc, amax, lda, K, m0, M);
+  for (int b = part; b < blocks; b += parts) {
+    if (b + parts < blocks) Q::load(next, tile + (size_t)(b + parts) * TB, lane);
+    qg_tile_block_q8<Q, NT>(acc, cur, A, lda, m0, M, b, sc);
+    cur = next;
+  }
+}
+
+// ---- QgAmax: the largest magnitude of each 16 values of an activation row, as fp16 bits (row m's at m ld16 + k / 16,
+// ld16 = the rows' stride / 16), from which the int8-activation kernels take each 256 values' amax (16 of them) rather
+// than reading the rows twice. The residual and swiglu epilogues write them beside their outputs (amax_out);
+// quant_gemm_amax for others.
+
+// The largest |p[c]| of c < n, as compute-dtype bits (exact: one of the values' own magnitudes).
+__device__ __forceinline__ unsigned short qg_magnitude(const fp16_t* p, int n) {
+  float most = 0.0f;
+  for (int c = 0; c < n; ++c) most = fmaxf(most, fabsf(lg_to_float(p[c])));
+  return lg_bits16(lg_from_float<fp16_t>(most));
+}
+
+// amax_out of the 16-column groups g0 .. g0 + groups - 1 of rows m0 .. m0 + rows - 1 of the block's output `rows` (row
+// stride ld; columns below `cols`), read back after a block barrier.
+template <int NT>
+__device__ __forceinline__ void qg_write_amax(const fp16_t* rows_out, int ld, unsigned short* __restrict__ amax_out,
+                                              int m0, int rows, int g0, int groups, int cols) {
+  for (int i = threadIdx.x; i < groups * 8 * NT; i += blockDim.x) {
+    const int mm = i % (8 * NT), g = g0 + i / (8 * NT);
+    if (mm >= rows || 16 * g >= cols) continue;
+    amax_out[(size_t)(m0 + mm) * (ld / 16) + g] = qg_magnitude(rows_out + (size_t)(m0 + mm) * ld + 16 * g,
+                                                            min(16, cols - 16 * g));
+  }
+}
+
+// QgAmax of A [M, K] (lda a multiple of 16, K of 16): thread (blockIdx.x QG_THREADS + threadIdx.x, row blockIdx.y) takes
+// 16 values.
+extern "C" __global__ void __launch_bounds__(QG_THREADS)
+quant_gemm_amax(const fp16_t* __restrict__ A, int lda, int K, unsigned short* __restrict__ amax) {
+  const int g = blockIdx.x * QG_THREADS + threadIdx.x, m = blockIdx.y;
+  if (16 * g >= K) return;
+  amax[(size_t)m * (lda / 16) + g] = qg_magnitude(A + (size_t)m * lda + 16 * g, 16);
+}
 
 #define QG_ROWS_F32 0
 #define QG_SWIGLU 1
 #define QG_RESIDUAL 2
 
-// Block b: QG_WARPS / parts row tiles of the launch's matrices (swiglu: the same tiles of gate, segment 0, and of
+// Block b: WARPS / parts row tiles of the launch's matrices (swiglu: the same tiles of gate, segment 0, and of
 // up, segment 1), warp w on tile w / parts and blocks w % parts, .. of K; tokens m0 .. m0 + 8 NT - 1 with
 // m0 = 8 NT blockIdx.y. The parts' sums meet in shared memory in warp order, then one epilogue:
 //   rows_f32:  out[m, col0 + n] = acc r[m]                 r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps)
 //              (argmax_key, M = 1: the row's argmax folded into an 8-byte key, zeroed beforehand)
 //   swiglu:    out[m, n] = silu(gate r[m]) (up r[m])      (compute type)
-//   residual:  x[m, n] += acc; xn[m, n] = x (1 + norm_w[n]); ss_out[b ss_stride + m] = sum over the block's
-//              columns of x^2, in column order
+//   residual:  x[m, n] += acc; xn[m, n] = x (1 + norm_w[n]); ss_out[tile ss_stride + m] = sum over the row tile's
+//              16 columns of x^2, in column order (one part per row tile, whatever the block's warps)
 // The row scales' partial sums: row_part[mm][w] = warp w's share of sum_j ss[j ss_stride + m0 + mm], thread t
-// summing j = t, t + QG_THREADS, .. and the warp's lanes then added by a fixed butterfly, so each row's sum has the
+// summing j = t, t + 32 WARPS, .. and the warp's lanes then added by a fixed butterfly, so each row's sum has the
 // same order whatever M (batch invariance). Read after the K loop: the weights stream first.
-template <int NT>
-__device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WARPS], const float* __restrict__ ss,
+template <int NT, int WARPS>
+__device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][WARPS], const float* __restrict__ ss,
                                                 int ss_parts, int ss_stride, int m0, int M) {
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
   float sum_sq[8 * NT];  // every row's loads in flight at once, then the reductions
@@ -794,7 +964,7 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   for (int mm = 0; mm < 8 * NT; ++mm) {
     sum_sq[mm] = 0.0f;
     if (m0 + mm < M)
-      for (int j = threadIdx.x; j < ss_parts; j += QG_THREADS) sum_sq[mm] += ss[(size_t)j * ss_stride + m0 + mm];
+      for (int j = threadIdx.x; j < ss_parts; j += WARPS * LG_WARP_SIZE) sum_sq[mm] += ss[(size_t)j * ss_stride + m0 + mm];
   }
 #pragma unroll
   for (int mm = 0; mm < 8 * NT; ++mm) {
@@ -803,7 +973,7 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][QG_WAR
   }
 }
 
-template <int NT, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8>
+template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const fp16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -812,12 +982,13 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
                                            unsigned long long* __restrict__ argmax_key,
                                            const unsigned short* __restrict__ a_amax,
                                            unsigned short* __restrict__ amax_out) {
-  __shared__ float red[QG_WARPS][NT * 4][LG_WARP_SIZE];
-  __shared__ float row_part[8 * NT][QG_WARPS];
-  __shared__ float squares[8 * NT][16 * QG_WARPS + 1];
+  constexpr int THREADS = WARPS * LG_WARP_SIZE;
+  __shared__ float red[WARPS][NT * 4][LG_WARP_SIZE];
+  __shared__ float row_part[8 * NT][WARPS];
+  __shared__ float squares[8 * NT][16 * WARPS + 1];
   lg_launch_dependents();
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
-  const int tiles_per_block = QG_WARPS / parts, m0 = 8 * NT * blockIdx.y;
+  const int tiles_per_block = WARPS / parts, m0 = 8 * NT * blockIdx.y;
   // Which matrix tile local tile j is: segment tile_seg(j) (-1: none), its row tile tile_local(j).
   auto tile_seg = [&](int j) -> int {
     if (kind == QG_SWIGLU) {
@@ -891,6 +1062,25 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
         qg_tile_staged<QgQ4K, NT>(acc, nullptr, K, part, parts, A, lda, m0, M, stage);
     }
   } else
+  if (INT8) {  // QuantGemm.kernel takes nt<N>q for groups of int8_types alone
+    // the scales: [K / 256][8 NT] da, then as many inv (QuantGemm.kernel's dynamic shared memory)
+    extern __shared__ __align__(16) unsigned char qg_q8_bytes[];
+    const QgQ8Scales sc = {reinterpret_cast<float*>(qg_q8_bytes),
+                           reinterpret_cast<unsigned short*>(qg_q8_bytes + K / 256 * 8 * NT * sizeof(float))};
+    const int type = seg >= 0 ? segs.seg[seg].type : -1;
+    switch (type) {
+      case 1:  // Q4_K
+        qg_tile_q8<QgQ4K, NT, THREADS>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part, parts,
+                                         A, lda, m0, M, a_amax, sc);
+        break;
+      case 2:  // Q5_K
+        qg_tile_q8<QgQ5K, NT, THREADS>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part, parts,
+                                         A, lda, m0, M, a_amax, sc);
+        break;
+      default:  // no tile: the scales' share and barrier all the same
+        qg_q8_prologue<NT, THREADS>(sc, a_amax, lda, K, m0, M);
+    }
+  } else
   if (RING) {  // the warps' rings, each QG_RING_STAGES slots of the launch's largest tile-block; ring_types alone
     extern __shared__ __align__(16) unsigned char qg_ring_bytes[];
     const int slot_bytes = qg_largest_tile_block(segs, nseg);
@@ -931,14 +1121,14 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) red[WGMMA ? j * parts + part : warp][nt * 4 + c][lane] = acc[nt][c];
-  if (kind != QG_RESIDUAL && ss != nullptr) qg_row_partials<NT>(row_part, ss, ss_parts, ss_stride, m0, M);
+  if (kind != QG_RESIDUAL && ss != nullptr) qg_row_partials<NT, WARPS>(row_part, ss, ss_parts, ss_stride, m0, M);
   __syncthreads();
 
   // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps), the warps' shares added in warp order (1: no ss).
   auto row_scale = [&](int mm) {
     if (ss == nullptr) return 1.0f;
     float sum_sq = 0.0f;
-    for (int w = 0; w < QG_WARPS; ++w) sum_sq += row_part[mm][w];
+    for (int w = 0; w < WARPS; ++w) sum_sq += row_part[mm][w];
     return rsqrtf(sum_sq / (float)norm_dim + eps);
   };
   // The sum over the parts of element (tile j, row r, token mm), in part order.
@@ -952,7 +1142,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   const int rows_here = min(8 * NT, M - m0);
   if (kind == QG_ROWS_F32) {
     unsigned long long best = 0ull;
-    for (int i = threadIdx.x; i < tiles_per_block * 16 * 8 * NT; i += QG_THREADS) {
+    for (int i = threadIdx.x; i < tiles_per_block * 16 * 8 * NT; i += THREADS) {
       const int mm = i % (8 * NT), r = (i / (8 * NT)) % 16, jj = i / (8 * NT * 16);
       const int s = tile_seg(jj);
       if (s < 0 || mm >= rows_here) continue;
@@ -977,7 +1167,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     }
   } else if (kind == QG_SWIGLU) {
     const int half = tiles_per_block / 2;
-    for (int i = threadIdx.x; i < half * 16 * 8 * NT; i += QG_THREADS) {
+    for (int i = threadIdx.x; i < half * 16 * 8 * NT; i += THREADS) {
       const int mm = i % (8 * NT), r = (i / (8 * NT)) % 16, jj = i / (8 * NT * 16);
       const int n = tile_local(jj, 0) * 16 + r;
       if (mm >= rows_here || n >= segs.seg[0].rows) continue;
@@ -986,9 +1176,14 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       const fp16_t act = lg_from_float<fp16_t>(gate / (1.0f + __expf(-gate)) * up);
       reinterpret_cast<fp16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = act;
     }
+    if (amax_out != nullptr) {
+      __syncthreads();  // the block's outputs written
+      qg_write_amax<NT>(reinterpret_cast<const fp16_t*>(out), ldo, amax_out, m0, rows_here, tile_local(0, 0), half,
+                        segs.seg[0].rows);
+    }
   } else {  // residual: one matrix, the block's columns contiguous
     const int cols = tiles_per_block * 16, n0 = blockIdx.x * cols, N = segs.seg[0].rows;
-    for (int i = threadIdx.x; i < cols * 8 * NT; i += QG_THREADS) {
+    for (int i = threadIdx.x; i < cols * 8 * NT; i += THREADS) {
       const int mm = i % (8 * NT), cl = i / (8 * NT), jj = cl / 16, r = cl % 16, n = n0 + cl;
       float sq = 0.0f;
       if (mm < rows_here && n < N) {
@@ -1001,110 +1196,153 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       squares[mm][cl] = sq;
     }
     __syncthreads();
-    if (threadIdx.x < rows_here) {
+    if (amax_out != nullptr) qg_write_amax<NT>(xn, ldo, amax_out, m0, rows_here, n0 / 16, tiles_per_block, N);
+    for (int i = threadIdx.x; i < tiles_per_block * rows_here; i += THREADS) {
+      const int jj = i / rows_here, mm = i % rows_here;
+      if (n0 + 16 * jj >= N) break;  // the tiles past the matrix (their parts do not exist)
       float sum_sq = 0.0f;
-      for (int cl = 0; cl < cols; ++cl) sum_sq += squares[threadIdx.x][cl];
-      ss_out[(size_t)blockIdx.x * ss_stride + m0 + threadIdx.x] = sum_sq;
+      for (int r = 0; r < 16; ++r) sum_sq += squares[mm][16 * jj + r];
+      ss_out[(size_t)(blockIdx.x * tiles_per_block + jj) * ss_stride + m0 + mm] = sum_sq;
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<1, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<1, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<2, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
 quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<3, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
 quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<4, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<4, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
 quant_gemm_nt2s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<2, false, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, 8, false, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
 quant_gemm_nt3s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<3, false, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, 8, false, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<1, true, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, true, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_nt2w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<2, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, 8, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
 
-extern "C" __global__ void __launch_bounds__(QG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_nt3w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
-  quant_gemm<3, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, 8, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_nt1q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+  quant_gemm<1, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_nt2q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+  quant_gemm<2, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_nt3q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+  quant_gemm<3, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 2)
+quant_gemm_nt4q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+  quant_gemm<4, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
 }
