@@ -796,21 +796,30 @@ struct QgQ8Scales {
 template <int NT, int THREADS>
 __device__ __forceinline__ void qg_q8_scales(QgQ8Scales sc, const unsigned short* __restrict__ amax, int lda, int K,
                                              int m0, int M) {
-  const int blocks = K / 256;
-  for (int i = threadIdx.x; i < 8 * NT * blocks; i += THREADS) {
-    const int mm = i / blocks, b = i % blocks, m = m0 + mm;  // a row's blocks on consecutive threads
-    unsigned most = 0u;  // magnitudes' fp16 bits, non-negative: ordered as integers
-    if (m < M) {
-      const uint4* p = reinterpret_cast<const uint4*>(amax + (size_t)m * (lda / 16) + 16 * b);
-      const uint4 lo = __ldg(p), hi = __ldg(p + 1);
-      most = __vmaxu2(__vmaxu2(__vmaxu2(lo.x, lo.y), __vmaxu2(lo.z, lo.w)),
-                      __vmaxu2(__vmaxu2(hi.x, hi.y), __vmaxu2(hi.z, hi.w)));
-      most = max(most & 0xFFFFu, most >> 16);
+  constexpr int BATCH = 4;  // scales a thread loads at once: their latencies overlap
+  const int blocks = K / 256, n = 8 * NT * blocks;
+  for (int i0 = threadIdx.x; i0 < n; i0 += BATCH * THREADS) {
+    unsigned most[BATCH];  // magnitudes' fp16 bits, non-negative: ordered as integers
+#pragma unroll
+    for (int u = 0; u < BATCH; ++u) {
+      const int i = i0 + u * THREADS, mm = i / blocks, b = i % blocks;  // a row's blocks on consecutive threads
+      most[u] = 0u;
+      if (i < n && m0 + mm < M) {
+        const uint4* p = reinterpret_cast<const uint4*>(amax + (size_t)(m0 + mm) * (lda / 16) + 16 * b);
+        const uint4 lo = __ldg(p), hi = __ldg(p + 1);
+        most[u] = __vmaxu2(__vmaxu2(__vmaxu2(lo.x, lo.y), __vmaxu2(lo.z, lo.w)),
+                           __vmaxu2(__vmaxu2(hi.x, hi.y), __vmaxu2(hi.z, hi.w)));
+      }
     }
-    const float a = qg_f16(most);
-    const __half inv = __float2half_rz(a > 0.0f ? __fdiv_rn(127.0f, a) : 0.0f);
-    sc.inv[b * 8 * NT + mm] = __half_as_ushort(inv);
-    sc.da[b * 8 * NT + mm] = a > 0.0f ? __frcp_rn(__half2float(inv)) : 0.0f;
+#pragma unroll
+    for (int u = 0; u < BATCH; ++u) {
+      const int i = i0 + u * THREADS, mm = i / blocks, b = i % blocks;
+      if (i >= n) break;
+      const float a = qg_f16(max(most[u] & 0xFFFFu, most[u] >> 16));
+      const __half inv = __float2half_rz(a > 0.0f ? __fdiv_rn(127.0f, a) : 0.0f);
+      sc.inv[b * 8 * NT + mm] = __half_as_ushort(inv);
+      sc.da[b * 8 * NT + mm] = a > 0.0f ? __frcp_rn(__half2float(inv)) : 0.0f;
+    }
   }
 }
 // The dependency wait, then the scales: what every warp of an int8 launch does once its first weights are on their
