@@ -2,7 +2,9 @@
 captured graphs). ``--timeline`` also prints one decode step's kernels in order: time, the gap before each (negative
 where a programmatic launch overlaps its predecessor), grid and registers.
 
-    python3 tools/target_profile.py MODEL [--steps 8] [--slots 23] [--timeline]
+    python3 tools/target_profile.py MODEL [--steps 8] [--slots 23] [--budget 64] [--timeline]
+
+``--budget`` sizes the verifier for that tree budget (default: slots - 1), as an engine built for a larger tree.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--slots", type=int, default=23)
+    ap.add_argument("--budget", type=int, help="the verifier's tree budget (default: slots - 1)")
     ap.add_argument("--timeline", action="store_true")
     args = ap.parse_args()
     import torch
@@ -32,7 +35,7 @@ def main() -> None:
 
     torch.cuda.init()
     dec = open_target(args.model, max_context=512)
-    ver = TreeVerifier(dec, budget=args.slots - 1)
+    ver = TreeVerifier(dec, budget=args.budget if args.budget is not None else args.slots - 1)
     Prefiller(dec).prefill(np.arange(32) + 100)
     ver.decode(4)
     for name, run in (("decode step", lambda: ver.decode(args.steps + 1)),

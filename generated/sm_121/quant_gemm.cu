@@ -548,7 +548,9 @@ __device__ __forceinline__ void qg_tile_ring(float (&acc)[NT][4], const unsigned
 //              (argmax_key, M = 1: the row's argmax folded into an 8-byte key, zeroed beforehand)
 //   swiglu:    out[m, n] = silu(gate r[m]) (up r[m])      (compute type)
 //   residual:  x[m, n] += acc; xn[m, n] = x (1 + norm_w[n]); ss_out[tile ss_stride + m] = sum over the row tile's
-//              16 columns of x^2, in column order (one part per row tile, whatever the block's warps)
+//              16 columns of x^2, in column order (one part per row tile, whatever the block's warps); with
+//              ss_count (a zeroed counter per blockIdx.y, left zeroed), the launch's last block of rows m then sums
+//              the tiles' parts (lanes over tiles, a fixed butterfly) into ss_out[m]: one part a row for the readers
 // The row scales' partial sums: row_part[mm][w] = warp w's share of sum_j ss[j ss_stride + m0 + mm], thread t
 // summing j = t, t + 32 WARPS, .. and the warp's lanes then added by a fixed butterfly, so each row's sum has the
 // same order whatever M (batch invariance). Read after the K loop: the weights stream first.
@@ -578,7 +580,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
                                            bf16_t* __restrict__ xn, float* __restrict__ ss_out,
                                            unsigned long long* __restrict__ argmax_key,
                                            const unsigned short* __restrict__ a_amax,
-                                           unsigned short* __restrict__ amax_out) {
+                                           unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
   constexpr int THREADS = WARPS * LG_WARP_SIZE;
   __shared__ float red[WARPS][NT * 4][LG_WARP_SIZE];
   __shared__ float row_part[8 * NT][WARPS];
@@ -732,6 +734,25 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       for (int r = 0; r < 16; ++r) sum_sq += squares[mm][16 * jj + r];
       ss_out[(size_t)(blockIdx.x * tiles_per_block + jj) * ss_stride + m0 + mm] = sum_sq;
     }
+    if (ss_count != nullptr) {  // the launch's last block of these rows sums every tile's part into part 0
+      __shared__ bool last;
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0)  // publishes the block's parts
+        last = lg_atomic_add_release(ss_count + blockIdx.y, 1u) == gridDim.x - 1;
+      __syncthreads();
+      if (last) {
+        (void)lg_load_acquire(ss_count + blockIdx.y);  // every block's parts are visible
+        const int tiles = (N + 15) / 16;
+        for (int mm = warp; mm < rows_here; mm += WARPS) {  // a warp a row: lanes over the tiles, a fixed butterfly
+          float sum_sq = 0.0f;
+          for (int t = lane; t < tiles; t += LG_WARP_SIZE) sum_sq += ss_out[(size_t)t * ss_stride + m0 + mm];
+          sum_sq = lg_warp_sum(sum_sq);
+          if (lane == 0) ss_out[m0 + mm] = sum_sq;
+        }
+        if (threadIdx.x == 0) ss_count[blockIdx.y] = 0u;  // the next launch counts from zero
+      }
+    }
   }
 }
 
@@ -740,9 +761,10 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
   quant_gemm<1, 8, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -750,9 +772,10 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
   quant_gemm<1, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -760,9 +783,10 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
   quant_gemm<2, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -770,9 +794,10 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
   quant_gemm<3, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -780,9 +805,10 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
   quant_gemm<4, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -790,7 +816,8 @@ quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out) {
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
   quant_gemm<1, 8, true, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out);
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }

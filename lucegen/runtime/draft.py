@@ -183,11 +183,11 @@ class DFlashDrafter:
     # ------------------------------------------------------------------------------------------ memory
     def _allocate(self) -> None:
         c, d, R, B = self.config, self.device, self.rows, self.config.block_size
-        H, L, ss_parts = c.hidden_size, c.num_layers, self.weights.ss_parts
-        block_ss_parts = max(ss_parts, self.head.embed_ss_parts)  # the block's ss: the target's embedding first
+        H, L, ss_rows = c.hidden_size, c.num_layers, self.weights.ss_scratch  # the parts a residual writes
+        block_ss_parts = max(ss_rows, self.head.embed_ss_parts)  # the block's ss: the target's embedding first
         self.wvec = d.alloc(4 * self.layout.wvec_floats)
         self.capture = d.alloc(2 * R * c.fc_in_features)
-        self.ctx_x, self.ctx_xn, self.ctx_ss = d.alloc(4 * R * H), d.alloc(2 * R * H), d.alloc(4 * ss_parts * R)
+        self.ctx_x, self.ctx_xn, self.ctx_ss = d.alloc(4 * R * H), d.alloc(2 * R * H), d.alloc(4 * ss_rows * R)
         self.ctx_kv = d.alloc(4 * R * L * 2 * c.kv_dim)
         self.cache = d.alloc(self.ring_bytes_per_token() * self.ring)
         self.x, self.xn, self.ss = d.alloc(4 * B * H), d.alloc(2 * B * H), d.alloc(4 * block_ss_parts * B)

@@ -7,7 +7,7 @@
 Either gives ``gemm`` (``rows_f32`` / ``swiglu`` / ``residual``, GemmKernels' signatures), ``matrix(key)`` (what
 ``gemm`` takes as W) for "fc", ("qkv", l) = [q | k | v] rows, ("kv", l) = its k and v rows, ("o", l), ("gateup", l)
 and ("down", l); ``ss_parts`` (the RMSNorm partial sums per row a residual launch leaves; every draft residual has
-the hidden size's columns); ``split_k`` (the residual launches' workspace keywords); ``weight_bytes``; ``free()``.
+the hidden size's columns) and ``ss_scratch`` (the parts it writes, as many or more); ``split_k`` (the residual launches' workspace keywords); ``weight_bytes``; ``free()``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class DenseDraftWeights:
         H, I = c.hidden_size, c.intermediate_size
         self.device, self.config = device, c
         self.gemm = GemmKernels(device, target, pf)
-        self.ss_parts = pf["ss_parts"]
+        self.ss_parts = self.ss_scratch = pf["ss_parts"]
         self.offset: dict = {}
         elems = 0
         for key, n in [("fc", H * c.fc_in_features)] + [
@@ -113,6 +113,7 @@ class QuantDraftWeights:
             self.matrices[("kv", l)] = self.matrices[("qkv", l)].tail(1)
         self.weight_bytes = sum(m.weight_bytes for m in self.matrices.values())
         self.ss_parts = self.gemm.ss_parts(self.matrices[("o", 0)])
+        self.ss_scratch = self.gemm.ss_scratch_parts(self.matrices[("o", 0)])
         self.split_k: dict = {}
 
     def matrix(self, key):

@@ -34,6 +34,8 @@ from .device import Buffer, ByValue, address
 SEGMENT_DTYPE = np.dtype([("weights", "<u8"), ("type", "<i4"), ("tile0", "<i4"), ("rows", "<i4"), ("col0", "<i4"),
                           ("pad", "<i4", 2)])
 TILE_ROWS = 16
+#: Groups of rows of one launch, at most (a residual's counters: QuantGemm.ss_count).
+MAX_ROW_GROUPS = 1024
 KINDS = {"rows_f32": 0, "swiglu": 1, "residual": 2}
 
 
@@ -260,6 +262,10 @@ class QuantGemm:
             if k.int8:
                 fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
         self.threads = WARPS * target.warp_size  # quant_gemm_amax's blocks
+        # a residual launch's counter per group of rows (blockIdx.y): its last block sums the row tiles' parts; each
+        # launch leaves them at zero (launches on one stream, one after another)
+        self.ss_count = device.alloc(4 * MAX_ROW_GROUPS)
+        device.memset(self.ss_count)
         #: Whether the groups of INT8_TYPES alone that :meth:`matrix` builds take int8 activations (nt<N>q): a
         #: numerics of its own, fixed for a group's life (the Reference of the model must round their inputs alike:
         #: int8_matrix says which groups); tests and tools/quant_gemm_bench.py turn it off to build groups for the
@@ -309,8 +315,14 @@ class QuantGemm:
 
     @staticmethod
     def ss_parts(W: QuantMatrix) -> int:
-        """The RMSNorm partial sums a residual launch over ``W`` leaves per row: one per row tile (TILE_ROWS
-        columns), whatever the kernel's blocks."""
+        """The RMSNorm partial sums a residual launch over ``W`` leaves per row for its readers: one, the row's sum
+        of squares (its blocks' parts, one per row tile, meet in the launch's last block of the row)."""
+        return 1
+
+    @staticmethod
+    def ss_scratch_parts(W: QuantMatrix) -> int:
+        """Parts of ``ss_out`` (rows of ``ss_stride``) a residual launch over ``W`` writes: one per row tile, the
+        first left holding the row's sum."""
         return W.tiles
 
     @staticmethod
@@ -343,12 +355,15 @@ class QuantGemm:
                                f"lda={lda} ldo={ldo}")
         parts = self.parts(W)
         grid = (self.grid_width(W), math.ceil(M / (8 * token_groups(M))))
+        if grid[1] > MAX_ROW_GROUPS:
+            raise LucegenError(f"quant_gemm_{kind}: M={M} is over {MAX_ROW_GROUPS} groups of {8 * NT_MAX} rows")
         name, smem = self.kernel(W, M, A, lda)
         self.functions[name].launch(grid, self.warps(W) * self.target.warp_size, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
-            address(xn), address(ss_out), address(argmax_key), address(a_amax), address(amax_out)), smem=smem,
+            address(xn), address(ss_out), address(argmax_key), address(a_amax), address(amax_out),
+            address(self.ss_count.ptr if ss_out else 0)), smem=smem,
             stream=stream,
             programmatic=self.target.features.programmatic_launch)
 
@@ -420,7 +435,8 @@ class QuantGemm:
     def residual(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, x: int, ldx: int, norm_w: int,
                  xn: int, ldxn: int, ss_out: int, ss_stride: int, stream=None, workspace: int = 0,
                  workspace_bytes: int = 0, a_amax: int = 0, amax_out: int = 0) -> None:
-        """x f32 += acc; xn = x (1 + norm_w); ss_out[j ss_stride + m]: :meth:`ss_parts` partial sums (no split-K);
+        """x f32 += acc; xn = x (1 + norm_w); ss_out[m]: the row's sum of squares (:meth:`ss_parts`), ss_out holding
+        :meth:`ss_scratch_parts` rows of ss_stride for the blocks' parts (no split-K);
         ``amax_out``: xn's magnitudes per 16 values too (as :meth:`amax`; int8-activation modules alone)."""
         if W.count != 1 or N != W.rows or ldx != ldxn or ldx < N or ss_stride < M:
             raise LucegenError(f"quant_gemm_residual: one matrix of N={N} rows, ldx == ldxn >= N, ss_stride >= M")

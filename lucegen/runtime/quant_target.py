@@ -39,7 +39,7 @@ from . import packing
 from .device import Buffer, Device, address
 from .megakernel import SequenceState
 from .prefill.runner import LayerWeights
-from .quant_gemm import TILE_ROWS, QuantGemm, QuantMatrix
+from .quant_gemm import QuantGemm, QuantMatrix
 
 
 def _vector_pieces(layout: packing.Layout, checkpoint, tiled: bool):
@@ -179,8 +179,9 @@ class QuantDecoder(SequenceState):
         self.embedding = self.device.upload(np.ascontiguousarray(raw))
         if not self.config.tie_word_embeddings:
             self.weight_bytes += raw.size
-        self.ss_parts = self.qgemm.ss_parts(self.matrices[self.layout.layers[0].down])
-        self.part_columns = TILE_ROWS  # the embedding's ss parts: as wide as a residual's (QuantGemm.ss_parts)
+        down = self.matrices[self.layout.layers[0].down]
+        self.ss_parts, self.ss_scratch = self.qgemm.ss_parts(down), self.qgemm.ss_scratch_parts(down)
+        self.part_columns = self.config.hidden_size  # the embedding's ss parts: one a row, as a residual leaves
 
     def kv_choices(self) -> tuple[str, ...]:
         """The descriptor's float type and the quantised formats."""
@@ -192,7 +193,7 @@ class QuantDecoder(SequenceState):
         from .prefill.params import prefill_params
 
         pf = prefill_params(self.config, self.target, self.v_heads)
-        pf["ss_parts"] = self.ss_parts
+        pf["ss_parts"], pf["ss_scratch"] = self.ss_parts, self.ss_scratch  # parts read, parts a residual writes
         pf["kv"], pf["kv_ctype"] = self.kv_format.name, self.kv_format.ctype
         pf["int8"] = bool(self.int8_weights)  # the layer loop keeps its GEMM inputs' magnitudes (Activations)
         return pf

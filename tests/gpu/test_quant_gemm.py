@@ -306,17 +306,25 @@ def test_swiglu_and_residual(qg):
     W = qg.matrix(down, K)
     x0 = rng.standard_normal((M, N)).astype(np.float32)
     norm_w = rng.standard_normal(N).astype(np.float32) * 0.1
-    parts = qg.ss_parts(W)
+    parts, tiles = qg.ss_parts(W), qg.ss_scratch_parts(W)
+    assert (parts, tiles) == (1, 13)
     with d.upload(a) as da, d.upload(x0) as dx, d.upload(norm_w) as dw, d.alloc(M * N * 2) as dxn, \
-            d.alloc(parts * M * 4) as dss:
-        qg.residual(da.ptr, K, W, None, M, N, K, dx.ptr, N, dw.ptr, dxn.ptr, N, dss.ptr, M)
-        d.synchronize()
-        x1 = d.download(dx, np.float32, (M, N))
-        xn = act_f32(qg, d.download(dxn, np.uint16, (M, N)))
-        ss = d.download(dss, np.float32, (parts, M))
-    check_close(x1 - x0, act_f32(qg, a), dd)
-    np.testing.assert_array_equal(xn, act_f32(qg, act_bits(qg, x1 * (np.float32(1) + norm_w))))
-    np.testing.assert_allclose(ss.sum(axis=0), (x1.astype(np.float64) ** 2).sum(axis=1), rtol=1e-5)
+            d.alloc(tiles * M * 4) as dss:
+        for launch in range(2):  # the launch's counters are left at zero: a second one sums alike
+            x_in = d.download(dx, np.float32, (M, N))
+            qg.residual(da.ptr, K, W, None, M, N, K, dx.ptr, N, dw.ptr, dxn.ptr, N, dss.ptr, M)
+            d.synchronize()
+            x1 = d.download(dx, np.float32, (M, N))
+            xn = act_f32(qg, d.download(dxn, np.uint16, (M, N)))
+            ss = d.download(dss, np.float32, (tiles, M))
+            check_close(x1 - x_in, act_f32(qg, a), dd)
+            np.testing.assert_array_equal(xn, act_f32(qg, act_bits(qg, x1 * (np.float32(1) + norm_w))))
+            # part 0: the row's sum of squares; parts 1 ..: row tile j's 16 columns (the launch's last block summed
+            # them all into part 0)
+            squares = x1.astype(np.float64) ** 2
+            np.testing.assert_allclose(ss[0], squares.sum(axis=1), rtol=1e-5)
+            tile_sums = [squares[:, 16 * j : 16 * j + 16].sum(axis=1) for j in range(1, tiles)]
+            np.testing.assert_allclose(ss[1:], np.stack(tile_sums), rtol=1e-5)
     W.free()
 
 
@@ -433,7 +441,7 @@ def test_int8_magnitudes_from_producers_give_the_same_bits():
                 x0 = rng.standard_normal((M, 208)).astype(np.float32)  # N = 200 of 208 columns: a partial group
                 norm_w = rng.standard_normal(208).astype(np.float32) * 0.1
                 with d.upload(x0) as dx, d.upload(norm_w) as dw, d.alloc(M * 208 * 2) as dxn, \
-                        d.alloc(M * 208 // 8) as dxn_am, d.alloc(qg.ss_parts(down) * M * 4) as dss:
+                        d.alloc(M * 208 // 8) as dxn_am, d.alloc(qg.ss_scratch_parts(down) * M * 4) as dss:
                     d.memset(dxn)
                     qg.residual(dact.ptr, 256, down, None, M, N, 256, dx.ptr, 208, dw.ptr, dxn.ptr, 208, dss.ptr, M,
                                 a_amax=dact_am.ptr, amax_out=dxn_am.ptr)

@@ -79,7 +79,8 @@ class Activations:
     def row_bytes(config, pf: dict) -> dict[str, int]:
         """Bytes per row of each buffer (what lucegen.runtime.memory_plan counts per verify slot)."""
         c, esz = config, 2  # compute dtype bytes
-        out = {"x": 4 * c.hidden_size, "xn": esz * c.hidden_size, "ss": 4 * pf["ss_parts"],
+        # ss: the parts its readers take (ss_parts), or more where a residual writes more (ss_scratch)
+        out = {"x": 4 * c.hidden_size, "xn": esz * c.hidden_size, "ss": 4 * pf.get("ss_scratch", pf["ss_parts"]),
                "proj": 4 * max(pf["NIN_DN"], pf["NIN_AT"]),
                "mix": esz * max(pf["VD"], c.num_attention_heads * c.head_dim), "act": esz * c.intermediate_size}
         if pf.get("int8"):  # one 2-byte magnitude per 16 values
