@@ -810,17 +810,26 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     }
     if (ss_count != nullptr) {  // the launch's last block of these rows sums every tile's part into part 0
       __shared__ bool last;
-      __threadfence();
       __syncthreads();
-      if (threadIdx.x == 0)  // publishes the block's parts
+      if (threadIdx.x == 0)  // publishes the block's parts (a release after the barrier: cumulative)
         last = lg_atomic_add_release(ss_count + blockIdx.y, 1u) == gridDim.x - 1;
       __syncthreads();
       if (last) {
         (void)lg_load_acquire(ss_count + blockIdx.y);  // every block's parts are visible
         const int tiles = (N + 15) / 16;
+        constexpr int LOADS = 12;  // a lane's parts in flight at once (the 27B's 320 tiles: one round trip)
         for (int mm = warp; mm < rows_here; mm += WARPS) {  // a warp a row: lanes over the tiles, a fixed butterfly
           float sum_sq = 0.0f;
-          for (int t = lane; t < tiles; t += LG_WARP_SIZE) sum_sq += ss_out[(size_t)t * ss_stride + m0 + mm];
+          for (int t0 = lane; t0 < tiles; t0 += LOADS * LG_WARP_SIZE) {
+            float part[LOADS];
+#pragma unroll
+            for (int u = 0; u < LOADS; ++u) {
+              const int t = t0 + u * LG_WARP_SIZE;
+              part[u] = t < tiles ? ss_out[(size_t)t * ss_stride + m0 + mm] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < LOADS; ++u) sum_sq += part[u];
+          }
           sum_sq = lg_warp_sum(sum_sq);
           if (lane == 0) ss_out[m0 + mm] = sum_sq;
         }

@@ -39,7 +39,7 @@ from . import packing
 from .device import Buffer, Device, address
 from .megakernel import SequenceState
 from .prefill.runner import LayerWeights
-from .quant_gemm import QuantGemm, QuantMatrix
+from .quant_gemm import TILE_ROWS, QuantGemm, QuantMatrix
 
 
 def _vector_pieces(layout: packing.Layout, checkpoint, tiled: bool):
@@ -181,7 +181,9 @@ class QuantDecoder(SequenceState):
             self.weight_bytes += raw.size
         down = self.matrices[self.layout.layers[0].down]
         self.ss_parts, self.ss_scratch = self.qgemm.ss_parts(down), self.qgemm.ss_scratch_parts(down)
-        self.part_columns = self.config.hidden_size  # the embedding's ss parts: one a row, as a residual leaves
+        # the embedding's ss parts: a row tile's columns each, as a residual writes them before its last block sums
+        # them (the embedding kernel's thread a part: one part a row would be one thread's 5120 serial loads)
+        self.part_columns = TILE_ROWS
 
     def kv_choices(self) -> tuple[str, ...]:
         """The descriptor's float type and the quantised formats."""
