@@ -601,7 +601,8 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][WARPS]
   for (int mm = 0; mm < 8 * NT; ++mm) {
     sum_sq[mm] = 0.0f;
     if (m0 + mm < M)
-      for (int j = threadIdx.x; j < ss_parts; j += WARPS * LG_WARP_SIZE) sum_sq[mm] += ss[(size_t)j * ss_stride + m0 + mm];
+      for (int j = threadIdx.x; j < ss_parts; j += WARPS * LG_WARP_SIZE)
+        sum_sq[mm] += ss[(size_t)j * ss_stride + m0 + mm];
   }
 #pragma unroll
   for (int mm = 0; mm < 8 * NT; ++mm) {

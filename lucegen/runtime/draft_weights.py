@@ -7,7 +7,8 @@
 Either gives ``gemm`` (``rows_f32`` / ``swiglu`` / ``residual``, GemmKernels' signatures), ``matrix(key)`` (what
 ``gemm`` takes as W) for "fc", ("qkv", l) = [q | k | v] rows, ("kv", l) = its k and v rows, ("o", l), ("gateup", l)
 and ("down", l); ``ss_parts`` (the RMSNorm partial sums per row a residual launch leaves; every draft residual has
-the hidden size's columns) and ``ss_scratch`` (the parts it writes, as many or more); ``split_k`` (the residual launches' workspace keywords); ``weight_bytes``; ``free()``.
+the hidden size's columns) and ``ss_scratch`` (the parts it writes, as many or more); ``split_k`` (the residual
+launches' workspace keywords); ``weight_bytes``; ``free()``.
 """
 
 from __future__ import annotations

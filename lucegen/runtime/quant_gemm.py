@@ -24,9 +24,9 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX,
-                                   Q8_WARPS, RING_TYPES, WARPS, WGMMA_MAX_PARTS, has_int8, instances, q8_smem_bytes,
-                                   ring_smem_bytes, smem_fits, staged_smem_bytes, wgmma_smem_bytes)
+from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, Q8_WARPS, RING_TYPES, WARPS,
+                                   WGMMA_MAX_PARTS, has_int8, instances, q8_smem_bytes, ring_smem_bytes, smem_fits,
+                                   staged_smem_bytes, wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -150,9 +150,9 @@ def tile_unpack(packed: np.ndarray, type_name: str, rows: int, cols: int, int8: 
     return out[: rows * nb * size]
 
 
-def plan_parts(tiles: int, compute_units: int, most: int = WARPS, blocks_per_cu: int = 1, warps: int = WARPS) -> int:
+def plan_parts(tiles: int, compute_units: int, most: int = WARPS, blocks_per_cu: int = 1) -> int:
     """Warps per row tile (each summing every parts-th block of K): the fewest that give every compute unit
-    ``blocks_per_cu`` blocks' worth of warps (blocks of ``warps``). Fewer parts mean longer runs of K per warp (its first load's latency
+    ``blocks_per_cu`` blocks' worth of warps. Fewer parts mean longer runs of K per warp (its first load's latency
     paid once) and, staged, more tiles sharing a block's activations; more fill the chip. Depends on the matrix
     alone, never on the row count (batch invariance). Measured on the 27B's shapes (tools/quant_gemm_bench.py
     1 9 23 --parts 1,2,4,8, H100, us at 1 / 23 rows): one block's worth for a matrix, so the residuals (320 tiles)
@@ -160,7 +160,7 @@ def plan_parts(tiles: int, compute_units: int, most: int = WARPS, blocks_per_cu:
     in-projection (1030 tiles) 2, not 4 (23.1 -> 22.9 / 60.4 -> 50.3); two blocks' worth for a gate/up pair, counted
     by its tiles of one matrix (2 parts: 46.2 / 110.4, against 1 part: 56.1 / 123.2)."""
     parts = 1
-    while parts < most and tiles * parts < blocks_per_cu * warps * compute_units:
+    while parts < most and tiles * parts < blocks_per_cu * WARPS * compute_units:
         parts *= 2
     return parts
 
@@ -381,7 +381,8 @@ class QuantGemm:
         if W.int8:
             smem = q8_smem_bytes(nt, W.K)
             if not smem_fits(self.target, smem, self.static_smem[f"nt{nt}q"], 1):
-                raise LucegenError(f"quant_gemm_nt{nt}q: the int8 scales of K={W.K} ({smem} bytes) exceed shared memory")
+                raise LucegenError(f"quant_gemm_nt{nt}q: the int8 scales of K={W.K} ({smem} bytes) exceed shared "
+                                   "memory")
             return f"nt{nt}q", smem
         name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
         k_quants = all(t in K_QUANTS for t in W.types)

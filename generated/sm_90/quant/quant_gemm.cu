@@ -975,7 +975,8 @@ __device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][WARPS]
   for (int mm = 0; mm < 8 * NT; ++mm) {
     sum_sq[mm] = 0.0f;
     if (m0 + mm < M)
-      for (int j = threadIdx.x; j < ss_parts; j += WARPS * LG_WARP_SIZE) sum_sq[mm] += ss[(size_t)j * ss_stride + m0 + mm];
+      for (int j = threadIdx.x; j < ss_parts; j += WARPS * LG_WARP_SIZE)
+        sum_sq[mm] += ss[(size_t)j * ss_stride + m0 + mm];
   }
 #pragma unroll
   for (int mm = 0; mm < 8 * NT; ++mm) {
@@ -1081,12 +1082,12 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     const int type = seg >= 0 ? segs.seg[seg].type : -1;
     switch (type) {
       case 1:  // Q4_K
-        qg_tile_q8<QgQ4K, NT, THREADS>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part, parts,
-                                         A, lda, m0, M, a_amax, sc);
+        qg_tile_q8<QgQ4K, NT, THREADS>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+                                         parts, A, lda, m0, M, a_amax, sc);
         break;
       case 2:  // Q5_K
-        qg_tile_q8<QgQ5K, NT, THREADS>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part, parts,
-                                         A, lda, m0, M, a_amax, sc);
+        qg_tile_q8<QgQ5K, NT, THREADS>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+                                         parts, A, lda, m0, M, a_amax, sc);
         break;
       default:  // no tile: the scales' share and barrier all the same
         qg_q8_prologue<NT, THREADS>(sc, a_amax, lda, K, m0, M);
