@@ -123,6 +123,7 @@ class QuantDraftWeights:
     def free(self) -> None:
         for m in self.matrices.values():
             m.free()
+        self.gemm.free()
 
 
 def draft_weights(device, target, pf: dict, checkpoint, rows: int):

@@ -275,6 +275,12 @@ class QuantGemm:
         self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
         self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
 
+    def free(self) -> None:
+        """Free the module's own buffers (its matrices are the caller's)."""
+        if self.ss_count is not None:
+            self.ss_count.free()
+            self.ss_count = None
+
     def matrix(self, segments, K: int, *, pair: bool = False, int8: bool = False) -> QuantMatrix:
         """Repack and upload ``segments`` [(type, raw GGML bytes, rows, unused)] of K columns each; ``int8``: on int8
         activations if the group holds INT8_TYPES alone and the module takes them (:attr:`int8`), its launches then

@@ -214,6 +214,7 @@ class QuantDecoder(SequenceState):
         for m in self.matrices.values():
             m.free()
         self.matrices = {}
+        self.qgemm.free()
         for name in ("wvec", "conv", "recurrent", "kv", "embedding"):
             b = getattr(self, name, None)
             if b is not None:
