@@ -208,9 +208,11 @@ __device__ __forceinline__ QgKScales qg_k_scales(const uint4& h) {
 }
 // ds = d * sc of sub-block s, exact. (The sub-block loop is unrolled: the unpacking above is done once per row and
 // tile-block, not per sub-block.)
-__device__ __forceinline__ float qg_k_scale(const QgKScales& k, int s) {
-  return k.d * (float)((k.sc[s >> 2] >> (8 * (s & 3))) & 0xFFu);
+// Byte s of the words w[0], w[1]: sub-block s's 6-bit scale or min.
+__device__ __forceinline__ unsigned qg_k_byte(const unsigned (&w)[2], int s) {
+  return (w[s >> 2] >> (8 * (s & 3))) & 0xFFu;
 }
+__device__ __forceinline__ float qg_k_scale(const QgKScales& k, int s) { return k.d * (float)qg_k_byte(k.sc, s); }
 // The 2-byte float pair (b, b) for byte s of the words w[0], w[1] (b < 128: BIAS + b by byte placement, then - BIAS).
 __device__ __forceinline__ unsigned qg_splat_byte(const unsigned (&w)[2], int s) {
   const unsigned byte = (unsigned)(s & 3);
@@ -252,16 +254,6 @@ struct QgNoMin {
 // (fragment), the scales of rows g, g + 8 (scales) and, with a min, mins / dmins (QgKHeaders). Tile-block byte
 // maps: quant_gemm.py _tile_map. ----
 
-// The int8 A fragment (m16n8k32: rows g, g + 8 at k = 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3) of sub-block s from a
-// K-quant's 4 chunks of nibbles (sub-blocks 2p, 2p + 1 in chunk p): the low or high nibbles as bytes.
-__device__ __forceinline__ void qg_nibbles_q8(const uint4 (&qs)[4], int s, unsigned (&a)[4]) {
-  const uint4& c = qs[s >> 1];
-  const int shift = 4 * (s & 1);
-  a[0] = (c.x >> shift) & 0x0F0F0F0Fu;
-  a[1] = (c.z >> shift) & 0x0F0F0F0Fu;
-  a[2] = (c.y >> shift) & 0x0F0F0F0Fu;
-  a[3] = (c.w >> shift) & 0x0F0F0F0Fu;
-}
 
 // Q4_K (256 values, 144 bytes): [16 headers of 16 B][4 chunks of qs: sub-blocks 2p (low nibbles), 2p + 1 (high)].
 struct QgQ4KRaw { uint4 h, h8, qs[4]; };
@@ -280,8 +272,6 @@ struct QgQ4K : QgKHeaders<QgQ4KRaw> {
     const int shift = 4 * (s & 1);
     fragment_of(r, s, ((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu, ((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu, a);
   }
-  // The int8 A fragment (m16n8k32) of sub-block s: the values as bytes, as they sit in the tile-block.
-  static __device__ __forceinline__ void fragment_q8(const Raw& r, int s, unsigned (&a)[4]) { qg_nibbles_q8(r.qs, s, a); }
 };
 
 // Q5_K (256 values, 176 bytes): as Q4_K with a chunk of high bits (bit s of byte l: sub-block s, value l) between.
@@ -304,13 +294,6 @@ struct QgQ5K : QgKHeaders<QgQ5KRaw> {
     const unsigned hg8 = (((j ? r.qh.w : r.qh.z) >> s) & 0x01010101u) << 4;
     fragment_of(r, s, (((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu) | hg, (((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu) | hg8,
                 a);
-  }
-  static __device__ __forceinline__ void fragment_q8(const Raw& r, int s, unsigned (&a)[4]) {
-    qg_nibbles_q8(r.qs, s, a);  // the low nibbles, then the fifth bits
-    a[0] |= ((r.qh.x >> s) & 0x01010101u) << 4;
-    a[1] |= ((r.qh.z >> s) & 0x01010101u) << 4;
-    a[2] |= ((r.qh.y >> s) & 0x01010101u) << 4;
-    a[3] |= ((r.qh.w >> s) & 0x01010101u) << 4;
   }
 };
 

@@ -22,6 +22,11 @@ WARPS = 8
 #: more warps in flight.
 Q8_WARPS = 4
 Q8_BLOCKS_PER_CU = 3
+
+
+def block_warps(int8: bool) -> int:
+    """Warps per block of the int8-activation kernels (``int8``) or of the others."""
+    return Q8_WARPS if int8 else WARPS
 #: Groups of 8 tokens per block, at most (kernels quant_gemm_nt1 .. nt4: 8 .. 32 tokens).
 NT_MAX = 4
 #: Groups of 8 tokens whose kernels also come staged (tuning choice): the block copies each round's activations
@@ -106,7 +111,7 @@ class GemmKernel(NamedTuple):
 
     @property
     def warps(self) -> int:
-        return Q8_WARPS if self.int8 else WARPS
+        return block_warps(self.int8)
 
     @property
     def blocks_per_cu(self) -> int:  # 128 registers a thread for one or two groups unstaged, and wgmma

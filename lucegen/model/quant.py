@@ -263,7 +263,7 @@ Q8_ACT_BLOCK = QK_K
 
 
 def q8_activation_scales(x: np.ndarray) -> np.ndarray:
-    """The int8-activation GEMM's scale per token and 256 values (templates/kernels/quant_gemm.cu.j2, qg_q8_scale):
+    """The int8-activation GEMM's scale per token and 256 values (templates/kernels/quant_gemm.cu.j2, qg_q8_scales):
     inv = 127 / amax in float32, then to fp16 rounded toward zero (so |x inv| <= 127), 0 where amax is 0. ``x``
     [..., K] holds fp16 values (K a multiple of 256); returns inv as float32 [..., K / 256]."""
     x = np.asarray(x, np.float32)

@@ -25,7 +25,7 @@ import numpy as np
 from .. import codegen
 from ..errors import LucegenError
 from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, Q8_WARPS, RING_TYPES, WARPS,
-                                   WGMMA_MAX_PARTS, has_int8, instances, q8_smem_bytes, ring_smem_bytes, smem_fits,
+                                   WGMMA_MAX_PARTS, block_warps, has_int8, instances, q8_smem_bytes, ring_smem_bytes, smem_fits,
                                    staged_smem_bytes, wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
@@ -297,7 +297,7 @@ class QuantGemm:
     @staticmethod
     def warps(W: QuantMatrix) -> int:
         """Warps per block of every launch over ``W``."""
-        return Q8_WARPS if W.int8 else WARPS
+        return block_warps(W.int8)
 
     def parts(self, W: QuantMatrix) -> int:
         """K parts of every launch over ``W``: planned (:func:`plan_parts`) for the float kernels; all of a block's

@@ -221,9 +221,11 @@ __device__ __forceinline__ QgKScales qg_k_scales(const uint4& h) {
 }
 // ds = d * sc of sub-block s, exact. (The sub-block loop is unrolled: the unpacking above is done once per row and
 // tile-block, not per sub-block.)
-__device__ __forceinline__ float qg_k_scale(const QgKScales& k, int s) {
-  return k.d * (float)((k.sc[s >> 2] >> (8 * (s & 3))) & 0xFFu);
+// Byte s of the words w[0], w[1]: sub-block s's 6-bit scale or min.
+__device__ __forceinline__ unsigned qg_k_byte(const unsigned (&w)[2], int s) {
+  return (w[s >> 2] >> (8 * (s & 3))) & 0xFFu;
 }
+__device__ __forceinline__ float qg_k_scale(const QgKScales& k, int s) { return k.d * (float)qg_k_byte(k.sc, s); }
 // The 2-byte float pair (b, b) for byte s of the words w[0], w[1] (b < 128: BIAS + b by byte placement, then - BIAS).
 __device__ __forceinline__ unsigned qg_splat_byte(const unsigned (&w)[2], int s) {
   const unsigned byte = (unsigned)(s & 3);
@@ -864,10 +866,9 @@ __device__ __forceinline__ void qg_tile_block_q8(float (&acc)[NT][4], const type
   for (int s = 0; s < 8; ++s) {
     unsigned a[4];
     Q::fragment_q8(cur, s, a);
-    const int byte = 8 * (s & 3);
-    const unsigned mg = ((kg.m[s >> 2] >> byte) & 0xFFu) * 0x01010101u, m8 = ((k8.m[s >> 2] >> byte) & 0xFFu) * 0x01010101u;
+    const unsigned mg = qg_k_byte(kg.m, s) * 0x01010101u, m8 = qg_k_byte(k8.m, s) * 0x01010101u;  // splat as bytes
     const unsigned mf[4] = {mg, m8, mg, m8};
-    const int scg = (kg.sc[s >> 2] >> byte) & 0xFF, sc8 = (k8.sc[s >> 2] >> byte) & 0xFF;
+    const int scg = (int)qg_k_byte(kg.sc, s), sc8 = (int)qg_k_byte(k8.sc, s);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       unsigned b0 = 0u, b1 = 0u;
