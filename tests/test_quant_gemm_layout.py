@@ -134,5 +134,5 @@ def test_grid_of_the_27b_launches():
     for name, (tiles, pair, int8, blocks, columns) in shapes.items():
         W = types.SimpleNamespace(tiles=tiles, pair=pair, int8=int8)
         assert (qg.grid_width(W), qg.block_columns(W)) == (blocks, columns), name
-        # a residual's RMSNorm partial sums: one per row tile whatever its blocks, summed into the first for readers
-        assert (qg.ss_parts(W), qg.ss_scratch_parts(W)) == (1, tiles)
+        # a residual's RMSNorm partial sums: one per row tile whatever its blocks, then the rows' totals
+        assert (qg.ss_parts(W), qg.ss_scratch_parts(W)) == (tiles, tiles + 1)

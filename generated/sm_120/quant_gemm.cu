@@ -80,6 +80,34 @@ __device__ __forceinline__ unsigned long long lg_argmax_key(float v, int n) {
   bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
   return ((unsigned long long)bits << 32) | (unsigned)~n;
 }
+// RMSNorm partial sums, one fixed order for every kernel that totals a row's parts (the quantised GEMM's readers
+// at one row, its residuals' last blocks and the embedding at more; batch invariance needs the same bits):
+//   sum[r] = sum over t < parts of p[r][t * stride]: lane l adds t = l, l + 32, .. in turn, then the
+//   lanes' butterfly (lg_warp_sum). p[r] == nullptr: a row that is not there (sum 0). LOADS: a lane's loads per row
+//   in flight at once (any LOADS, the same bits). Called by a whole warp.
+template <int ROWS, int LOADS>
+__device__ __forceinline__ void lg_parts_sums(float (&sum)[ROWS], const float* const (&p)[ROWS], int parts,
+                                              int stride) {
+  const int lane = (int)lg_lane_id();
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) sum[r] = 0.0f;
+  for (int t0 = lane; t0 < parts; t0 += LOADS * LG_WARP_SIZE) {
+    float v[ROWS][LOADS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < LOADS; ++u) {
+        const int t = t0 + u * LG_WARP_SIZE;
+        v[r][u] = p[r] != nullptr && t < parts ? p[r][(size_t)t * stride] : 0.0f;
+      }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < LOADS; ++u) sum[r] += v[r][u];
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) sum[r] = lg_warp_sum(sum[r]);
+}
 // Unpack 8 two-byte elements of one 16-byte vector into floats.
 template <typename T>
 __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
@@ -532,28 +560,27 @@ __device__ __forceinline__ void qg_tile_ring(float (&acc)[NT][4], const unsigned
 //   swiglu:    out[m, n] = silu(gate r[m]) (up r[m])      (compute type)
 //   residual:  x[m, n] += acc; xn[m, n] = x (1 + norm_w[n]); ss_out[tile ss_stride + m] = sum over the row tile's
 //              16 columns of x^2, in column order (one part per row tile, whatever the block's warps); with
-//              ss_count (a zeroed counter per blockIdx.y, left zeroed), the launch's last block of rows m then sums
-//              the tiles' parts (lanes over tiles, a fixed butterfly) into ss_out[m]: one part a row for the readers
-// The row scales' partial sums: row_part[mm][w] = warp w's share of sum_j ss[j ss_stride + m0 + mm], thread t
-// summing j = t, t + 32 WARPS, .. and the warp's lanes then added by a fixed butterfly, so each row's sum has the
-// same order whatever M (batch invariance). Read after the K loop: the weights stream first.
-template <int NT, int WARPS>
-__device__ __forceinline__ void qg_row_partials(float (&row_part)[8 * NT][WARPS], const float* __restrict__ ss,
-                                                int ss_parts, int ss_stride, int m0, int M) {
-  const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
-  float sum_sq[8 * NT];  // every row's loads in flight at once, then the reductions
+//              ss_count (a zeroed counter per blockIdx.y, left zeroed), the launch's last block of rows m then adds
+//              the tiles' parts (qg_row_totals) into ss_out[tiles ss_stride + m]: one part a row for readers of
+//              more than one row (QuantGemm.row_totals; a reader of one row totals the parts alike itself)
+// The totals of rows m0 .. m0 + rows - 1's parts (lg_parts_sums, the one order), a warp a row (rows w, w + WARPS,
+// ..): store(mm, total) by the row's lane 0. A reader's row scales (its parts, or the one total a producer left) and
+// a residual's last block (its row tiles' parts) both take them here.
+template <int NT, int WARPS, typename Store>
+__device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int stride, int m0, int rows, Store store) {
+  constexpr int ROWS = (8 * NT + WARPS - 1) / WARPS, LOADS = ROWS >= 24 ? 1 : (24 / ROWS < 12 ? 24 / ROWS : 12);
+  const int warp = threadIdx.x / LG_WARP_SIZE;
+  const float* p[ROWS];
 #pragma unroll
-  for (int mm = 0; mm < 8 * NT; ++mm) {
-    sum_sq[mm] = 0.0f;
-    if (m0 + mm < M)
-      for (int j = threadIdx.x; j < ss_parts; j += WARPS * LG_WARP_SIZE)
-        sum_sq[mm] += ss[(size_t)j * ss_stride + m0 + mm];
+  for (int r = 0; r < ROWS; ++r) {
+    const int mm = warp + r * WARPS;
+    p[r] = mm < rows ? ss + m0 + mm : nullptr;
   }
+  float total[ROWS];
+  lg_parts_sums<ROWS, LOADS>(total, p, parts, stride);
 #pragma unroll
-  for (int mm = 0; mm < 8 * NT; ++mm) {
-    const float total = lg_warp_sum(sum_sq[mm]);
-    if (lane == 0) row_part[mm][warp] = total;
-  }
+  for (int r = 0; r < ROWS; ++r)
+    if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
 }
 
 template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8>
@@ -567,7 +594,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
                                            unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
   constexpr int THREADS = WARPS * LG_WARP_SIZE;
   __shared__ float red[WARPS][NT * 4][LG_WARP_SIZE];
-  __shared__ float row_part[8 * NT][WARPS];
+  __shared__ float row_ss[8 * NT];
   __shared__ float squares[8 * NT][16 * WARPS + 1];
   lg_launch_dependents();
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
@@ -641,16 +668,13 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) red[WGMMA ? j * parts + part : warp][nt * 4 + c][lane] = acc[nt][c];
-  if (kind != QG_RESIDUAL && ss != nullptr) qg_row_partials<NT, WARPS>(row_part, ss, ss_parts, ss_stride, m0, M);
+  const int rows_here = min(8 * NT, M - m0);
+  if (kind != QG_RESIDUAL && ss != nullptr)  // read after the K loop: the weights stream first
+    qg_row_totals<NT, WARPS>(ss, ss_parts, ss_stride, m0, rows_here, [&](int mm, float v) { row_ss[mm] = v; });
   __syncthreads();
 
-  // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps), the warps' shares added in warp order (1: no ss).
-  auto row_scale = [&](int mm) {
-    if (ss == nullptr) return 1.0f;
-    float sum_sq = 0.0f;
-    for (int w = 0; w < WARPS; ++w) sum_sq += row_part[mm][w];
-    return rsqrtf(sum_sq / (float)norm_dim + eps);
-  };
+  // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps) (1: no ss).
+  auto row_scale = [&](int mm) { return ss == nullptr ? 1.0f : rsqrtf(row_ss[mm] / (float)norm_dim + eps); };
   // The sum over the parts of element (tile j, row r, token mm), in part order.
   auto value = [&](int jj, int r, int mm) {
     const int nt = mm >> 3, col = mm & 7;
@@ -659,7 +683,6 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     for (int p = 0; p < parts; ++p) v += red[jj * parts + p][nt * 4 + c][src];
     return v;
   };
-  const int rows_here = min(8 * NT, M - m0);
   if (kind == QG_ROWS_F32) {
     unsigned long long best = 0ull;
     for (int i = threadIdx.x; i < tiles_per_block * 16 * 8 * NT; i += THREADS) {
@@ -718,7 +741,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       for (int r = 0; r < 16; ++r) sum_sq += squares[mm][16 * jj + r];
       ss_out[(size_t)(blockIdx.x * tiles_per_block + jj) * ss_stride + m0 + mm] = sum_sq;
     }
-    if (ss_count != nullptr) {  // the launch's last block of these rows sums every tile's part into part 0
+    if (ss_count != nullptr) {  // the launch's last block of these rows leaves their totals after the tiles' parts
       __shared__ bool last;
       __syncthreads();
       if (threadIdx.x == 0)  // publishes the block's parts (a release after the barrier: cumulative)
@@ -727,22 +750,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       if (last) {
         (void)lg_load_acquire(ss_count + blockIdx.y);  // every block's parts are visible
         const int tiles = (N + 15) / 16;
-        constexpr int LOADS = 12;  // a lane's parts in flight at once (the 27B's 320 tiles: one round trip)
-        for (int mm = warp; mm < rows_here; mm += WARPS) {  // a warp a row: lanes over the tiles, a fixed butterfly
-          float sum_sq = 0.0f;
-          for (int t0 = lane; t0 < tiles; t0 += LOADS * LG_WARP_SIZE) {
-            float part[LOADS];
-#pragma unroll
-            for (int u = 0; u < LOADS; ++u) {
-              const int t = t0 + u * LG_WARP_SIZE;
-              part[u] = t < tiles ? ss_out[(size_t)t * ss_stride + m0 + mm] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < LOADS; ++u) sum_sq += part[u];
-          }
-          sum_sq = lg_warp_sum(sum_sq);
-          if (lane == 0) ss_out[m0 + mm] = sum_sq;
-        }
+        qg_row_totals<NT, WARPS>(ss_out, tiles, ss_stride, m0, rows_here,
+                                 [&](int mm, float v) { ss_out[(size_t)tiles * ss_stride + m0 + mm] = v; });
         if (threadIdx.x == 0) ss_count[blockIdx.y] = 0u;  // the next launch counts from zero
       }
     }

@@ -78,6 +78,34 @@ __device__ __forceinline__ unsigned long long lg_argmax_key(float v, int n) {
   bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
   return ((unsigned long long)bits << 32) | (unsigned)~n;
 }
+// RMSNorm partial sums, one fixed order for every kernel that totals a row's parts (the quantised GEMM's readers
+// at one row, its residuals' last blocks and the embedding at more; batch invariance needs the same bits):
+//   sum[r] = sum over t < parts of p[r][t * stride]: lane l adds t = l, l + 32, .. in turn, then the
+//   lanes' butterfly (lg_warp_sum). p[r] == nullptr: a row that is not there (sum 0). LOADS: a lane's loads per row
+//   in flight at once (any LOADS, the same bits). Called by a whole warp.
+template <int ROWS, int LOADS>
+__device__ __forceinline__ void lg_parts_sums(float (&sum)[ROWS], const float* const (&p)[ROWS], int parts,
+                                              int stride) {
+  const int lane = (int)lg_lane_id();
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) sum[r] = 0.0f;
+  for (int t0 = lane; t0 < parts; t0 += LOADS * LG_WARP_SIZE) {
+    float v[ROWS][LOADS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < LOADS; ++u) {
+        const int t = t0 + u * LG_WARP_SIZE;
+        v[r][u] = p[r] != nullptr && t < parts ? p[r][(size_t)t * stride] : 0.0f;
+      }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < LOADS; ++u) sum[r] += v[r][u];
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) sum[r] = lg_warp_sum(sum[r]);
+}
 // Unpack 8 two-byte elements of one 16-byte vector into floats.
 template <typename T>
 __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
@@ -195,12 +223,14 @@ matvec_q8_0(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 
 // Start the residual stream from Q8_0 embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
 //   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (fp16_t),
-//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order.
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order;
+//   with totals, ss[parts * ss_stride + t] = the parts' total in lg_parts_sums' order (as the quantised residuals
+//   leave it for readers of more than one row: QuantGemm.row_totals).
 // One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
 embed_q8_0(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
                 const float* __restrict__ norm_w, float* __restrict__ x, fp16_t* __restrict__ xn,
-                float* __restrict__ ss, int ss_stride, int part_cols) {
+                float* __restrict__ ss, int ss_stride, int part_cols, int totals) {
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q8_0::VALUES) * Q8_0::BYTES;
   for (int part = threadIdx.x; part * part_cols < H; part += 256) {
@@ -212,6 +242,16 @@ embed_q8_0(const int* __restrict__ tokens, const unsigned char* __restrict__ E, 
       sum_sq += v * v;
     }
     ss[(size_t)part * ss_stride + t] = sum_sq;
+  }
+  if (totals) {
+    __syncthreads();  // the block's parts written
+    if (threadIdx.x < LG_WARP_SIZE) {
+      const int parts = (H + part_cols - 1) / part_cols;
+      const float* p[1] = {ss + t};
+      float total[1];
+      lg_parts_sums<1, 12>(total, p, parts, ss_stride);
+      if (threadIdx.x == 0) ss[(size_t)parts * ss_stride + t] = total[0];
+    }
   }
 }
 
@@ -245,12 +285,14 @@ matvec_q4_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 
 // Start the residual stream from Q4_K embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
 //   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (fp16_t),
-//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order.
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order;
+//   with totals, ss[parts * ss_stride + t] = the parts' total in lg_parts_sums' order (as the quantised residuals
+//   leave it for readers of more than one row: QuantGemm.row_totals).
 // One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
 embed_q4_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
                 const float* __restrict__ norm_w, float* __restrict__ x, fp16_t* __restrict__ xn,
-                float* __restrict__ ss, int ss_stride, int part_cols) {
+                float* __restrict__ ss, int ss_stride, int part_cols, int totals) {
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q4_K::VALUES) * Q4_K::BYTES;
   for (int part = threadIdx.x; part * part_cols < H; part += 256) {
@@ -262,6 +304,16 @@ embed_q4_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, 
       sum_sq += v * v;
     }
     ss[(size_t)part * ss_stride + t] = sum_sq;
+  }
+  if (totals) {
+    __syncthreads();  // the block's parts written
+    if (threadIdx.x < LG_WARP_SIZE) {
+      const int parts = (H + part_cols - 1) / part_cols;
+      const float* p[1] = {ss + t};
+      float total[1];
+      lg_parts_sums<1, 12>(total, p, parts, ss_stride);
+      if (threadIdx.x == 0) ss[(size_t)parts * ss_stride + t] = total[0];
+    }
   }
 }
 
@@ -295,12 +347,14 @@ matvec_q5_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 
 // Start the residual stream from Q5_K embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
 //   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (fp16_t),
-//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order.
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order;
+//   with totals, ss[parts * ss_stride + t] = the parts' total in lg_parts_sums' order (as the quantised residuals
+//   leave it for readers of more than one row: QuantGemm.row_totals).
 // One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
 embed_q5_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
                 const float* __restrict__ norm_w, float* __restrict__ x, fp16_t* __restrict__ xn,
-                float* __restrict__ ss, int ss_stride, int part_cols) {
+                float* __restrict__ ss, int ss_stride, int part_cols, int totals) {
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q5_K::VALUES) * Q5_K::BYTES;
   for (int part = threadIdx.x; part * part_cols < H; part += 256) {
@@ -312,6 +366,16 @@ embed_q5_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, 
       sum_sq += v * v;
     }
     ss[(size_t)part * ss_stride + t] = sum_sq;
+  }
+  if (totals) {
+    __syncthreads();  // the block's parts written
+    if (threadIdx.x < LG_WARP_SIZE) {
+      const int parts = (H + part_cols - 1) / part_cols;
+      const float* p[1] = {ss + t};
+      float total[1];
+      lg_parts_sums<1, 12>(total, p, parts, ss_stride);
+      if (threadIdx.x == 0) ss[(size_t)parts * ss_stride + t] = total[0];
+    }
   }
 }
 
@@ -345,12 +409,14 @@ matvec_q6_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 
 // Start the residual stream from Q6_K embedding rows (reference.Reference.forward: x = embed_tokens[tokens]):
 //   x[t, :] = dequantize(E row tokens[t]) (f32),  xn[t, :] = x * (1 + norm_w) (fp16_t),
-//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order.
+//   ss[j * ss_stride + t] = sum of x[t, c]^2 over columns c of part j, [j * part_cols, (j + 1) * part_cols), in order;
+//   with totals, ss[parts * ss_stride + t] = the parts' total in lg_parts_sums' order (as the quantised residuals
+//   leave it for readers of more than one row: QuantGemm.row_totals).
 // One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
 embed_q6_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
                 const float* __restrict__ norm_w, float* __restrict__ x, fp16_t* __restrict__ xn,
-                float* __restrict__ ss, int ss_stride, int part_cols) {
+                float* __restrict__ ss, int ss_stride, int part_cols, int totals) {
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q6_K::VALUES) * Q6_K::BYTES;
   for (int part = threadIdx.x; part * part_cols < H; part += 256) {
@@ -362,5 +428,15 @@ embed_q6_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, 
       sum_sq += v * v;
     }
     ss[(size_t)part * ss_stride + t] = sum_sq;
+  }
+  if (totals) {
+    __syncthreads();  // the block's parts written
+    if (threadIdx.x < LG_WARP_SIZE) {
+      const int parts = (H + part_cols - 1) / part_cols;
+      const float* p[1] = {ss + t};
+      float total[1];
+      lg_parts_sums<1, 12>(total, p, parts, ss_stride);
+      if (threadIdx.x == 0) ss[(size_t)parts * ss_stride + t] = total[0];
+    }
   }
 }

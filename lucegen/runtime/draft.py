@@ -184,7 +184,7 @@ class DFlashDrafter:
     def _allocate(self) -> None:
         c, d, R, B = self.config, self.device, self.rows, self.config.block_size
         H, L, ss_rows = c.hidden_size, c.num_layers, self.weights.ss_scratch  # the parts a residual writes
-        block_ss_parts = max(ss_rows, self.head.embed_ss_parts)  # the block's ss: the target's embedding first
+        block_ss_parts = max(ss_rows, self.head.embed_ss_scratch)  # the block's ss: the target's embedding first
         self.wvec = d.alloc(4 * self.layout.wvec_floats)
         self.capture = d.alloc(2 * R * c.fc_in_features)
         self.ctx_x, self.ctx_xn, self.ctx_ss = d.alloc(4 * R * H), d.alloc(2 * R * H), d.alloc(4 * ss_rows * R)
@@ -264,10 +264,10 @@ class DFlashDrafter:
         self.gemm.residual(self.capture.ptr, c.fc_in_features, self._mat("fc"), c.fc_in_features, T, H,
                            c.fc_in_features, self.ctx_x.ptr, H, self._vec("hidden_norm"), self.ctx_xn.ptr, H,
                            self.ctx_ss.ptr, R, stream=stream, **self._split_k())
+        ctx_ss = self.gemm.ss_for_readers(self.ctx_ss.ptr, self.weights.ss_parts, R, T)
         for l in range(L):
-            self.gemm.rows_f32(self.ctx_xn.ptr, H, self._mat(("kv", l)), H, T, 2 * kvd, H, self.ctx_ss.ptr,
-                               self.weights.ss_parts, R, self.ctx_kv.ptr + 4 * l * 2 * kvd, L * 2 * kvd,
-                               stream=stream, **self._split_k())
+            self.gemm.rows_f32(self.ctx_xn.ptr, H, self._mat(("kv", l)), H, T, 2 * kvd, H, *ctx_ss, R,
+                               self.ctx_kv.ptr + 4 * l * 2 * kvd, L * 2 * kvd, stream=stream, **self._split_k())
         ci = self.commit_in.ptr
         args = ((address(ci + 8), np.int32(T), address(ci + 4), np.int32(0), address(ci)) if from_commit
                 else (address(0), np.int32(T), address(0), np.int32(pos0), address(0)))
@@ -297,14 +297,17 @@ class DFlashDrafter:
     def _enqueue_block(self) -> None:
         c, st = self.config, self.stream
         H, I, B, L = c.hidden_size, c.intermediate_size, c.block_size, c.num_layers
-        nqkv, ss_parts = c.q_dim + 2 * c.kv_dim, self.weights.ss_parts
+        nqkv = c.q_dim + 2 * c.kv_dim
+        # the partial sums the block's readers take: of the target's embedding (its GEMM's rule) before layer 0, of
+        # this draft's residuals after
+        embed_ss = self.head.gemm.ss_for_readers(self.ss.ptr, self.head.embed_ss_parts, B, B)
+        ss, ss_parts = self.gemm.ss_for_readers(self.ss.ptr, self.weights.ss_parts, B, B)
         tokens, start = self.block_in.ptr, self.block_in.ptr + 4 * B
         self.head.embed(tokens, B, self.x.ptr, self.xn.ptr, self.ss.ptr, B, st, norm=self._vec(("in_norm", 0)))
         for l in range(L):
             next_norm = self._vec(("in_norm", l + 1)) if l + 1 < L else self._vec("final_norm")
-            in_parts = self.head.input_ss_parts(l, ss_parts)
-            self.gemm.rows_f32(self.xn.ptr, H, self._mat(("qkv", l)), H, B, nqkv, H, self.ss.ptr, in_parts, B,
-                               self.proj.ptr, nqkv, stream=st, **self._split_k())
+            self.gemm.rows_f32(self.xn.ptr, H, self._mat(("qkv", l)), H, B, nqkv, H, *(embed_ss if l == 0 else
+                               (ss, ss_parts)), B, self.proj.ptr, nqkv, stream=st, **self._split_k())
             self.prepare_fn.launch(B, THREADS, (address(self.proj.ptr), address(self._vec("q_norm") + 4 * l * c.head_dim),
                                                 address(self._vec("k_norm") + 4 * l * c.head_dim),
                                                 address(self._vec("inv_freq")), address(start),
@@ -317,12 +320,12 @@ class DFlashDrafter:
             self.gemm.residual(self.attn.ptr, c.q_dim, self._mat(("o", l)), c.q_dim, B, H, c.q_dim, self.x.ptr, H,
                                self._vec(("post_norm", l)), self.xn.ptr, H, self.ss.ptr, B, stream=st,
                                **self._split_k())
-            self.gemm.swiglu(self.xn.ptr, H, self._mat(("gateup", l)), H, B, 2 * I, H, self.ss.ptr, ss_parts, B,
+            self.gemm.swiglu(self.xn.ptr, H, self._mat(("gateup", l)), H, B, 2 * I, H, ss, ss_parts, B,
                              self.act.ptr, I, stream=st)
             self.gemm.residual(self.act.ptr, I, self._mat(("down", l)), I, B, H, I, self.x.ptr, H, next_norm,
                                self.xn.ptr, H, self.ss.ptr, B, stream=st, **self._split_k())
         rows = B - 1  # the drafted positions: block rows 1 ..
-        self.head.lm_head(self.xn.ptr + 2 * H, rows, self.ss.ptr + 4, ss_parts, B, self.logits.ptr, st)
+        self.head.lm_head(self.xn.ptr + 2 * H, rows, ss + 4, ss_parts, B, self.logits.ptr, st)
         chunks = self.topk_chunks
         cand, part = self.topk_ws.ptr, self.topk_ws.ptr + 8 * rows * chunks * TOPK_MAX
         self.topk_partial_fn.launch((rows, chunks), THREADS,

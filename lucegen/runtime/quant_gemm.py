@@ -262,8 +262,8 @@ class QuantGemm:
             if k.int8:
                 fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
         self.threads = WARPS * target.warp_size  # quant_gemm_amax's blocks
-        # a residual launch's counter per group of rows (blockIdx.y): its last block sums the row tiles' parts; each
-        # launch leaves them at zero (launches on one stream, one after another)
+        # a residual launch's counter per group of rows (blockIdx.y): its last block adds the row tiles' parts (at
+        # more than one row: row_totals); each launch leaves them at zero (launches on one stream, one after another)
         self.ss_count = device.alloc(4 * MAX_ROW_GROUPS)
         device.memset(self.ss_count)
         #: Whether the groups of INT8_TYPES alone that :meth:`matrix` builds take int8 activations (nt<N>q): a
@@ -321,15 +321,31 @@ class QuantGemm:
 
     @staticmethod
     def ss_parts(W: QuantMatrix) -> int:
-        """The RMSNorm partial sums a residual launch over ``W`` leaves per row for its readers: one, the row's sum
-        of squares (its blocks' parts, one per row tile, meet in the launch's last block of the row)."""
-        return 1
+        """The RMSNorm partial sums per row a residual launch over ``W`` leaves, what its readers are given: one per
+        row tile. A reader of one row adds them itself; at more rows the launch's last block of each group of rows
+        has added them already and its readers take that total (:meth:`row_totals`)."""
+        return W.tiles
 
     @staticmethod
     def ss_scratch_parts(W: QuantMatrix) -> int:
-        """Parts of ``ss_out`` (rows of ``ss_stride``) a residual launch over ``W`` writes: one per row tile, the
-        first left holding the row's sum."""
-        return W.tiles
+        """Parts of ``ss_out`` (rows of ``ss_stride``) a residual launch over ``W`` writes: one per row tile, then the
+        rows' totals (:meth:`row_totals`)."""
+        return W.tiles + 1
+
+    @staticmethod
+    def row_totals(M: int) -> bool:
+        """Whether the producers of an M-row pass's RMSNorm partial sums (the residuals, the embedding) leave each
+        row's total after its ``ss_parts`` parts, for the readers to take alone: at more than one row. At one row
+        the readers add the parts themselves, in the same order (the template's lg_parts_sums: the same bits), which
+        spares the residual its last block's tail on the decode step's critical path (~0.4 ms a 27B step, H100),
+        and costs a reader of M rows M times the parts."""
+        return M > 1
+
+    def ss_for_readers(self, ss: int, parts: int, stride: int, M: int) -> tuple[int, int]:
+        """(ss, ss_parts) for the readers of M rows of partial sums this module's residuals (or its decoder's
+        embedding) left over those M rows: their totals, one part, where :meth:`row_totals`; else the ``parts``.
+        (Readers add whatever parts they are given in one order, so the parts alone are always right.)"""
+        return (int(ss) + 4 * parts * stride, 1) if self.row_totals(M) else (ss, parts)
 
     @staticmethod
     def residual_workspace_bytes(M: int, N: int) -> int:
@@ -369,7 +385,7 @@ class QuantGemm:
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
             address(xn), address(ss_out), address(argmax_key), address(a_amax), address(amax_out),
-            address(self.ss_count.ptr if ss_out else 0)), smem=smem,
+            address(self.ss_count.ptr if ss_out and self.row_totals(M) else 0)), smem=smem,
             stream=stream,
             programmatic=self.target.features.programmatic_launch)
 
@@ -442,8 +458,8 @@ class QuantGemm:
     def residual(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, x: int, ldx: int, norm_w: int,
                  xn: int, ldxn: int, ss_out: int, ss_stride: int, stream=None, workspace: int = 0,
                  workspace_bytes: int = 0, a_amax: int = 0, amax_out: int = 0) -> None:
-        """x f32 += acc; xn = x (1 + norm_w); ss_out[m]: the row's sum of squares (:meth:`ss_parts`), ss_out holding
-        :meth:`ss_scratch_parts` rows of ss_stride for the blocks' parts (no split-K);
+        """x f32 += acc; xn = x (1 + norm_w); ss_out: the rows' sums of squares per row tile (:meth:`ss_parts`) and,
+        at more than one row, their totals after them (:meth:`ss_scratch_parts` rows of ss_stride; no split-K);
         ``amax_out``: xn's magnitudes per 16 values too (as :meth:`amax`; int8-activation modules alone)."""
         if W.count != 1 or N != W.rows or ldx != ldxn or ldx < N or ss_stride < M:
             raise LucegenError(f"quant_gemm_residual: one matrix of N={N} rows, ldx == ldxn >= N, ss_stride >= M")

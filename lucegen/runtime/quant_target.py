@@ -65,18 +65,20 @@ class QuantWeights(LayerWeights):
     def __init__(self, dec: "QuantDecoder"):
         self.dec, self.gemm = dec, dec.qgemm
         self.embed_ss_parts = -(-dec.config.hidden_size // dec.part_columns)  # templates/kernels/quant_matvec.cu.j2
+        self.embed_ss_scratch = self.embed_ss_parts + 1  # and the rows' totals (QuantGemm.row_totals)
 
     def matrix(self, offset: int) -> QuantMatrix:
         return self.dec.matrices[offset]
 
     def embed(self, tokens: int, T: int, x: int, xn: int, ss: int, ss_stride: int, stream, *,
               norm: int | None = None) -> None:
-        """x, xn, ss of T rows from device int32 ``tokens``: the GGML rows of token_embd (``embed_<type>``)."""
+        """x, xn, ss of T rows from device int32 ``tokens``: the GGML rows of token_embd (``embed_<type>``); ss holds
+        a part per row tile and, at more than one row, the rows' totals after them (QuantGemm.row_totals)."""
         d = self.dec
         d.embed_fn.launch(T, BLOCK_THREADS, (
             address(tokens), address(d.embedding.ptr), np.int32(d.config.hidden_size),
             address(self.first_norm() if norm is None else norm), address(x), address(xn), address(ss),
-            np.int32(ss_stride), np.int32(d.part_columns)), stream=stream)
+            np.int32(ss_stride), np.int32(d.part_columns), np.int32(d.qgemm.row_totals(T))), stream=stream)
 
 
 class QuantDecoder(SequenceState):
@@ -181,8 +183,9 @@ class QuantDecoder(SequenceState):
             self.weight_bytes += raw.size
         down = self.matrices[self.layout.layers[0].down]
         self.ss_parts, self.ss_scratch = self.qgemm.ss_parts(down), self.qgemm.ss_scratch_parts(down)
-        # the embedding's ss parts: a row tile's columns each, as a residual writes them before its last block sums
-        # them (the embedding kernel's thread a part: one part a row would be one thread's 5120 serial loads)
+        # the embedding's ss parts: a row tile's columns each, as a residual writes them, and their totals after them
+        # (QuantGemm.row_totals) where the residuals' are (the embedding kernel's thread a part: one part a row would
+        # be one thread's 5120 serial loads)
         self.part_columns = TILE_ROWS
 
     def kv_choices(self) -> tuple[str, ...]:

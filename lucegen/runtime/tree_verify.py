@@ -204,7 +204,8 @@ class TreeVerifier:
         st, acts = self.stream, self.acts
         enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr, S, self._mix(S, in_place), st,
                        after_layer=self.draft.capture_hook(st) if self.draft else None)
-        self.weights.lm_head(acts.xn.ptr, S, acts.ss.ptr, self.pf["ss_parts"], self.slots, self.logits.ptr, st)
+        ss, ss_parts = self.weights.gemm.ss_for_readers(acts.ss.ptr, self.pf["ss_parts"], self.slots, S)
+        self.weights.lm_head(acts.xn.ptr, S, ss, ss_parts, self.slots, self.logits.ptr, st)
         self._enqueue_argmax(S)
 
     def _enqueue_argmax(self, S: int) -> None:

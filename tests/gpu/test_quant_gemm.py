@@ -306,26 +306,71 @@ def test_swiglu_and_residual(qg):
     W = qg.matrix(down, K)
     x0 = rng.standard_normal((M, N)).astype(np.float32)
     norm_w = rng.standard_normal(N).astype(np.float32) * 0.1
-    parts, tiles = qg.ss_parts(W), qg.ss_scratch_parts(W)
-    assert (parts, tiles) == (1, 13)
+    parts, scratch = qg.ss_parts(W), qg.ss_scratch_parts(W)
+    assert (parts, scratch, qg.row_totals(M)) == (13, 14, True)
     with d.upload(a) as da, d.upload(x0) as dx, d.upload(norm_w) as dw, d.alloc(M * N * 2) as dxn, \
-            d.alloc(tiles * M * 4) as dss:
+            d.alloc(scratch * M * 4) as dss:
         for launch in range(2):  # the launch's counters are left at zero: a second one sums alike
             x_in = d.download(dx, np.float32, (M, N))
             qg.residual(da.ptr, K, W, None, M, N, K, dx.ptr, N, dw.ptr, dxn.ptr, N, dss.ptr, M)
             d.synchronize()
             x1 = d.download(dx, np.float32, (M, N))
             xn = act_f32(qg, d.download(dxn, np.uint16, (M, N)))
-            ss = d.download(dss, np.float32, (tiles, M))
+            ss = d.download(dss, np.float32, (scratch, M))
             check_close(x1 - x_in, act_f32(qg, a), dd)
             np.testing.assert_array_equal(xn, act_f32(qg, act_bits(qg, x1 * (np.float32(1) + norm_w))))
-            # part 0: the row's sum of squares; parts 1 ..: row tile j's 16 columns (the launch's last block summed
-            # them all into part 0)
+            # parts 0 .. 12: row tile j's 16 columns; part 13: the row's total (the launch's last block added them)
             squares = x1.astype(np.float64) ** 2
-            np.testing.assert_allclose(ss[0], squares.sum(axis=1), rtol=1e-5)
-            tile_sums = [squares[:, 16 * j : 16 * j + 16].sum(axis=1) for j in range(1, tiles)]
-            np.testing.assert_allclose(ss[1:], np.stack(tile_sums), rtol=1e-5)
+            tile_sums = [squares[:, 16 * j : 16 * j + 16].sum(axis=1) for j in range(parts)]
+            np.testing.assert_allclose(ss[:parts], np.stack(tile_sums), rtol=1e-5)
+            np.testing.assert_allclose(ss[parts], squares.sum(axis=1), rtol=1e-5)
     W.free()
+
+
+def test_row_totals_equal_a_one_row_readers_sum(qg):
+    """A residual of M > 1 rows leaves its rows' totals after the parts, which readers of those M rows take alone;
+    a reader of one row adds the parts itself (QuantGemm.row_totals). Both give the same row scale, bit for bit:
+    the reader's rows equal the same rows read alone from the parts. 320 row tiles: the 27B's hidden size, more
+    parts than a warp's loads in flight in one round."""
+    d = qg.device
+    rng = np.random.default_rng(5)
+    K, N, M = 256, 5120, 9
+    down, _ = group(rng, ["Q4_K"], [N], K, "quantized")
+    reader, _ = group(rng, ["Q4_K"], [64], N, "quantized")
+    Wd, Wr = qg.matrix(down, K), qg.matrix(reader, N)
+    parts, scratch = qg.ss_parts(Wd), qg.ss_scratch_parts(Wd)
+    assert (parts, scratch) == (320, 321)
+    a = activations(qg, rng, M, K)
+    x0 = rng.standard_normal((M, N)).astype(np.float32)
+    norm_w = np.zeros(N, np.float32)
+    try:
+        with d.upload(a) as da, d.upload(x0) as dx, d.upload(norm_w) as dw, d.alloc(M * N * 2) as dxn, \
+                d.alloc(scratch * M * 4) as dss, d.alloc(M * K // 8) as da_am, d.alloc(M * N // 8) as dam, \
+                d.alloc(M * 64 * 4) as dout, d.alloc(M * 64 * 4) as dout1:
+            d.memset(dss)
+            am = {"a_amax": dam.ptr} if qg.int8 else {}
+            if qg.int8:
+                qg.amax(da.ptr, K, M, K, da_am.ptr)
+            qg.residual(da.ptr, K, Wd, None, M, N, K, dx.ptr, N, dw.ptr, dxn.ptr, N, dss.ptr, M,
+                        **({"a_amax": da_am.ptr, "amax_out": dam.ptr} if qg.int8 else {}))
+            ss, ss_parts = qg.ss_for_readers(dss.ptr, parts, M, M)
+            assert (ss, ss_parts) == (dss.ptr + 4 * parts * M, 1)
+            qg.rows_f32(dxn.ptr, N, Wr, None, M, 64, N, ss, ss_parts, M, dout.ptr, 64, **am)
+            for m in range(M):  # row m alone: its parts, added by the reader
+                assert qg.ss_for_readers(dss.ptr + 4 * m, parts, M, 1) == (dss.ptr + 4 * m, parts)
+                qg.rows_f32(dxn.ptr + 2 * m * N, N, Wr, None, 1, 64, N, dss.ptr + 4 * m, parts, M,
+                            dout1.ptr + 4 * m * 64, 64, **({"a_amax": dam.ptr + 2 * m * (N // 16)} if qg.int8 else {}))
+            d.synchronize()
+            together = d.download(dout, np.float32, (M, 64))
+            alone = d.download(dout1, np.float32, (M, 64))
+            totals = d.download(dss, np.float32, (scratch, M))[parts]
+            x1 = d.download(dx, np.float32, (M, N)).astype(np.float64)
+    finally:
+        Wd.free()
+        Wr.free()
+    np.testing.assert_array_equal(together.view(np.uint32), alone.view(np.uint32))
+    assert np.abs(together).max() > 0
+    np.testing.assert_allclose(totals, (x1 ** 2).sum(axis=1), rtol=1e-5)
 
 
 def int8_qg(device) -> QuantGemm:

@@ -80,6 +80,34 @@ __device__ __forceinline__ unsigned long long lg_argmax_key(float v, int n) {
   bits = v != v ? 0xFFFFFFFFu : ((bits & 0x80000000u) ? ~bits : bits | 0x80000000u);
   return ((unsigned long long)bits << 32) | (unsigned)~n;
 }
+// RMSNorm partial sums, one fixed order for every kernel that totals a row's parts (the quantised GEMM's readers
+// at one row, its residuals' last blocks and the embedding at more; batch invariance needs the same bits):
+//   sum[r] = sum over t < parts of p[r][t * stride]: lane l adds t = l, l + 32, .. in turn, then the
+//   lanes' butterfly (lg_warp_sum). p[r] == nullptr: a row that is not there (sum 0). LOADS: a lane's loads per row
+//   in flight at once (any LOADS, the same bits). Called by a whole warp.
+template <int ROWS, int LOADS>
+__device__ __forceinline__ void lg_parts_sums(float (&sum)[ROWS], const float* const (&p)[ROWS], int parts,
+                                              int stride) {
+  const int lane = (int)lg_lane_id();
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) sum[r] = 0.0f;
+  for (int t0 = lane; t0 < parts; t0 += LOADS * LG_WARP_SIZE) {
+    float v[ROWS][LOADS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < LOADS; ++u) {
+        const int t = t0 + u * LG_WARP_SIZE;
+        v[r][u] = p[r] != nullptr && t < parts ? p[r][(size_t)t * stride] : 0.0f;
+      }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < LOADS; ++u) sum[r] += v[r][u];
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) sum[r] = lg_warp_sum(sum[r]);
+}
 // Unpack 8 two-byte elements of one 16-byte vector into floats.
 template <typename T>
 __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {

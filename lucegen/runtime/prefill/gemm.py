@@ -221,6 +221,12 @@ class GemmKernels:
         #: rows_f32 uses the GEMV kernel for M <= gemv_max_m (0 disables it).
         self.gemv_max_m = GEMV_MAX_M
 
+    @staticmethod
+    def ss_for_readers(ss: int, parts: int, stride: int, M: int) -> tuple[int, int]:
+        """(ss, ss_parts) for the readers of partial sums these GEMMs (or the prefill embedding) left: the parts
+        (QuantGemm's residuals may leave totals too)."""
+        return ss, parts
+
     def make_batch_invariant(self) -> None:
         """One tiling per epilogue whatever the row count: each instance's smallest block height, no GEMV, no split-K.
         Row m's result then depends on row m alone, bit for bit (what a DDTree verify pass needs to agree with

@@ -112,12 +112,14 @@ class LayerWeights:
       ``matrix(layout offset)``, what ``gemm`` takes as W;
     - ``embed(tokens, T, x, xn, ss, ss_stride, stream, norm=None)``: start the residual stream of T rows, normed by
       ``norm`` (device f32, zero-centred like the target's norms; default the target's layer-0 input norm), leaving
-      ``embed_ss_parts`` RMSNorm partial sums per row in ``ss``: what the GEMM reading those rows must be given;
+      ``embed_ss_parts`` RMSNorm partial sums per row in ``ss`` (what the GEMM reading those rows must be given,
+      through ``gemm.ss_for_readers``), and ``embed_ss_scratch`` rows of ss written in all;
     - ``lm_head(...)``: the logits of final-normed rows."""
 
     dec: object
     gemm: object
     embed_ss_parts: int
+    embed_ss_scratch: int
 
     def matrix(self, offset: int):
         raise NotImplementedError
@@ -155,7 +157,7 @@ class DenseWeights(LayerWeights):
         if batch_invariant:
             self.gemm.make_batch_invariant()
         self.embed_fn = load_common(dec.device, dec.target, pf).function("prefill_embed")
-        self.embed_ss_parts = pf["ss_parts"]  # templates/prefill/common.cu.j2: one part per tile_n columns
+        self.embed_ss_parts = self.embed_ss_scratch = pf["ss_parts"]  # prefill/common.cu.j2: a part per tile_n columns
 
     def matrix(self, offset: int) -> int:
         return wmat_at(self.dec, offset)
@@ -198,15 +200,16 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
     for i, l in enumerate(layers):
         next_norm = layers[i + 1].in_norm if i + 1 < len(layers) else lay.final_norm
         n_in, k_out = (pf["NIN_DN"], pf["VD"]) if l.kind == 0 else (pf["NIN_AT"], at_out)
-        gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, ss, weights.input_ss_parts(i, ss_parts), seg, proj, n_in,
-                      stream=stream, **reads(xn_am))
+        in_ss, in_parts = gemm.ss_for_readers(ss, weights.input_ss_parts(i, ss_parts), seg, T)
+        gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, in_ss, in_parts, seg, proj, n_in, stream=stream,
+                      **reads(xn_am))
         mix(l, T)
         if mix_am and gemm.int8_matrix(wmat(l.out_mat)):
             gemm.amax(out, k_out, T, k_out, mix_am, stream=stream)
         gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
                       stream=stream, **resid_ws, **reads(mix_am), **writes(xn_am))
-        gemm.swiglu(xn, H, wmat(l.gateup), H, T, 2 * I, H, ss, ss_parts, seg, act, I, stream=stream, **reads(xn_am),
-                    **writes(act_am))
+        gemm.swiglu(xn, H, wmat(l.gateup), H, T, 2 * I, H, *gemm.ss_for_readers(ss, ss_parts, seg, T), seg, act, I,
+                    stream=stream, **reads(xn_am), **writes(act_am))
         gemm.residual(act, I, wmat(l.down), I, T, H, I, x, H, wvec(next_norm), xn, H, ss, seg, stream=stream,
                       **resid_ws, **reads(act_am), **writes(xn_am))
         if after_layer:
