@@ -177,9 +177,15 @@ struct QgSegmentTable {
 };
 
 __device__ __forceinline__ unsigned qg_byte_perm(unsigned x, unsigned selector) { return __byte_perm(x, QG_MAGIC_WORD, selector); }
+// 16 bytes of weights, from shared memory or from global memory through the read-only path without an L1 line
+// (each weight byte is read once: the L1 is left to the activations, which the SM's warps share).
 template <bool SMEM = false>
 __device__ __forceinline__ uint4 qg_load16(const unsigned char* p) {
-  return SMEM ? *reinterpret_cast<const uint4*>(p) : __ldg(reinterpret_cast<const uint4*>(p));
+  if (SMEM) return *reinterpret_cast<const uint4*>(p);
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 { %0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
 }
 template <bool SMEM = false>
 __device__ __forceinline__ unsigned qg_load2(const unsigned char* p) {
