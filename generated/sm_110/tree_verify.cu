@@ -429,11 +429,25 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
   if (live_out) tv_store_column(live_out + (size_t)col * TV_DK, st, lane);
 }
 
+// ------------------------------------------------------------------------------------------------ magnitudes
+// The quantised GEMM's QgAmax of an output row (templates/kernels/quant_gemm.cu.j2: the largest magnitude of each 16
+// values, as bf16_t bits), written beside it by the kernel that produces it: value v of column c on a lane with
+// lane % 16 == c % 16, so that the 16 lanes of c's group hold its values; their first lane writes *dst. A whole warp
+// calls it.
+__device__ __forceinline__ void tv_magnitude16(unsigned short* dst, bf16_t v, int c) {
+  float most = fabsf(lg_to_float(v));
+#pragma unroll
+  for (int offset = 8; offset > 0; offset >>= 1) most = fmaxf(most, lg_shfl_xor(most, offset));
+  if (c % 16 == 0) *dst = (unsigned short)lg_bits16(lg_from_float<bf16_t>(most));
+}
+
 // ------------------------------------------------------------------------------------------------ gated norm
-// reference.gated_rms_norm per slot and value head: out = o * rsqrt(mean(o^2) + eps) * w * silu(z), z from proj.
+// reference.gated_rms_norm per slot and value head: out = o * rsqrt(mean(o^2) + eps) * w * silu(z), z from proj;
+// amax_out (or nullptr): out's magnitudes per 16 values, [slot][VD / 16].
 extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_w, const float* __restrict__ workspace,
-                bf16_t* __restrict__ out, int n_slots) {
+                bf16_t* __restrict__ out, int n_slots, unsigned short* __restrict__ amax_out) {
+  static_assert(TV_DV % LG_WARP_SIZE == 0 && LG_WARP_SIZE % 16 == 0, "a warp's lanes cover whole groups of 16");
   const tree_ws ws = tv_workspace(const_cast<float*>(workspace), n_slots);
   const int s = blockIdx.x, lane = lg_lane_id();
   const int h = blockIdx.y * TV_NW + threadIdx.x / LG_WARP_SIZE;  // a warp per value head
@@ -443,8 +457,12 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
     for (int d = lane; d < TV_DV; d += LG_WARP_SIZE) sum_sq += o[d] * o[d];
     const float r = rsqrtf(lg_warp_sum(sum_sq) / TV_DV + 9.999999974752427e-07f);
     const float* z = proj + (size_t)s * TV_NIN_DN + TV_CD + h * TV_DV;
-    for (int d = lane; d < TV_DV; d += LG_WARP_SIZE)
-      out[(size_t)s * TV_VD + h * TV_DV + d] = lg_from_float<bf16_t>(o[d] * r * gnorm_w[d] * lg_silu(z[d]));
+    for (int d = lane; d < TV_DV; d += LG_WARP_SIZE) {
+      const int c = h * TV_DV + d;
+      const bf16_t v = lg_from_float<bf16_t>(o[d] * r * gnorm_w[d] * lg_silu(z[d]));
+      out[(size_t)s * TV_VD + c] = v;
+      if (amax_out != nullptr) tv_magnitude16(amax_out + (size_t)s * (TV_VD / 16) + c / 16, v, c);
+    }
   }
 }
 
@@ -454,14 +472,16 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
 //   keys j = 0 .. pos0 + depth[s]: committed cache rows j < pos0, then the path's slots anc[s][j - pos0], whose K/V
 //   the prepare kernel wrote at cache row pos0 + slot (pos0 read from device memory: one graph serves every
 //   step);  o = softmax_j(q . k_j * attn_scale) v_j;
-//   out[s, h] = o * sigmoid(gate[s, h]).
+//   out[s, h] = o * sigmoid(gate[s, h]);  amax_out (or nullptr): out's magnitudes per 16 values, [slot][NH HD / 16].
 // Warp w takes keys w, w + AT_WARPS, ... (split_softmax.cuh): the split depends only on the key count, so a slot's
 // result is the same in any tree.
 extern "C" __global__ void __launch_bounds__(TV_AT_WARPS * LG_WARP_SIZE)
 tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
                int max_context, const int* __restrict__ anc, int anc_stride, const int* __restrict__ depth,
-               bf16_t* __restrict__ out, int n_slots, const int* __restrict__ pos0_at) {
+               bf16_t* __restrict__ out, int n_slots, const int* __restrict__ pos0_at,
+               unsigned short* __restrict__ amax_out) {
   constexpr int EPL = TV_HD / LG_WARP_SIZE;
+  static_assert(TV_HD % LG_WARP_SIZE == 0 && LG_WARP_SIZE % 16 == 0, "a warp's lanes cover whole groups of 16");
   __shared__ float part[TV_AT_WARPS][TV_HD];
   __shared__ float stats[2][TV_AT_WARPS];
   const int s = blockIdx.x, h = blockIdx.y, g = h / TV_GROUP, r = h % TV_GROUP;
@@ -491,8 +511,12 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
   }
   const float* gate = proj + (size_t)s * TV_NIN_AT + h * 2 * TV_HD + TV_HD;
   bf16_t* dst = out + (size_t)s * TV_NH * TV_HD + h * TV_HD;
-  lg_softmax_merge_warps(part, stats, acc, m, l,
-                         [&](int d, float o) { dst[d] = lg_from_float<bf16_t>(o * lg_sigmoid(gate[d])); });
+  lg_softmax_merge_warps(part, stats, acc, m, l, [&](int d, float o) {  // d = threadIdx.x + k * threads
+    const bf16_t v = lg_from_float<bf16_t>(o * lg_sigmoid(gate[d]));
+    dst[d] = v;
+    if (amax_out != nullptr)
+      tv_magnitude16(amax_out + (size_t)s * (TV_NH * TV_HD / 16) + (h * TV_HD + d) / 16, v, h * TV_HD + d);
+  });
 }
 
 // ------------------------------------------------------------------------------------------------ argmax

@@ -166,7 +166,7 @@ class TreeVerifier:
         depth, anc = parent + 4 * S, parent + 8 * S
         n = np.int32(S)
 
-        def mix(l, T):
+        def mix(l, T, amax=0):  # amax: the output's magnitudes per 16 values, written beside it (True)
             if l.kind == 0:
                 live_state, live_window = recurrent_layer(dec, l), conv_layer(dec, l)
                 ws = self._layer_ws(l)
@@ -185,7 +185,7 @@ class TreeVerifier:
                                     stream=st)
                 self.norm_fn.launch((S, -(-pf["NV"] // self._columns_per_block())), THREADS,  # a warp per value head
                                     (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws),
-                                     address(acts.mix.ptr), n), stream=st)
+                                     address(acts.mix.ptr), n, address(amax)), stream=st)
             else:
                 kv = kv_layer(dec, l)
                 self.attention.prepare(proj=acts.proj.ptr, T=S, pos0=0, q_norm=wvec(l.q_norm),
@@ -195,7 +195,9 @@ class TreeVerifier:
                 self.attend_fn.launch((S, c.num_attention_heads), ATTENTION_WARPS * self.target.warp_size,
                                       (address(self.q_ws.ptr), address(acts.proj.ptr), address(kv),
                                        np.int32(dec.max_context), address(anc), np.int32(S), address(depth),
-                                       address(acts.mix.ptr), n, address(self.pos0.ptr)), stream=st)
+                                       address(acts.mix.ptr), n, address(self.pos0.ptr), address(amax)),
+                                      stream=st)
+            return True
         return mix
 
     def _enqueue_pass(self, S: int, in_place: bool = False) -> None:

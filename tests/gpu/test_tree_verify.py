@@ -178,6 +178,32 @@ def test_commit_replays_the_pass_bit_for_bit():
         ver.commit(empty, [], 0)  # the pass was committed already
 
 
+def test_mixers_leave_their_outputs_magnitudes():
+    """On a target whose out-projections take int8 activations, the tree kernels that write a layer's token mix
+    (tree_gated_norm, tree_attention) also write its magnitudes per 16 values, from which those GEMMs take their int8
+    scales (enqueue_layers then launches no quant_gemm_amax): each the largest |value| of its 16, as compute-dtype
+    bits. Checked on the last DeltaNet and the last attention layer of a verify pass, each mixer run again."""
+    dec, _, ver = engine("tiny-q")
+    if not dec.int8_weights:
+        pytest.skip(f"{dec.target.name}'s quantised target takes no int8 activations")
+    c, d = dec.config, dec.device
+    rng = np.random.default_rng(3)
+    root = start("tiny-q", rng.integers(0, c.vocab_size, 7))
+    tree = random_tree(rng, c.vocab_size, BUDGET)
+    S = len(tree.verify_tokens(root))
+    ver.verify(tree, root)
+    for kind, width in ((0, ver.pf["VD"]), (1, c.num_attention_heads * c.head_dim)):
+        layer = [l for l in dec.layout.layers if l.kind == kind][-1]
+        with d.alloc(S * width // 8) as amax:
+            d.memset(amax)
+            assert ver._mix(S)(layer, S, amax.ptr)
+            ver.stream.synchronize()
+            out = d.download(ver.acts.mix, np.uint16, (S * width,)).view(np.float16).reshape(S, width // 16, 16)
+            want = np.abs(out).max(axis=-1).view(np.uint16)
+            np.testing.assert_array_equal(d.download(amax, np.uint16, (S, width // 16)), want, err_msg=f"kind {kind}")
+            assert want.any()
+
+
 def test_rows_argmax_takes_the_first_of_equal_maxima():
     """rows_argmax (each row split over blocks) as numpy.argmax over finite values: the lowest index among equal
     maxima, wherever they fall among the blocks; NaN never wins; a row of -inf gives 0. Every row count of a pass."""

@@ -174,12 +174,14 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
                    resid_ws: dict | None = None, after_layer=None) -> None:
     """Queue the embedding and every layer for ``T`` rows (device int32 ``tokens``), the prefill contract:
 
-        proj = gemm_rows_f32(xn, in_mat) * r;   mix(layer, T) queues the token mixing proj -> acts.mix;
+        proj = gemm_rows_f32(xn, in_mat) * r;   mix(layer, T, amax) queues the token mixing proj -> acts.mix;
         x += gemm(mix, out_mat);   act = gemm_swiglu(xn, gateup) * r;   x += gemm(act, down)
 
     on ``weights`` (a decoder's ``layer_weights``, a :class:`LayerWeights`), leaving the final-normed rows in
     ``acts.xn`` / ``acts.ss`` for the lm_head. ``resid_ws``: the residual GEMMs' split-K workspace (``workspace``,
-    ``workspace_bytes``), or None for the unsplit GEMMs. ``after_layer(i, T, x)`` queues work that reads layer i's
+    ``workspace_bytes``), or None for the unsplit GEMMs. ``mix``'s ``amax`` (0: none) is where the out-projection
+    wants its input's magnitudes per 16 values (int8-activation groups); it returns whether it wrote them, else
+    ``gemm.amax`` follows. ``after_layer(i, T, x)`` queues work that reads layer i's
     output rows (the residual stream ``x``, f32 [T, H]): a draft's capture."""
     c, lay, seg, gemm = dec.config, dec.layout, acts.rows, weights.gemm
     H, I = c.hidden_size, c.intermediate_size
@@ -203,8 +205,8 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
         in_ss, in_parts = gemm.ss_for_readers(ss, weights.input_ss_parts(i, ss_parts), seg, T)
         gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, in_ss, in_parts, seg, proj, n_in, stream=stream,
                       **reads(xn_am))
-        mix(l, T)
-        if mix_am and gemm.int8_matrix(wmat(l.out_mat)):
+        mix_reads = mix_am and gemm.int8_matrix(wmat(l.out_mat))  # its magnitudes: from the mixer, or amax
+        if not mix(l, T, mix_am if mix_reads else 0) and mix_reads:
             gemm.amax(out, k_out, T, k_out, mix_am, stream=stream)
         gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
                       stream=stream, **resid_ws, **reads(mix_am), **writes(xn_am))
@@ -272,7 +274,7 @@ class Prefiller:
         dec, st, acts = self.dec, self.stream, self.acts
         wvec = lambda off: wvec_at(dec, off)  # noqa: E731
 
-        def mix(l, T):
+        def mix(l, T, amax=0):  # the output's magnitudes are left to the caller (False)
             if l.kind == 0:
                 self.deltanet.run(proj=acts.proj.ptr, T=T, conv_w=wvec(l.conv_w), a_log=wvec(l.a_log),
                                   dt_bias=wvec(l.dt_bias), gnorm_w=wvec(l.gnorm), conv_state=conv_layer(dec, l),
@@ -282,6 +284,7 @@ class Prefiller:
                 self.attention.run(proj=acts.proj.ptr, T=T, pos0=pos0, q_norm=wvec(l.q_norm),
                                    k_norm=wvec(l.k_norm), inv_freq=wvec(dec.layout.inv_freq), kv=kv_layer(dec, l),
                                    max_context=dec.max_context, out=acts.mix.ptr, workspace=self.ws_at.ptr, stream=st)
+            return False
         return mix
 
     def _enqueue_segment(self, tok_offset: int, T: int, pos0: int, last: bool) -> None:
