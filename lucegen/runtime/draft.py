@@ -306,8 +306,9 @@ class DFlashDrafter:
         self.head.embed(tokens, B, self.x.ptr, self.xn.ptr, self.ss.ptr, B, st, norm=self._vec(("in_norm", 0)))
         for l in range(L):
             next_norm = self._vec(("in_norm", l + 1)) if l + 1 < L else self._vec("final_norm")
-            self.gemm.rows_f32(self.xn.ptr, H, self._mat(("qkv", l)), H, B, nqkv, H, *(embed_ss if l == 0 else
-                               (ss, ss_parts)), B, self.proj.ptr, nqkv, stream=st, **self._split_k())
+            in_ss, in_parts = embed_ss if l == 0 else (ss, ss_parts)
+            self.gemm.rows_f32(self.xn.ptr, H, self._mat(("qkv", l)), H, B, nqkv, H, in_ss, in_parts, B,
+                               self.proj.ptr, nqkv, stream=st, **self._split_k())
             self.prepare_fn.launch(B, THREADS, (address(self.proj.ptr), address(self._vec("q_norm") + 4 * l * c.head_dim),
                                                 address(self._vec("k_norm") + 4 * l * c.head_dim),
                                                 address(self._vec("inv_freq")), address(start),
