@@ -606,7 +606,6 @@ __device__ __forceinline__ void qg_tile_staged(float (&acc)[NT][4], const unsign
   }
 }
 
-
 #define QG_ROWS_F32 0
 #define QG_SWIGLU 1
 #define QG_RESIDUAL 2
@@ -796,8 +795,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       if (mm >= rows_here || n >= segs.seg[0].rows) continue;
       const float rs = row_scale(mm);
       const float gate = value(jj, r, mm) * rs, up = value(jj + half, r, mm) * rs;
-      const bf16_t act = lg_from_float<bf16_t>(gate / (1.0f + __expf(-gate)) * up);
-      reinterpret_cast<bf16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = act;
+      reinterpret_cast<bf16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = lg_from_float<bf16_t>(gate / (1.0f + __expf(-gate)) * up);
     }
   } else {  // residual: one matrix, the block's columns contiguous
     const int cols = tiles_per_block * 16, n0 = blockIdx.x * cols, N = segs.seg[0].rows;

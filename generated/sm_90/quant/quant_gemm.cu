@@ -1215,8 +1215,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       if (mm >= rows_here || n >= segs.seg[0].rows) continue;
       const float rs = row_scale(mm);
       const float gate = value(jj, r, mm) * rs, up = value(jj + half, r, mm) * rs;
-      const fp16_t act = lg_from_float<fp16_t>(gate / (1.0f + __expf(-gate)) * up);
-      reinterpret_cast<fp16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = act;
+      reinterpret_cast<fp16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = lg_from_float<fp16_t>(gate / (1.0f + __expf(-gate)) * up);
     }
     if (amax_out != nullptr) {
       __syncthreads();  // the block's outputs written
