@@ -136,3 +136,12 @@ def test_grid_of_the_27b_launches():
         assert (qg.grid_width(W), qg.block_columns(W)) == (blocks, columns), name
         # a residual's RMSNorm partial sums: one per row tile whatever its blocks, then the rows' totals
         assert (qg.ss_parts(W), qg.ss_scratch_parts(W)) == (tiles, tiles + 1)
+    # one group of int8 tokens: 3 or 4 resident blocks a compute unit, whichever finishes its whole waves first
+    # (Q8_WAVE_TIME): 4 for the in-projection's 1030 blocks (2 waves of 528, not 3 of 396) and for 528 (1 of 528)
+    quantised = load_target("sm_90").quantised_target()
+    qg = QuantGemm(HostDevice(quantised), quantised, 5120, 1e-6)
+    for tiles, pair, kernel in ((320, False, "nt1q"), (1030, False, "nt1q_r4"), (2176, True, "nt1q"),
+                                (528, False, "nt1q_r4"), (792, False, "nt1q"), (896, False, "nt1q_r4")):
+        W = types.SimpleNamespace(tiles=tiles, pair=pair, int8=True, K=5120)
+        assert [qg.kernel(W, M, 0, 5120)[0] for M in (1, 8)] == [kernel] * 2, tiles
+        assert qg.kernel(W, 9, 0, 5120)[0] == "nt2q"

@@ -22,6 +22,13 @@ WARPS = 8
 #: more warps in flight.
 Q8_WARPS = 4
 Q8_BLOCKS_PER_CU = 3
+#: The one-group int8 kernel also comes at 4 resident blocks per compute unit (quant_gemm_nt1q_r4: 122 registers, no
+#: spills), and a launch takes the residency whose waves of blocks finish first: waves(r) x Q8_WAVE_TIME[r], a full
+#: wave's time relative to 3 (tuning choice, measured on the H100 with tools/quant_gemm_bench.py 1 2 --tiles ..: Q4_K
+#: at K = 5120, 2 waves of 3 took 16.3 us and 3 waves of 4 29.1 us, so a wave of 4 blocks takes 1.19 of one of 3 and
+#: moves 4/3 the blocks). 528 row tiles: 14.5 -> 10.3 us; 1030: 22.4 -> 19.5; 896: 21.8 -> 18.1; the model picks 3
+#: for 320, 600, 792 and 1100 tiles, where 4 was 1.1-1.8 us slower.
+Q8_WAVE_TIME = {3: 1.0, 4: 1.19}
 
 
 def block_warps(int8: bool) -> int:
@@ -108,6 +115,7 @@ class GemmKernel(NamedTuple):
     ring: bool = False
     wgmma: bool = False
     int8: bool = False
+    residency: int = 0  # resident blocks per compute unit where not the kernel kind's own (nt1q_r4)
 
     @property
     def warps(self) -> int:
@@ -115,6 +123,8 @@ class GemmKernel(NamedTuple):
 
     @property
     def blocks_per_cu(self) -> int:  # 128 registers a thread for one or two groups unstaged, and wgmma
+        if self.residency:
+            return self.residency
         if self.int8:
             return Q8_BLOCKS_PER_CU if self.nt <= 3 else 2
         return 2 if (self.nt <= 2 and not self.staged) or self.wgmma else 1
@@ -125,7 +135,8 @@ def instances(target) -> tuple[GemmKernel, ...]:
     same operations on that column, fewer on the columns it drops. A staged instance exists where the chip has
     cp.async and room for the rounds of a launch of WARPS parts; m1r, m1 streaming its weights through per-warp
     rings of shared memory, where the chip has cp.async; nt<N>w for WGMMA_NT, warpgroup MMAs over staged rounds,
-    where it has wgmma (sm_90a); nt<N>q, the int8-activation kernels, where :func:`has_int8`."""
+    where it has wgmma (sm_90a); nt<N>q, the int8-activation kernels, where :func:`has_int8`, with nt1q at the
+    other residencies of Q8_WAVE_TIME (nt1q_r<blocks per compute unit>: the same code, other launch bounds)."""
     plain = (GemmKernel("m1", 1, one_row=True),) + tuple(GemmKernel(f"nt{nt}", nt) for nt in range(1, NT_MAX + 1))
     room = target.smem_per_block_optin - STAGED_STATIC_BYTES
     staged = tuple(GemmKernel(f"nt{nt}s", nt, staged=True) for nt in STAGED_NT
@@ -133,6 +144,8 @@ def instances(target) -> tuple[GemmKernel, ...]:
     ring = (GemmKernel("m1r", 1, one_row=True, ring=True),) if target.features.cp_async else ()
     wgmma = tuple(GemmKernel(f"nt{nt}w", nt, wgmma=True) for nt in WGMMA_NT) if _has_wgmma(target) else ()
     int8 = tuple(GemmKernel(f"nt{nt}q", nt, int8=True) for nt in range(1, NT_MAX + 1)) if has_int8(target) else ()
+    int8 += tuple(GemmKernel(f"nt1q_r{r}", 1, int8=True, residency=r) for r in Q8_WAVE_TIME
+                  if r != Q8_BLOCKS_PER_CU) if int8 else ()
     return plain + staged + ring + wgmma + int8
 
 

@@ -24,7 +24,8 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, Q8_WARPS, RING_TYPES, WARPS,
+from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, Q8_BLOCKS_PER_CU,
+                                   Q8_WARPS, Q8_WAVE_TIME, RING_TYPES, WARPS,
                                    WGMMA_MAX_PARTS, block_warps, has_int8, instances, q8_smem_bytes, ring_smem_bytes, smem_fits,
                                    staged_smem_bytes, wgmma_smem_bytes)
 from ..model.quant import TYPES
@@ -402,10 +403,11 @@ class QuantGemm:
         nt = token_groups(M)
         if W.int8:
             smem = q8_smem_bytes(nt, W.K)
-            if not smem_fits(self.target, smem, self.static_smem[f"nt{nt}q"], 1):
-                raise LucegenError(f"quant_gemm_nt{nt}q: the int8 scales of K={W.K} ({smem} bytes) exceed shared "
+            name = f"nt{nt}q" if nt > 1 else self._one_group_residency(W, M, smem)
+            if not smem_fits(self.target, smem, self.static_smem[name], 1):
+                raise LucegenError(f"quant_gemm_{name}: the int8 scales of K={W.K} ({smem} bytes) exceed shared "
                                    "memory")
-            return f"nt{nt}q", smem
+            return name, smem
         name, parts = ("m1" if M == 1 else f"nt{nt}"), self.parts(W)
         k_quants = all(t in K_QUANTS for t in W.types)
         wgmma = f"{name}w"
@@ -423,6 +425,20 @@ class QuantGemm:
             if smem_fits(self.target, smem, self.static_smem[ring], self.kernels[ring].blocks_per_cu):
                 return ring, smem
         return name, 0
+
+    def _one_group_residency(self, W: QuantMatrix, M: int, smem: int) -> str:
+        """nt1q, or its twin of another residency (nt1q_r<blocks per compute unit>, the same bits), whichever runs the
+        launch's blocks in the least time by whole waves (Q8_WAVE_TIME), where its shared memory lets it."""
+        blocks = self.grid_width(W) * math.ceil(M / 8)
+        best, name = None, "nt1q"
+        for r, wave in sorted(Q8_WAVE_TIME.items()):
+            kernel = "nt1q" if r == Q8_BLOCKS_PER_CU else f"nt1q_r{r}"
+            if kernel not in self.kernels or not smem_fits(self.target, smem, self.static_smem[kernel], r):
+                continue
+            time = math.ceil(blocks / (r * self.target.compute_units)) * wave
+            if best is None or time < best:
+                best, name = time, kernel
+        return name
 
     def amax(self, A: int, lda: int, M: int, K: int, out: int, stream=None) -> None:
         """out u16 [M, lda / 16]: the largest |A[m, k]| of each 16 values as compute-dtype bits (the template's QgAmax),

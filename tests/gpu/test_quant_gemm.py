@@ -451,6 +451,33 @@ def test_int8_groups_match_numpy_and_rows_alone(M):
         mixed.free()
 
 
+def test_int8_one_group_residencies_give_the_same_bits():
+    """A launch of one int8 token group over 4 cu row tiles (Q5_K and Q4_K, the last tile partial) takes nt1q at 4
+    resident blocks a compute unit (nt1q_r4: one wave, not two of 3): its rows, one at a time and 5 at once, equal
+    nt1q's bit for bit, and a 9-row launch's (nt2q)."""
+    qg = int8_qg(gpu_device())
+    if "nt1q_r4" not in qg.functions:
+        pytest.skip(f"{qg.device.target.name} has no nt1q_r4")
+    rng = np.random.default_rng(17)
+    K, cu = 256 * 6, qg.device.target.compute_units
+    segs, dense = group(rng, ["Q5_K", "Q4_K"], [16 * 2 * cu, 16 * 2 * cu - 7], K, "quantized")
+    W = qg.matrix(segs, K, int8=True)
+    try:
+        a = activations(qg, rng, 9, K)
+        with qg.device.upload(a) as da:
+            assert [qg.kernel(W, M, da.ptr, K)[0] for M in (1, 5)] == ["nt1q_r4"] * 2
+        rows = np.stack([run_rows(qg, W, a[m : m + 1])[0][0] for m in range(5)])
+        five, _ = run_rows(qg, W, a[:5])
+        nine, _ = run_rows(qg, W, a)
+        check_close(nine, seen(qg, W, a), dense)
+        qg._one_group_residency = lambda *args: "nt1q"
+        want, _ = run_rows(qg, W, a[:5])
+        for got in (rows, five, nine[:5]):
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    finally:
+        W.free()
+
+
 def test_int8_magnitudes_from_producers_give_the_same_bits():
     """QgAmax: quant_gemm_amax's magnitudes per 16 values, and those the residual and swiglu epilogues write beside
     their outputs, equal numpy's; an int8 launch without them is refused."""

@@ -1415,3 +1415,14 @@ quant_gemm_nt4q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
   quant_gemm<4, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
+quant_gemm_nt1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
+  quant_gemm<1, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+}
