@@ -31,6 +31,11 @@ Q8_BLOCKS_PER_CU = 3
 Q8_WAVE_TIME = {3: 1.0, 4: 1.19}
 
 
+def one_group_kernel(blocks_per_cu: int) -> str:
+    """The name of the one-group int8 kernel at ``blocks_per_cu`` resident blocks (nt1q at Q8_BLOCKS_PER_CU)."""
+    return "nt1q" if blocks_per_cu == Q8_BLOCKS_PER_CU else f"nt1q_r{blocks_per_cu}"
+
+
 def block_warps(int8: bool) -> int:
     """Warps per block of the int8-activation kernels (``int8``) or of the others."""
     return Q8_WARPS if int8 else WARPS
@@ -144,7 +149,7 @@ def instances(target) -> tuple[GemmKernel, ...]:
     ring = (GemmKernel("m1r", 1, one_row=True, ring=True),) if target.features.cp_async else ()
     wgmma = tuple(GemmKernel(f"nt{nt}w", nt, wgmma=True) for nt in WGMMA_NT) if _has_wgmma(target) else ()
     int8 = tuple(GemmKernel(f"nt{nt}q", nt, int8=True) for nt in range(1, NT_MAX + 1)) if has_int8(target) else ()
-    int8 += tuple(GemmKernel(f"nt1q_r{r}", 1, int8=True, residency=r) for r in Q8_WAVE_TIME
+    int8 += tuple(GemmKernel(one_group_kernel(r), 1, int8=True, residency=r) for r in Q8_WAVE_TIME
                   if r != Q8_BLOCKS_PER_CU) if int8 else ()
     return plain + staged + ring + wgmma + int8
 

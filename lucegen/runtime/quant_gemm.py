@@ -24,10 +24,10 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, Q8_BLOCKS_PER_CU,
-                                   Q8_WARPS, Q8_WAVE_TIME, RING_TYPES, WARPS,
-                                   WGMMA_MAX_PARTS, block_warps, has_int8, instances, q8_smem_bytes, ring_smem_bytes, smem_fits,
-                                   staged_smem_bytes, wgmma_smem_bytes)
+from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, Q8_WARPS, Q8_WAVE_TIME,
+                                   RING_TYPES, WARPS, WGMMA_MAX_PARTS, block_warps, has_int8, instances,
+                                   one_group_kernel, q8_smem_bytes, ring_smem_bytes, smem_fits, staged_smem_bytes,
+                                   wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -432,7 +432,7 @@ class QuantGemm:
         blocks = self.grid_width(W) * math.ceil(M / 8)
         best, name = None, "nt1q"
         for r, wave in sorted(Q8_WAVE_TIME.items()):
-            kernel = "nt1q" if r == Q8_BLOCKS_PER_CU else f"nt1q_r{r}"
+            kernel = one_group_kernel(r)
             if kernel not in self.kernels or not smem_fits(self.target, smem, self.static_smem[kernel], r):
                 continue
             time = math.ceil(blocks / (r * self.target.compute_units)) * wave
