@@ -135,6 +135,15 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   v = fmaxf(v, lg_shfl_xor(v, 1));
   return v;
 }
+// The largest magnitude among the 16 lanes of v's half-warp group, as two-byte float bits (exact: one of the values'
+// own magnitudes). Every lane of the warp calls it; a lane whose value is not there passes zero.
+template <typename T>
+__device__ __forceinline__ unsigned short lg_magnitude16(T v) {
+  float most = fabsf(lg_to_float(v));
+#pragma unroll
+  for (int offset = 8; offset > 0; offset >>= 1) most = fmaxf(most, lg_shfl_xor(most, offset));
+  return (unsigned short)lg_bits16(lg_from_float<T>(most));
+}
 // A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
 // wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the
 // value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
@@ -183,6 +192,11 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 // committing and waiting have nothing to do.
 __device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
   *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+// 4 bytes global -> shared, asynchronous where the chip copies so (pred false: zero, nothing read); made visible to
+// this thread by lg_cp_async_wait, to the block by a barrier after it.
+__device__ __forceinline__ void lg_copy4(void* dst, const void* src, bool pred) {
+  *reinterpret_cast<float*>(dst) = pred ? *reinterpret_cast<const float*>(src) : 0.0f;
 }
 __device__ __forceinline__ void lg_cp_async_commit() {
 }

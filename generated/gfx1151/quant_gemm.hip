@@ -135,6 +135,15 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   v = fmaxf(v, lg_shfl_xor(v, 1));
   return v;
 }
+// The largest magnitude among the 16 lanes of v's half-warp group, as two-byte float bits (exact: one of the values'
+// own magnitudes). Every lane of the warp calls it; a lane whose value is not there passes zero.
+template <typename T>
+__device__ __forceinline__ unsigned short lg_magnitude16(T v) {
+  float most = fabsf(lg_to_float(v));
+#pragma unroll
+  for (int offset = 8; offset > 0; offset >>= 1) most = fmaxf(most, lg_shfl_xor(most, offset));
+  return (unsigned short)lg_bits16(lg_from_float<T>(most));
+}
 // A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
 // wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the
 // value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
@@ -183,6 +192,11 @@ __device__ __forceinline__ void lg_unpack8(const lg_vec16_t& v, float out[8]) {
 // committing and waiting have nothing to do.
 __device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
   *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+// 4 bytes global -> shared, asynchronous where the chip copies so (pred false: zero, nothing read); made visible to
+// this thread by lg_cp_async_wait, to the block by a barrier after it.
+__device__ __forceinline__ void lg_copy4(void* dst, const void* src, bool pred) {
+  *reinterpret_cast<float*>(dst) = pred ? *reinterpret_cast<const float*>(src) : 0.0f;
 }
 __device__ __forceinline__ void lg_cp_async_commit() {
 }
@@ -585,6 +599,7 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
   }
 }
 
+#define QG_EARLY 768  // floats of a block's early epilogue inputs (quant_gemm's early_in)
 #define QG_ROWS_F32 0
 #define QG_SWIGLU 1
 #define QG_RESIDUAL 2
@@ -633,9 +648,40 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   __shared__ float red[WARPS][NT * 4][LG_WARP_SIZE];
   __shared__ float row_ss[8 * NT];
   __shared__ float squares[8 * NT][16 * WARPS + 1];
+  __shared__ float early_in[QG_EARLY];
   lg_launch_dependents();
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
   const int tiles_per_block = WARPS / parts, m0 = 8 * NT * blockIdx.y;
+  // An int8 launch's epilogue inputs that earlier kernels wrote, copied into early_in by every thread right after its
+  // dependency wait (qg_q8_prologue), so that they arrive while the weights stream: a residual's x rows
+  // [rows_here][cols] and its norm weights [cols] after them; a reader's ss parts [ss_parts][rows_here]. Where they
+  // do not fit (and in the other kernels, where the copies measured slower), the epilogue reads them from global
+  // memory (the same values in the same order either way). Recomputed where used: nothing stays live across the K
+  // loop.
+  auto rows_in_block = [&]() { return min(8 * NT, M - m0); };
+  auto early_fits = [&]() {
+    const int rows_here = rows_in_block(), cols = tiles_per_block * 16;
+    return INT8 && (kind == QG_RESIDUAL ? (rows_here + 1) * cols <= QG_EARLY
+                                        : ss != nullptr && rows_here * ss_parts <= QG_EARLY);
+  };
+  auto early_copy = [&]() {
+    if (!early_fits()) return;
+    const int rows_here = rows_in_block(), cols = tiles_per_block * 16, n0 = blockIdx.x * cols;
+    if (kind == QG_RESIDUAL) {
+      const int N = segs.seg[0].rows;
+      for (int cl = threadIdx.x; cl < cols; cl += THREADS) {
+        const int n = n0 + cl < N ? n0 + cl : N - 1;
+        for (int mm = 0; mm < rows_here; ++mm)
+          lg_copy4(early_in + mm * cols + cl, x + (size_t)(m0 + mm) * ldo + n, n0 + cl < N);
+        lg_copy4(early_in + rows_here * cols + cl, norm_w + n, n0 + cl < N);
+      }
+    } else {
+      for (int t = threadIdx.x; t < ss_parts; t += THREADS)
+        for (int mm = 0; mm < rows_here; ++mm)
+          lg_copy4(early_in + t * rows_here + mm, ss + (size_t)t * ss_stride + m0 + mm, true);
+    }
+    lg_cp_async_commit();
+  };
   // Which matrix tile local tile j is: segment tile_seg(j) (-1: none), its row tile tile_local(j).
   auto tile_seg = [&](int j) -> int {
     if (kind == QG_SWIGLU) {
@@ -691,10 +737,18 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) red[WGMMA ? j * parts + part : warp][nt * 4 + c][lane] = acc[nt][c];
-  const int rows_here = min(8 * NT, M - m0);
-  if (kind != QG_RESIDUAL && ss != nullptr)  // read after the K loop: the weights stream first
-    qg_row_totals<NT, WARPS>(ss, ss_parts, ss_stride, m0, rows_here, [&](int mm, float v) { row_ss[mm] = v; });
-  __syncthreads();
+  const int rows_here = rows_in_block(), cols = tiles_per_block * 16, n0 = blockIdx.x * cols;
+  const bool residual = kind == QG_RESIDUAL, early = early_fits();
+  if (INT8) lg_cp_async_wait<0>();
+  __syncthreads();  // red and early_in
+  if (!residual && ss != nullptr) {
+    auto store = [&](int mm, float v) { row_ss[mm] = v; };
+    if (early)
+      qg_row_totals<NT, WARPS>(early_in, ss_parts, rows_here, 0, rows_here, store);
+    else  // read after the K loop: the weights stream first
+      qg_row_totals<NT, WARPS>(ss, ss_parts, ss_stride, m0, rows_here, store);
+    __syncthreads();
+  }
 
   // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps) (1: no ss).
   auto row_scale = [&](int mm) { return ss == nullptr ? 1.0f : rsqrtf(row_ss[mm] / (float)norm_dim + eps); };
@@ -732,25 +786,34 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       if (lane == 0 && best != 0ull) lg_atomic_max_u64(argmax_key, best);
     }
   } else if (kind == QG_SWIGLU) {
+    // a half-warp a tile's 16 columns of one row (trip counts are multiples of 32: whole warps iterate)
     const int half = tiles_per_block / 2;
     for (int i = threadIdx.x; i < half * 16 * 8 * NT; i += THREADS) {
-      const int mm = i % (8 * NT), r = (i / (8 * NT)) % 16, jj = i / (8 * NT * 16);
+      const int r = i % 16, jj = (i / 16) % half, mm = i / (16 * half);
       const int n = tile_local(jj, 0) * 16 + r;
-      if (mm >= rows_here || n >= segs.seg[0].rows) continue;
-      const float rs = row_scale(mm);
-      const float gate = value(jj, r, mm) * rs, up = value(jj + half, r, mm) * rs;
-      reinterpret_cast<bf16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = lg_from_float<bf16_t>(gate / (1.0f + __expf(-gate)) * up);
+      const bool here = mm < rows_here && n < segs.seg[0].rows;
+      bf16_t o = lg_from_float<bf16_t>(0.0f);
+      if (here) {
+        const float rs = row_scale(mm);
+        const float gate = value(jj, r, mm) * rs, up = value(jj + half, r, mm) * rs;
+        o = lg_from_float<bf16_t>(gate / (1.0f + __expf(-gate)) * up);
+        reinterpret_cast<bf16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = o;
+      }
     }
   } else {  // residual: one matrix, the block's columns contiguous
-    const int cols = tiles_per_block * 16, n0 = blockIdx.x * cols, N = segs.seg[0].rows;
+    // a half-warp 16 columns of one row (cols * 8 NT is a multiple of 32: whole warps iterate)
+    const int N = segs.seg[0].rows;
     for (int i = threadIdx.x; i < cols * 8 * NT; i += THREADS) {
-      const int mm = i % (8 * NT), cl = i / (8 * NT), jj = cl / 16, r = cl % 16, n = n0 + cl;
+      const int cl = i % cols, mm = i / cols, jj = cl / 16, r = cl % 16, n = n0 + cl;
+      const bool here = mm < rows_here && n < N;
       float sq = 0.0f;
-      if (mm < rows_here && n < N) {
+      bf16_t o = lg_from_float<bf16_t>(0.0f);
+      if (here) {
         const int m = m0 + mm;
-        const float v = x[(size_t)m * ldo + n] + value(jj, r, mm);
+        const float v = (early ? early_in[mm * cols + cl] : x[(size_t)m * ldo + n]) + value(jj, r, mm);
         x[(size_t)m * ldo + n] = v;
-        xn[(size_t)m * ldo + n] = lg_from_float<bf16_t>(v * (1.0f + norm_w[n]));
+        o = lg_from_float<bf16_t>(v * (1.0f + (early ? early_in[rows_here * cols + cl] : norm_w[n])));
+        xn[(size_t)m * ldo + n] = o;
         sq = v * v;
       }
       squares[mm][cl] = sq;

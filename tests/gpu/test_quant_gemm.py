@@ -478,6 +478,47 @@ def test_int8_one_group_residencies_give_the_same_bits():
         W.free()
 
 
+@pytest.mark.parametrize("M", [1, 9, 23])
+def test_int8_residual_takes_x_and_norm_weights_copied_early(M):
+    """An int8 residual copies its x rows and norm weights into shared memory while the weights stream (the template's
+    early_in) and a one-row reader its ss parts: x gains numpy's product of the int8-rounded activations, xn is x (1 +
+    norm_w) rounded, the columns past N stay as they were, and each row equals the row launched alone, bit for bit.
+    (A one-row reader's early ss parts: test_row_totals_equal_a_one_row_readers_sum.)"""
+    qg = int8_qg(gpu_device())
+    d, rng = qg.device, np.random.default_rng(40 + M)
+    K, N, LD = 512, 200, 208  # the last row tile holds 8 of its 16 columns
+    segs, dense = group(rng, ["Q4_K"], [N], K, "quantized")
+    W = qg.matrix(segs, K, int8=True)
+    a = activations(qg, rng, M, K)
+    x0 = rng.standard_normal((M, LD)).astype(np.float32)
+    norm_w = rng.standard_normal(LD).astype(np.float32) * 0.1
+
+    def residual(rows):
+        m = len(rows)
+        with d.upload(a[rows]) as da, d.alloc(m * K // 8) as dam, d.upload(np.ascontiguousarray(x0[rows])) as dx, \
+                d.upload(norm_w) as dw, d.alloc(m * LD * 2) as dxn, d.alloc(m * LD // 8) as dxn_am, \
+                d.alloc(qg.ss_scratch_parts(W) * m * 4) as dss:
+            qg.amax(da.ptr, K, m, K, dam.ptr)
+            qg.residual(da.ptr, K, W, None, m, N, K, dx.ptr, LD, dw.ptr, dxn.ptr, LD, dss.ptr, m, a_amax=dam.ptr,
+                        amax_out=dxn_am.ptr)
+            d.synchronize()
+            return d.download(dx, np.float32, (m, LD)), d.download(dxn, np.uint16, (m, LD))
+
+    try:
+        with d.upload(a) as da:
+            assert qg.kernel(W, M, da.ptr, K)[0].startswith(f"nt{-(-M // 8)}q")
+        x1, xn = residual(list(range(M)))
+        check_close(x1[:, :N] - x0[:, :N], seen(qg, W, a), dense)
+        np.testing.assert_array_equal(x1[:, N:], x0[:, N:])
+        np.testing.assert_array_equal(xn[:, :N], act_bits(qg, x1 * (np.float32(1) + norm_w))[:, :N])
+        for m in sorted({0, M // 2, M - 1}):
+            x_alone, xn_alone = residual([m])
+            np.testing.assert_array_equal(x_alone[0].view(np.uint32), x1[m].view(np.uint32))
+            np.testing.assert_array_equal(xn_alone[0], xn[m])
+    finally:
+        W.free()
+
+
 def test_int8_magnitudes_from_producers_give_the_same_bits():
     """QgAmax: quant_gemm_amax's magnitudes per 16 values, and those the residual and swiglu epilogues write beside
     their outputs, equal numpy's; an int8 launch without them is refused."""

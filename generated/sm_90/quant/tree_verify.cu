@@ -72,6 +72,15 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   v = fmaxf(v, lg_shfl_xor(v, 1));
   return v;
 }
+// The largest magnitude among the 16 lanes of v's half-warp group, as two-byte float bits (exact: one of the values'
+// own magnitudes). Every lane of the warp calls it; a lane whose value is not there passes zero.
+template <typename T>
+__device__ __forceinline__ unsigned short lg_magnitude16(T v) {
+  float most = fabsf(lg_to_float(v));
+#pragma unroll
+  for (int offset = 8; offset > 0; offset >>= 1) most = fmaxf(most, lg_shfl_xor(most, offset));
+  return (unsigned short)lg_bits16(lg_from_float<T>(most));
+}
 // A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
 // wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the
 // value's bits made monotone as unsigned (NaN: all ones), low word = ~index.
@@ -129,6 +138,11 @@ __device__ __forceinline__ void lg_cp_async4(void* dst, const void* src, bool pr
 }
 __device__ __forceinline__ void lg_copy16(void* dst, const void* src) {
   lg_cp_async16(dst, src, true);
+}
+// 4 bytes global -> shared, asynchronous where the chip copies so (pred false: zero, nothing read); made visible to
+// this thread by lg_cp_async_wait, to the block by a barrier after it.
+__device__ __forceinline__ void lg_copy4(void* dst, const void* src, bool pred) {
+  lg_cp_async4(dst, src, pred);
 }
 __device__ __forceinline__ void lg_cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -435,10 +449,8 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
 // lane % 16 == c % 16, so that the 16 lanes of c's group hold its values; their first lane writes *dst. A whole warp
 // calls it.
 __device__ __forceinline__ void tv_magnitude16(unsigned short* dst, fp16_t v, int c) {
-  float most = fabsf(lg_to_float(v));
-#pragma unroll
-  for (int offset = 8; offset > 0; offset >>= 1) most = fmaxf(most, lg_shfl_xor(most, offset));
-  if (c % 16 == 0) *dst = (unsigned short)lg_bits16(lg_from_float<fp16_t>(most));
+  const unsigned short most = lg_magnitude16(v);
+  if (c % 16 == 0) *dst = most;
 }
 
 // ------------------------------------------------------------------------------------------------ gated norm
