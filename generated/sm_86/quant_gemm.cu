@@ -622,15 +622,11 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   // do not fit (and in the other kernels, where the copies measured slower), the epilogue reads them from global
   // memory (the same values in the same order either way). Recomputed where used: nothing stays live across the K
   // loop.
-  auto rows_in_block = [&]() { return min(8 * NT, M - m0); };
-  auto early_fits = [&]() {
-    const int rows_here = rows_in_block(), cols = tiles_per_block * 16;
-    return INT8 && (kind == QG_RESIDUAL ? (rows_here + 1) * cols <= QG_EARLY
-                                        : ss != nullptr && rows_here * ss_parts <= QG_EARLY);
-  };
+  const bool early = INT8 && (kind == QG_RESIDUAL ? (min(8 * NT, M - m0) + 1) * tiles_per_block * 16 <= QG_EARLY
+                                                   : ss != nullptr && min(8 * NT, M - m0) * ss_parts <= QG_EARLY);
   auto early_copy = [&]() {
-    if (!early_fits()) return;
-    const int rows_here = rows_in_block(), cols = tiles_per_block * 16, n0 = blockIdx.x * cols;
+    if (!early) return;
+    const int rows_here = min(8 * NT, M - m0), cols = tiles_per_block * 16, n0 = blockIdx.x * cols;
     if (kind == QG_RESIDUAL) {
       const int N = segs.seg[0].rows;
       for (int cl = threadIdx.x; cl < cols; cl += THREADS) {
@@ -715,8 +711,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) red[WGMMA ? j * parts + part : warp][nt * 4 + c][lane] = acc[nt][c];
-  const int rows_here = rows_in_block(), cols = tiles_per_block * 16, n0 = blockIdx.x * cols;
-  const bool residual = kind == QG_RESIDUAL, early = early_fits();
+  const int rows_here = min(8 * NT, M - m0), cols = tiles_per_block * 16, n0 = blockIdx.x * cols;
+  const bool residual = kind == QG_RESIDUAL;
   if (INT8) lg_cp_async_wait<0>();
   __syncthreads();  // red and early_in
   if (!residual && ss != nullptr) {
