@@ -656,8 +656,9 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   // dependency wait (qg_q8_prologue), so that they arrive while the weights stream: a residual's x rows
   // [rows_here][cols] and its norm weights [cols] after them; a reader's ss parts [ss_parts][rows_here]. Where they
   // do not fit (and in the other kernels, where the copies measured slower), the epilogue reads them from global
-  // memory (the same values in the same order either way). Recomputed where used: nothing stays live across the K
-  // loop.
+  // memory (the same values in the same order either way). The choice is made once, here (made in the prologue, it
+  // measured slower at one row); the rows and columns are recomputed where used, so one flag alone stays live across
+  // the K loop.
   const bool early = INT8 && (kind == QG_RESIDUAL ? (min(8 * NT, M - m0) + 1) * tiles_per_block * 16 <= QG_EARLY
                                                    : ss != nullptr && min(8 * NT, M - m0) * ss_parts <= QG_EARLY);
   auto early_copy = [&]() {
