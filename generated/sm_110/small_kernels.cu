@@ -73,13 +73,14 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   return v;
 }
 // The largest magnitude among the 16 lanes of v's half-warp group, as two-byte float bits (exact: one of the values'
-// own magnitudes). Every lane of the warp calls it; a lane whose value is not there passes zero.
+// own magnitudes), stored at *dst by the lane that `writes` (one lane of the group). Every lane of the warp calls it;
+// a lane whose value is not there passes zero.
 template <typename T>
-__device__ __forceinline__ unsigned short lg_magnitude16(T v) {
+__device__ __forceinline__ void lg_store_magnitude16(unsigned short* dst, T v, bool writes) {
   float most = fabsf(lg_to_float(v));
 #pragma unroll
   for (int offset = 8; offset > 0; offset >>= 1) most = fmaxf(most, lg_shfl_xor(most, offset));
-  return (unsigned short)lg_bits16(lg_from_float<T>(most));
+  if (writes) *dst = (unsigned short)lg_bits16(lg_from_float<T>(most));
 }
 // A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
 // wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the

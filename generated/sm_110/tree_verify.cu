@@ -73,13 +73,14 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   return v;
 }
 // The largest magnitude among the 16 lanes of v's half-warp group, as two-byte float bits (exact: one of the values'
-// own magnitudes). Every lane of the warp calls it; a lane whose value is not there passes zero.
+// own magnitudes), stored at *dst by the lane that `writes` (one lane of the group). Every lane of the warp calls it;
+// a lane whose value is not there passes zero.
 template <typename T>
-__device__ __forceinline__ unsigned short lg_magnitude16(T v) {
+__device__ __forceinline__ void lg_store_magnitude16(unsigned short* dst, T v, bool writes) {
   float most = fabsf(lg_to_float(v));
 #pragma unroll
   for (int offset = 8; offset > 0; offset >>= 1) most = fmaxf(most, lg_shfl_xor(most, offset));
-  return (unsigned short)lg_bits16(lg_from_float<T>(most));
+  if (writes) *dst = (unsigned short)lg_bits16(lg_from_float<T>(most));
 }
 // A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
 // wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the
@@ -443,19 +444,10 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
   if (live_out) tv_store_column(live_out + (size_t)col * TV_DK, st, lane);
 }
 
-// ------------------------------------------------------------------------------------------------ magnitudes
-// The quantised GEMM's QgAmax of an output row (templates/kernels/quant_gemm.cu.j2: the largest magnitude of each 16
-// values, as bf16_t bits), written beside it by the kernel that produces it: value v of column c on a lane with
-// lane % 16 == c % 16, so that the 16 lanes of c's group hold its values; their first lane writes *dst. A whole warp
-// calls it.
-__device__ __forceinline__ void tv_magnitude16(unsigned short* dst, bf16_t v, int c) {
-  const unsigned short most = lg_magnitude16(v);
-  if (c % 16 == 0) *dst = most;
-}
-
 // ------------------------------------------------------------------------------------------------ gated norm
 // reference.gated_rms_norm per slot and value head: out = o * rsqrt(mean(o^2) + eps) * w * silu(z), z from proj;
-// amax_out (or nullptr): out's magnitudes per 16 values, [slot][VD / 16].
+// amax_out (or nullptr): out's magnitudes per 16 values, [slot][VD / 16] (the quantised GEMM's QgAmax, by
+// lg_store_magnitude16: column c's value sits on a lane with lane % 16 == c % 16, the group's first column writes).
 extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_w, const float* __restrict__ workspace,
                 bf16_t* __restrict__ out, int n_slots, unsigned short* __restrict__ amax_out) {
@@ -473,7 +465,7 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
       const int c = h * TV_DV + d;
       const bf16_t v = lg_from_float<bf16_t>(o[d] * r * gnorm_w[d] * lg_silu(z[d]));
       out[(size_t)s * TV_VD + c] = v;
-      if (amax_out != nullptr) tv_magnitude16(amax_out + (size_t)s * (TV_VD / 16) + c / 16, v, c);
+      if (amax_out != nullptr) lg_store_magnitude16(amax_out + (size_t)s * (TV_VD / 16) + c / 16, v, c % 16 == 0);
     }
   }
 }
@@ -484,7 +476,8 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
 //   keys j = 0 .. pos0 + depth[s]: committed cache rows j < pos0, then the path's slots anc[s][j - pos0], whose K/V
 //   the prepare kernel wrote at cache row pos0 + slot (pos0 read from device memory: one graph serves every
 //   step);  o = softmax_j(q . k_j * attn_scale) v_j;
-//   out[s, h] = o * sigmoid(gate[s, h]);  amax_out (or nullptr): out's magnitudes per 16 values, [slot][NH HD / 16].
+//   out[s, h] = o * sigmoid(gate[s, h]);  amax_out (or nullptr): out's magnitudes per 16 values, [slot][NH HD / 16]
+//   (as tree_gated_norm's).
 // Warp w takes keys w, w + AT_WARPS, ... (split_softmax.cuh): the split depends only on the key count, so a slot's
 // result is the same in any tree.
 extern "C" __global__ void __launch_bounds__(TV_AT_WARPS * LG_WARP_SIZE)
@@ -527,7 +520,8 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
     const bf16_t v = lg_from_float<bf16_t>(o * lg_sigmoid(gate[d]));
     dst[d] = v;
     if (amax_out != nullptr)
-      tv_magnitude16(amax_out + (size_t)s * (TV_NH * TV_HD / 16) + (h * TV_HD + d) / 16, v, h * TV_HD + d);
+      lg_store_magnitude16(amax_out + (size_t)s * (TV_NH * TV_HD / 16) + (h * TV_HD + d) / 16, v,
+                           (h * TV_HD + d) % 16 == 0);
   });
 }
 

@@ -73,13 +73,14 @@ __device__ __forceinline__ float lg_warp_max(float v) {
   return v;
 }
 // The largest magnitude among the 16 lanes of v's half-warp group, as two-byte float bits (exact: one of the values'
-// own magnitudes). Every lane of the warp calls it; a lane whose value is not there passes zero.
+// own magnitudes), stored at *dst by the lane that `writes` (one lane of the group). Every lane of the warp calls it;
+// a lane whose value is not there passes zero.
 template <typename T>
-__device__ __forceinline__ unsigned short lg_magnitude16(T v) {
+__device__ __forceinline__ void lg_store_magnitude16(unsigned short* dst, T v, bool writes) {
   float most = fabsf(lg_to_float(v));
 #pragma unroll
   for (int offset = 8; offset > 0; offset >>= 1) most = fmaxf(most, lg_shfl_xor(most, offset));
-  return (unsigned short)lg_bits16(lg_from_float<T>(most));
+  if (writes) *dst = (unsigned short)lg_bits16(lg_from_float<T>(most));
 }
 // A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
 // wins, ties and equal zeros go to the lower index, a NaN beats any number, the first NaN wins): high word = the
@@ -977,13 +978,6 @@ __device__ __forceinline__ unsigned short qg_magnitude(const fp16_t* p, int n) {
   return lg_bits16(lg_from_float<fp16_t>(most));
 }
 
-// An epilogue's amax_out[m ld16 + g]: the magnitude of the 16 outputs o that the lanes of this half-warp group hold
-// (output columns 16 g ..; zero where a column is not there), written by the lane that `writes`. Every lane calls it.
-__device__ __forceinline__ void qg_write_magnitude(unsigned short* __restrict__ amax_out, int ld16, int m, int g,
-                                                   fp16_t o, bool writes) {
-  const unsigned short most = lg_magnitude16(o);
-  if (writes) amax_out[(size_t)m * ld16 + g] = most;
-}
 
 // QgAmax of A [M, K] (lda a multiple of 16, K of 16): thread (blockIdx.x QG_THREADS + threadIdx.x, row blockIdx.y) takes
 // 16 values.
@@ -1268,7 +1262,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
         o = lg_from_float<fp16_t>(gate / (1.0f + __expf(-gate)) * up);
         reinterpret_cast<fp16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = o;
       }
-      if (amax_out != nullptr) qg_write_magnitude(amax_out, ldo / 16, m0 + mm, n / 16, o, here && r == 0);
+      if (amax_out != nullptr)  // the 16 outputs of a half-warp (zero where not there): one group's magnitude
+        lg_store_magnitude16(amax_out + (size_t)(m0 + mm) * (ldo / 16) + n / 16, o, here && r == 0);
     }
   } else {  // residual: one matrix, the block's columns contiguous
     // a half-warp 16 columns of one row (cols * 8 NT is a multiple of 32: whole warps iterate)
@@ -1286,7 +1281,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
         xn[(size_t)m * ldo + n] = o;
         sq = v * v;
       }
-      if (amax_out != nullptr) qg_write_magnitude(amax_out, ldo / 16, m0 + mm, n / 16, o, here && r == 0);
+      if (amax_out != nullptr)  // as swiglu's
+        lg_store_magnitude16(amax_out + (size_t)(m0 + mm) * (ldo / 16) + n / 16, o, here && r == 0);
       squares[mm][cl] = sq;
     }
     __syncthreads();
