@@ -215,6 +215,15 @@ __device__ __forceinline__ void lg_launch_dependents() {
 }
 __device__ __forceinline__ void lg_grid_dependency_wait() {
 }
+// The start of a kernel that needs the previous kernel's outputs at once (the small kernels between GEMMs): it waits,
+// then lets the next kernel start, whose blocks become resident and wait in turn, so that the next launch overlaps
+// this kernel instead of following its end. A kernel that starts so, launched programmatically, runs its body after
+// every earlier kernel of the stream has completed; the next kernel's code before its own wait may then run beside
+// this kernel alone.
+__device__ __forceinline__ void lg_dependent_start() {
+  lg_grid_dependency_wait();
+  lg_launch_dependents();
+}
 // No tensor-core op (simt): the same fragments, exchanged through shuffles, multiplied with FMAs. Lane (g, t) needs
 // rows g and g + 8 of A (held by lanes 4 g .. 4 g + 3) and columns 2t, 2t + 1 of B (lanes 8 t .. 8 t + 7).
 __device__ __forceinline__ float lg_mma_lo(unsigned pair) {

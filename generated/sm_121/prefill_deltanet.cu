@@ -165,6 +165,15 @@ __device__ __forceinline__ void lg_launch_dependents() {
 __device__ __forceinline__ void lg_grid_dependency_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
+// The start of a kernel that needs the previous kernel's outputs at once (the small kernels between GEMMs): it waits,
+// then lets the next kernel start, whose blocks become resident and wait in turn, so that the next launch overlaps
+// this kernel instead of following its end. A kernel that starts so, launched programmatically, runs its body after
+// every earlier kernel of the stream has completed; the next kernel's code before its own wait may then run beside
+// this kernel alone.
+__device__ __forceinline__ void lg_dependent_start() {
+  lg_grid_dependency_wait();
+  lg_launch_dependents();
+}
 // reference.sigmoid, reference.silu: x sigmoid(x)
 __device__ __forceinline__ float lg_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float lg_silu(float x) { return x / (1.0f + expf(-x)); }

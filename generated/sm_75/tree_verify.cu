@@ -150,6 +150,15 @@ __device__ __forceinline__ void lg_launch_dependents() {
 }
 __device__ __forceinline__ void lg_grid_dependency_wait() {
 }
+// The start of a kernel that needs the previous kernel's outputs at once (the small kernels between GEMMs): it waits,
+// then lets the next kernel start, whose blocks become resident and wait in turn, so that the next launch overlaps
+// this kernel instead of following its end. A kernel that starts so, launched programmatically, runs its body after
+// every earlier kernel of the stream has completed; the next kernel's code before its own wait may then run beside
+// this kernel alone.
+__device__ __forceinline__ void lg_dependent_start() {
+  lg_grid_dependency_wait();
+  lg_launch_dependents();
+}
 #define KV_HD 256
 typedef fp16_t kv_elem_t;
 
@@ -314,6 +323,7 @@ tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv
                   float* __restrict__ workspace, float* windows, int n_slots) {
   __shared__ float head[TV_DK];
   __shared__ float warp_sums[TV_NW];
+  lg_dependent_start();
   const tree_ws ws = tv_workspace(workspace, n_slots);
   const int s = blockIdx.x, y = blockIdx.y, warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
   if (y < 2 * TV_NK) {  // one q or k head: conv, then l2norm over its DK channels
@@ -391,6 +401,7 @@ extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, const int* __restrict__ depth,
                 const int* __restrict__ anc, const float* committed, float* live_out, int n_slots) {
   constexpr int KPL = TV_DK / LG_WARP_SIZE;
+  lg_dependent_start();
   const tree_ws ws = tv_workspace(workspace, n_slots);
   const int col = blockIdx.x * TV_COLS_PER_BLOCK + threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
   if (col >= TV_NV * TV_DV) return;
@@ -437,6 +448,7 @@ extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_w, const float* __restrict__ workspace,
                 fp16_t* __restrict__ out, int n_slots, unsigned short* __restrict__ amax_out) {
   static_assert(TV_DV % LG_WARP_SIZE == 0 && LG_WARP_SIZE % 16 == 0, "a warp's lanes cover whole groups of 16");
+  lg_dependent_start();
   const tree_ws ws = tv_workspace(const_cast<float*>(workspace), n_slots);
   const int s = blockIdx.x, lane = lg_lane_id();
   const int h = blockIdx.y * TV_NW + threadIdx.x / LG_WARP_SIZE;  // a warp per value head
@@ -474,6 +486,7 @@ tree_attention(const fp16_t* __restrict__ q_ws, const float* __restrict__ proj, 
   static_assert(TV_HD % LG_WARP_SIZE == 0 && LG_WARP_SIZE % 16 == 0, "a warp's lanes cover whole groups of 16");
   __shared__ float part[TV_AT_WARPS][TV_HD];
   __shared__ float stats[2][TV_AT_WARPS];
+  lg_dependent_start();
   const int s = blockIdx.x, h = blockIdx.y, g = h / TV_GROUP, r = h % TV_GROUP;
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
   const int pos0 = *pos0_at, n_keys = pos0 + depth[s] + 1;
@@ -541,6 +554,7 @@ extern "C" __global__ void __launch_bounds__(TV_NT)
 rows_argmax(const float* __restrict__ logits, int n_cols, float* __restrict__ partial_v, int* __restrict__ partial_i,
             unsigned* __restrict__ arrived, int* __restrict__ tokens) {
   __shared__ bool last;
+  lg_dependent_start();
   const int r = blockIdx.x, slices = gridDim.y, per = (n_cols + slices - 1) / slices;
   const int c0 = blockIdx.y * per, c1 = min(n_cols, c0 + per);
   const float* row = logits + (size_t)r * n_cols;

@@ -163,6 +163,15 @@ __device__ __forceinline__ void lg_launch_dependents() {
 }
 __device__ __forceinline__ void lg_grid_dependency_wait() {
 }
+// The start of a kernel that needs the previous kernel's outputs at once (the small kernels between GEMMs): it waits,
+// then lets the next kernel start, whose blocks become resident and wait in turn, so that the next launch overlaps
+// this kernel instead of following its end. A kernel that starts so, launched programmatically, runs its body after
+// every earlier kernel of the stream has completed; the next kernel's code before its own wait may then run beside
+// this kernel alone.
+__device__ __forceinline__ void lg_dependent_start() {
+  lg_grid_dependency_wait();
+  lg_launch_dependents();
+}
 #define KV_HD 256
 typedef bf16_t kv_elem_t;
 
@@ -235,6 +244,7 @@ prefill_attention_prepare(const float* __restrict__ proj, const float* __restric
   constexpr int NWARPS = 8;
   __shared__ float normed[ATTN_HD];
   __shared__ float warp_sums[NWARPS];
+  lg_dependent_start();
   if (pos0_at) pos0 = *pos0_at;
   const int t = blockIdx.x, hh = blockIdx.y, row_pos = pos0 + t, pos = depth ? pos0 + depth[t] : row_pos;
   const float* row = proj + (size_t)t * ATTN_NIN;

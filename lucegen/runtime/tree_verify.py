@@ -165,6 +165,7 @@ class TreeVerifier:
         parent = self.layout_buf.ptr
         depth, anc = parent + 4 * S, parent + 8 * S
         n = np.int32(S)
+        pdl = self.target.features.programmatic_launch  # the mixers' kernels wait first (lg_dependent_start)
 
         def mix(l, T, amax=0):  # amax: the output's magnitudes per 16 values, written beside it (True)
             if l.kind == 0:
@@ -178,14 +179,14 @@ class TreeVerifier:
                 self.conv_fn.launch((S, conv_groups), THREADS,
                                     (address(acts.proj.ptr), address(wvec(l.conv_w)), address(live_window),
                                      address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
-                                     address(ws), address(windows), n), stream=st)
+                                     address(ws), address(windows), n), stream=st, programmatic=pdl)
                 self.rule_fn.launch(self._column_blocks(), THREADS,
                                     (address(ws), address(parent), address(depth), address(anc), address(live_state),
                                      address(live_out), n),
-                                    stream=st)
+                                    stream=st, programmatic=pdl)
                 self.norm_fn.launch((S, -(-pf["NV"] // self._columns_per_block())), THREADS,  # a warp per value head
                                     (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws),
-                                     address(acts.mix.ptr), n, address(amax)), stream=st)
+                                     address(acts.mix.ptr), n, address(amax)), stream=st, programmatic=pdl)
             else:
                 kv = kv_layer(dec, l)
                 self.attention.prepare(proj=acts.proj.ptr, T=S, pos0=0, q_norm=wvec(l.q_norm),
@@ -196,7 +197,7 @@ class TreeVerifier:
                                       (address(self.q_ws.ptr), address(acts.proj.ptr), address(kv),
                                        np.int32(dec.max_context), address(anc), np.int32(S), address(depth),
                                        address(acts.mix.ptr), n, address(self.pos0.ptr), address(amax)),
-                                      stream=st)
+                                      stream=st, programmatic=pdl)
             return True
         return mix
 
@@ -215,7 +216,7 @@ class TreeVerifier:
         self.argmax_fn.launch((S, self._argmax_slices(S)), THREADS,
                               (address(self.logits.ptr), np.int32(self.config.vocab_size), address(self.argmax_v.ptr),
                                address(self.argmax_i.ptr), address(self.argmax_arrived.ptr), address(self.argmax.ptr)),
-                              stream=self.stream)
+                              stream=self.stream, programmatic=self.target.features.programmatic_launch)
 
     def _run_pass(self, S: int) -> None:
         if not self.use_graphs:

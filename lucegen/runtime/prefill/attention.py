@@ -74,7 +74,7 @@ class AttentionKernels:
                                (address(proj), address(q_norm), address(k_norm), address(inv_freq), address(kv),
                                 np.int32(max_context), address(workspace), np.int32(T), np.int32(pos0),
                                 address(depth), address(pos0_at)),
-                               stream=stream)
+                               stream=stream, programmatic=self.target.features.programmatic_launch)
 
     def run(self, *, proj: int, T: int, pos0: int, q_norm: int, k_norm: int, inv_freq: int, kv: int,
             max_context: int, out: int, workspace: int, stream=None) -> None:
