@@ -187,6 +187,32 @@ def test_cli_megakernel_run_and_benches(models, monkeypatch, capsys):
     assert len(devices) == 3 and all(d.launches for d in devices)
 
 
+@pytest.mark.parametrize("chip", ["sm_90", "sm_75"])
+def test_tree_budgets_and_the_delta_rules_shared_memory(models, chip):
+    """tree_delta_rule stages every slot's inputs in shared memory: a budget past the 48 KB default verifies with the
+    kernel's limit raised (the host device refuses a launch past what the function was given), and one past the
+    chip's opt-in limit is refused when the verifier is built, naming the budget."""
+    from lucegen.errors import LucegenError
+    from lucegen.runtime import ddtree
+    from lucegen.runtime.quant_target import QuantDecoder
+    from lucegen.runtime.tree_verify import TreeVerifier, rule_stage_bytes
+
+    dev = host(chip)
+    t = dev.target
+    dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=2048)
+    per_slot = rule_stage_bytes(dec.layer_params(), t.warp_size, 1)
+    budget = t.smem_per_block // per_slot + 1  # its slots stage more than 48 KB
+    assert rule_stage_bytes(dec.layer_params(), t.warp_size, budget + 1) > t.smem_per_block
+    ver = TreeVerifier(dec, budget=budget)
+    ver.verify(ddtree.chain(np.arange(budget) % dec.config.vocab_size), 1)
+    assert "tree_delta_rule" in kernels(dev)
+    ver.close()
+    too_many = t.smem_per_block_optin // per_slot  # slots = too_many + 1 stage more than the opt-in limit
+    with pytest.raises(LucegenError, match=f"tree budget {too_many}: the delta rule stages .* smem_per_block_optin"):
+        TreeVerifier(dec, budget=too_many)
+    dec.close()
+
+
 def test_the_checks_can_fail(models):
     """A launch with a float where the kernel takes an int, with a freed buffer, or one argument short is refused."""
     from lucegen import codegen

@@ -277,6 +277,9 @@ __device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD],
 #define TV_GROUP 4
 #define TV_AT_WARPS 16
 #define TV_COLS_PER_BLOCK 8
+#define TV_RULE_CPW 4
+#define TV_RULE_LANES (LG_WARP_SIZE / TV_RULE_CPW)
+#define TV_RULE_COLS (TV_NW * TV_RULE_CPW)
 
 
 // The f32 workspace of one DeltaNet layer's kernels, slot-major (S = slots of this verify). It outlives the pass:
@@ -377,13 +380,14 @@ tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv
 // ggml's tiled value heads) along each slot's path:
 //   S = S_parent * exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S = S + k delta;  o = S^T q
 // with S_parent the committed state for the root. States are [NV][DV][DK] (S transposed: one column contiguous,
-// the megakernel's layout). No slot's state is stored: a slot's update is (g, k, delta), and tv_apply_update
-// rebuilds any state from the committed one along its path with the very operations of the pass, so bit for bit.
-// Slots run in order; the warp keeps the last slot's column in registers and rebuilds only where the parent is not
-// the previous slot (from the deltas it stored itself). The commit replays the accepted path the same way
-// (tree_commit_deltanet). A one-slot greedy decode step passes the live state as both `committed` and
-// `live_out` (and tree_conv_prepare the live conv window as both of its own): each thread reads its elements before
-// it writes them, so the update is in place and needs no commit.
+// the megakernel's layout). No slot's state is stored: a slot's update is (g, k, delta), and the pass rebuilds any
+// state from the committed one along its path with its very operations, so bit for bit. Slots run in order; the
+// lanes of a column keep the last slot's column in registers and rebuild only where the parent is not the previous
+// slot (from the deltas they stored themselves). A block first stages every slot's inputs of its head in shared
+// memory, so the slots' loop and its rebuilds wait on no global memory. The commit replays the accepted path with
+// the same operations (tv_apply_update, tree_commit_deltanet). A one-slot greedy decode step passes the live state
+// as both `committed` and `live_out` (and tree_conv_prepare the live conv window as both of its own): each thread
+// reads its elements before it writes them, so the update is in place and needs no commit.
 // The key head of value head h (pf.v_heads: grouped, or ggml's tiled order).
 __device__ __forceinline__ int tv_key_head(int h) {
   return h / (TV_NV / TV_NK);
@@ -412,47 +416,111 @@ __device__ __forceinline__ void tv_apply_update(float (&st)[KPL], const tree_ws&
   for (int e = 0; e < KPL; ++e) st[e] = fmaf(k[lane + e * LG_WARP_SIZE], delta, lg_mul_rn(st[e], decay));
 }
 
+// The rule's lanes: a warp holds TV_RULE_CPW value columns, TV_RULE_LANES lanes each, lane j of a column the elements
+// 4 j + 4 LANES e + r (r < 4, e < KPL / 4): each lane's KPL products are summed in that order, then over the column's
+// lanes by a butterfly. The columns of a warp share its sums' shuffles and the loop's bookkeeping.
+template <int KPL>
+__device__ __forceinline__ void tv_rule_load(float (&st)[KPL], const float* column, int j) {
+#pragma unroll
+  for (int e = 0; e < KPL / 4; ++e) {
+    const float4 v = *reinterpret_cast<const float4*>(column + 4 * j + 4 * TV_RULE_LANES * e);
+    st[4 * e] = v.x, st[4 * e + 1] = v.y, st[4 * e + 2] = v.z, st[4 * e + 3] = v.w;
+  }
+}
+template <int KPL>
+__device__ __forceinline__ void tv_rule_store(float* column, const float (&st)[KPL], int j) {
+#pragma unroll
+  for (int e = 0; e < KPL / 4; ++e)
+    *reinterpret_cast<float4*>(column + 4 * j + 4 * TV_RULE_LANES * e) =
+        make_float4(st[4 * e], st[4 * e + 1], st[4 * e + 2], st[4 * e + 3]);
+}
+// Sum over the TV_RULE_LANES lanes of a column (aligned groups of the warp's lanes).
+__device__ __forceinline__ float tv_rule_sum(float v) {
+#pragma unroll
+  for (int offset = TV_RULE_LANES / 2; offset > 0; offset /= 2) v += lg_shfl_xor(v, offset);
+  return v;
+}
+
+// Shared memory of a block of tree_delta_rule (its TV_RULE_COLS columns lie in one value head, so one key head) over
+// S slots, S (2 DK + 3 + 2 COLS) words (lucegen/runtime/tree_verify.py rule_stage_bytes): the slots' q and k of the
+// key head [S][DK] each, exp(g) and beta of the value head [S] each, v of the block's columns [S][COLS], each column's
+// deltas [COLS][S] (written by its lanes as they go, read back by their rebuilds) and the slots' parents [S].
 extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, const int* __restrict__ depth,
                 const int* __restrict__ anc, const float* committed, float* live_out, int n_slots) {
-  constexpr int KPL = TV_DK / LG_WARP_SIZE;
+  constexpr int KPL = TV_DK / TV_RULE_LANES, COLS = TV_RULE_COLS;
+  static_assert(KPL % 4 == 0 && TV_DV % COLS == 0, "float4 runs; a block's value columns lie in one head");
+  extern __shared__ float rule_stage[];
+  const int lane = lg_lane_id(), j = lane % TV_RULE_LANES;
+  const int c = threadIdx.x / LG_WARP_SIZE * TV_RULE_CPW + lane / TV_RULE_LANES;  // the lane's column in the block
+  float* q_st = rule_stage;
+  float* k_st = q_st + (size_t)n_slots * TV_DK;
+  float* decay_st = k_st + (size_t)n_slots * TV_DK;
+  float* beta_st = decay_st + n_slots;
+  float* v_st = beta_st + n_slots;
+  float* delta_st = v_st + (size_t)n_slots * COLS + (size_t)c * n_slots;  // this column's
+  int* parent_st = reinterpret_cast<int*>(v_st + (size_t)n_slots * 2 * COLS);
+  const int col0 = blockIdx.x * COLS, col = col0 + c, h = col0 / TV_DV, hk = tv_key_head(h);
+  float root[KPL], st[KPL];
+  // The committed state is loaded before the wait: a kernel before the previous one (tree_conv_prepare) wrote it
+  // last (lg_dependent_start).
+  tv_rule_load(root, committed + (size_t)col * TV_DK, j);
   lg_dependent_start();
   const tree_ws ws = tv_workspace(workspace, n_slots);
-  const int col = blockIdx.x * TV_COLS_PER_BLOCK + threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
-  if (col >= TV_NV * TV_DV) return;
-  const int h = col / TV_DV, hk = tv_key_head(h);
-  float root[KPL], st[KPL];
-  tv_load_column(root, committed + (size_t)col * TV_DK, lane);
+  // Every slot's inputs staged at once: the slots' loop below then waits on no global memory but the path table.
+  for (int i = threadIdx.x; i < n_slots * TV_DK; i += TV_NT) {
+    const size_t at = (size_t)(i / TV_DK) * TV_KD + hk * TV_DK + i % TV_DK;
+    q_st[i] = ws.q[at];
+    k_st[i] = ws.k[at];
+  }
+  for (int a = threadIdx.x; a < n_slots; a += TV_NT) {
+    decay_st[a] = expf(ws.g[(size_t)a * TV_NV + h]);
+    beta_st[a] = ws.beta[(size_t)a * TV_NV + h];
+    parent_st[a] = parent[a];
+  }
+  for (int i = threadIdx.x; i < n_slots * COLS; i += TV_NT)
+    v_st[i] = ws.v[(size_t)(i / COLS) * TV_VD + col0 + i % COLS];
+  __syncthreads();
+  float kk[KPL], qq[KPL];
   for (int s = 0; s < n_slots; ++s) {
-    const int p = parent[s];
+    const int p = parent_st[s];
     if (s == 0 || p != s - 1) {  // the parent's state: the committed one, then the updates on the way to p
 #pragma unroll
       for (int e = 0; e < KPL; ++e) st[e] = root[e];
       if (p >= 0)
-        for (int d = 0; d <= depth[p]; ++d) tv_apply_update(st, ws, anc[(size_t)p * n_slots + d], col, lane);
+        for (int d = 0; d <= depth[p]; ++d) {  // S = S * exp(g[a]) + k[a] delta[a]: the pass's own operations
+          const int a = anc[(size_t)p * n_slots + d];
+          const float decay = decay_st[a], delta = delta_st[a];
+          tv_rule_load(kk, k_st + (size_t)a * TV_DK, j);
+#pragma unroll
+          for (int e = 0; e < KPL; ++e) st[e] = fmaf(kk[e], delta, lg_mul_rn(st[e], decay));
+        }
     }
-    const float decay = expf(ws.g[(size_t)s * TV_NV + h]), beta = ws.beta[(size_t)s * TV_NV + h];
-    const float value = ws.v[(size_t)s * TV_VD + col];
-    const float* q = ws.q + (size_t)s * TV_KD + hk * TV_DK;
-    const float* k = ws.k + (size_t)s * TV_KD + hk * TV_DK;
+    const float decay = decay_st[s], beta = beta_st[s], value = v_st[s * COLS + c];
+    tv_rule_load(kk, k_st + (size_t)s * TV_DK, j);
+    tv_rule_load(qq, q_st + (size_t)s * TV_DK, j);
     float kv = 0.0f;
 #pragma unroll
     for (int e = 0; e < KPL; ++e) {
       st[e] = lg_mul_rn(st[e], decay);
-      kv += st[e] * k[lane + e * LG_WARP_SIZE];
+      kv += st[e] * kk[e];
     }
-    const float delta = (value - lg_warp_sum(kv)) * beta;
+    const float delta = (value - tv_rule_sum(kv)) * beta;
     float o = 0.0f;
 #pragma unroll
     for (int e = 0; e < KPL; ++e) {
-      st[e] = fmaf(k[lane + e * LG_WARP_SIZE], delta, st[e]);
-      o += st[e] * q[lane + e * LG_WARP_SIZE];
+      st[e] = fmaf(kk[e], delta, st[e]);
+      o += st[e] * qq[e];
     }
-    o = lg_warp_sum(o);
-    if (lane == 0) ws.o[(size_t)s * TV_VD + col] = o;
-    ws.delta[(size_t)s * TV_VD + col] = delta;  // every lane: the sum is the same in each, and each reads its own
+    o = tv_rule_sum(o);
+    if (j == 0) {
+      ws.o[(size_t)s * TV_VD + col] = o;
+      ws.delta[(size_t)s * TV_VD + col] = delta;  // for the commit
+      delta_st[s] = delta;
+    }
+    __syncwarp();  // delta_st[s] is read back by every lane of this column's later rebuilds
   }
-  if (live_out) tv_store_column(live_out + (size_t)col * TV_DK, st, lane);
+  if (live_out) tv_rule_store(live_out + (size_t)col * TV_DK, st, j);
 }
 
 // ------------------------------------------------------------------------------------------------ gated norm

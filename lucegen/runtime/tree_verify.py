@@ -37,6 +37,7 @@ from .prefill.runner import Activations, conv_layer, enqueue_layers, kv_layer, r
 TEMPLATE = "dflash/tree_verify.cu.j2"
 MODULE = "tree_verify"
 THREADS = 256  # templates/dflash/tree_verify.cu.j2: TV_NT
+RULE_COLUMNS_PER_WARP = 4  # templates/dflash/tree_verify.cu.j2: TV_RULE_CPW
 # TV_AT_WARPS: a one-slot pass at a 16K context is latency-bound in the key walk (4 warps: 71 ms a token)
 ATTENTION_WARPS = 16
 #: rows_argmax's blocks per logits row, at most (tuning choice: :meth:`TreeVerifier._argmax_slices`).
@@ -60,6 +61,13 @@ def slot_buffer_bytes(decoder, pf: dict) -> dict[str, int]:
 def ws_floats(pf: dict) -> int:
     """Floats per slot of one DeltaNet layer's workspace (tree_verify.cu.j2's tree_ws): q, k, v, g, beta, o, delta."""
     return 2 * pf["KD"] + 3 * pf["VD"] + 2 * pf["NV"]
+
+
+def rule_stage_bytes(pf: dict, warp_size: int, slots: int) -> int:
+    """Shared memory of a tree_delta_rule block over ``slots`` slots (the template's layout: the slots' q and k of one
+    key head, exp(g) and beta of one value head, v of the block's columns, each column's deltas, the parents)."""
+    columns = THREADS // warp_size * RULE_COLUMNS_PER_WARP
+    return 4 * slots * (2 * pf["DK"] + 3 + 2 * columns)
 
 
 def step_input_words(slots: int) -> int:
@@ -121,6 +129,12 @@ class TreeVerifier:
         self.attend_fn, self.argmax_fn = fn("tree_attention"), fn("rows_argmax")
         self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
         self.advance_fn = fn("tree_greedy_advance")
+        stage = rule_stage_bytes(pf, t.warp_size, self.slots)
+        if stage > t.smem_per_block_optin:
+            raise LucegenError(f"tree budget {budget}: the delta rule stages {stage} bytes of {self.slots} slots in "
+                               f"shared memory, over {t.name}'s smem_per_block_optin {t.smem_per_block_optin}")
+        if stage > t.smem_per_block:
+            self.rule_fn.set_max_dynamic_smem(stage)
         self.stream = dev.stream()
         self.use_graphs = graphs
         self._graphs: dict[int, object] = {}  # slots -> the captured pass (pos0 and the tree come from memory)
@@ -180,10 +194,10 @@ class TreeVerifier:
                                     (address(acts.proj.ptr), address(wvec(l.conv_w)), address(live_window),
                                      address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
                                      address(ws), address(windows), n), stream=st, programmatic=pdl)
-                self.rule_fn.launch(self._column_blocks(), THREADS,
+                self.rule_fn.launch(self._rule_blocks(), THREADS,
                                     (address(ws), address(parent), address(depth), address(anc), address(live_state),
                                      address(live_out), n),
-                                    stream=st, programmatic=pdl)
+                                    smem=rule_stage_bytes(pf, self.target.warp_size, S), stream=st, programmatic=pdl)
                 self.norm_fn.launch((S, -(-pf["NV"] // self._columns_per_block())), THREADS,  # a warp per value head
                                     (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws),
                                      address(acts.mix.ptr), n, address(amax)), stream=st, programmatic=pdl)
@@ -265,6 +279,10 @@ class TreeVerifier:
 
     def _column_blocks(self) -> int:
         return -(-self.pf["NV"] * self.pf["DV"] // self._columns_per_block())
+
+    def _rule_blocks(self) -> int:
+        """tree_delta_rule's blocks: RULE_COLUMNS_PER_WARP value columns a warp (a block's lie in one head)."""
+        return self.pf["NV"] * self.pf["DV"] // (self._columns_per_block() * RULE_COLUMNS_PER_WARP)
 
     def _layer_ws(self, l) -> int:
         """The device address of DeltaNet layer ``l``'s workspace (kept from the verify to the commit)."""
