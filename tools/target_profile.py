@@ -5,6 +5,9 @@ where a programmatic launch overlaps its predecessor), grid and registers.
     python3 tools/target_profile.py MODEL [--steps 8] [--slots 23] [--budget 64] [--timeline]
 
 ``--budget`` sizes the verifier for that tree budget (default: slots - 1), as an engine built for a larger tree.
+``--no-programmatic`` renders and launches every kernel without programmatic dependent launch: a kernel so launched
+starts while its predecessor runs and the profiler counts its wait as its own time, so per-kernel times are taken
+without it (the step's own time is not).
 """
 
 from __future__ import annotations
@@ -24,17 +27,25 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=23)
     ap.add_argument("--budget", type=int, help="the verifier's tree budget (default: slots - 1)")
     ap.add_argument("--timeline", action="store_true")
+    ap.add_argument("--no-programmatic", action="store_true", help="no programmatic dependent launch (per-kernel times)")
     args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    import dataclasses
+
     from lucegen.runtime import ddtree
+    from lucegen.runtime.device import Device
     from lucegen.runtime.prefill.runner import Prefiller
     from lucegen.runtime.quant_target import open_target
     from lucegen.runtime.tree_verify import TreeVerifier
 
     torch.cuda.init()
-    dec = open_target(args.model, max_context=512)
+    dev = Device.open()
+    if args.no_programmatic:
+        t = dev.target
+        dev.target = dataclasses.replace(t, features=dataclasses.replace(t.features, programmatic_launch=False))
+    dec = open_target(args.model, max_context=512, device=dev)
     ver = TreeVerifier(dec, budget=args.budget if args.budget is not None else args.slots - 1)
     Prefiller(dec).prefill(np.arange(32) + 100)
     ver.decode(4)
