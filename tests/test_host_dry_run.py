@@ -195,14 +195,16 @@ def test_tree_budgets_and_the_delta_rules_shared_memory(models, chip):
     from lucegen.errors import LucegenError
     from lucegen.runtime import ddtree
     from lucegen.runtime.quant_target import QuantDecoder
-    from lucegen.runtime.tree_verify import TreeVerifier, rule_stage_bytes
+    from lucegen.runtime.tree_verify import TreeVerifier
 
     dev = host(chip)
     t = dev.target
     dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=2048)
-    per_slot = rule_stage_bytes(dec.layer_params(), t.warp_size, 1)
+    small = TreeVerifier(dec, budget=1)
+    per_slot = small.rule_stage_bytes(1)
     budget = t.smem_per_block // per_slot + 1  # its slots stage more than 48 KB
-    assert rule_stage_bytes(dec.layer_params(), t.warp_size, budget + 1) > t.smem_per_block
+    assert small.rule_stage_bytes(budget + 1) > t.smem_per_block
+    small.close()
     ver = TreeVerifier(dec, budget=budget)
     ver.verify(ddtree.chain(np.arange(budget) % dec.config.vocab_size), 1)
     assert "tree_delta_rule" in kernels(dev)

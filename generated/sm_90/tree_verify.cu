@@ -442,7 +442,7 @@ __device__ __forceinline__ float tv_rule_sum(float v) {
 }
 
 // Shared memory of a block of tree_delta_rule (its TV_RULE_COLS columns lie in one value head, so one key head) over
-// S slots, S (2 DK + 3 + 2 COLS) words (lucegen/runtime/tree_verify.py rule_stage_bytes): the slots' q and k of the
+// S slots, S (2 DK + 3 + 2 COLS) words (TreeVerifier.rule_stage_bytes): the slots' q and k of the
 // key head [S][DK] each, exp(g) and beta of the value head [S] each, v of the block's columns [S][COLS], each column's
 // deltas [COLS][S] (written by its lanes as they go, read back by their rebuilds) and the slots' parents [S].
 extern "C" __global__ void __launch_bounds__(TV_NT)

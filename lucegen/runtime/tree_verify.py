@@ -24,6 +24,8 @@ therefore exactly what any speculative run through the same verifier must emit.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .. import codegen
@@ -37,7 +39,6 @@ from .prefill.runner import Activations, conv_layer, enqueue_layers, kv_layer, r
 TEMPLATE = "dflash/tree_verify.cu.j2"
 MODULE = "tree_verify"
 THREADS = 256  # templates/dflash/tree_verify.cu.j2: TV_NT
-RULE_COLUMNS_PER_WARP = 4  # templates/dflash/tree_verify.cu.j2: TV_RULE_CPW
 # TV_AT_WARPS: a one-slot pass at a 16K context is latency-bound in the key walk (4 warps: 71 ms a token)
 ATTENTION_WARPS = 16
 #: rows_argmax's blocks per logits row, at most (tuning choice: :meth:`TreeVerifier._argmax_slices`).
@@ -61,13 +62,6 @@ def slot_buffer_bytes(decoder, pf: dict) -> dict[str, int]:
 def ws_floats(pf: dict) -> int:
     """Floats per slot of one DeltaNet layer's workspace (tree_verify.cu.j2's tree_ws): q, k, v, g, beta, o, delta."""
     return 2 * pf["KD"] + 3 * pf["VD"] + 2 * pf["NV"]
-
-
-def rule_stage_bytes(pf: dict, warp_size: int, slots: int) -> int:
-    """Shared memory of a tree_delta_rule block over ``slots`` slots (the template's layout: the slots' q and k of one
-    key head, exp(g) and beta of one value head, v of the block's columns, each column's deltas, the parents)."""
-    columns = THREADS // warp_size * RULE_COLUMNS_PER_WARP
-    return 4 * slots * (2 * pf["DK"] + 3 + 2 * columns)
 
 
 def step_input_words(slots: int) -> int:
@@ -125,11 +119,13 @@ class TreeVerifier:
         source = codegen.render(t, TEMPLATE, pf=pf)
         self.module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
         fn = self.module.function
+        # tree_delta_rule's value columns a block (a warp holds TV_RULE_CPW of them), as the template rendered them
+        self.rule_columns = THREADS // t.warp_size * int(re.search(r"#define TV_RULE_CPW (\d+)", source).group(1))
         self.conv_fn, self.rule_fn, self.norm_fn = fn("tree_conv_prepare"), fn("tree_delta_rule"), fn("tree_gated_norm")
         self.attend_fn, self.argmax_fn = fn("tree_attention"), fn("rows_argmax")
         self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
         self.advance_fn = fn("tree_greedy_advance")
-        stage = rule_stage_bytes(pf, t.warp_size, self.slots)
+        stage = self.rule_stage_bytes(self.slots)
         if stage > t.smem_per_block_optin:
             raise LucegenError(f"tree budget {budget}: the delta rule stages {stage} bytes of {self.slots} slots in "
                                f"shared memory, over {t.name}'s smem_per_block_optin {t.smem_per_block_optin}")
@@ -197,7 +193,7 @@ class TreeVerifier:
                 self.rule_fn.launch(self._rule_blocks(), THREADS,
                                     (address(ws), address(parent), address(depth), address(anc), address(live_state),
                                      address(live_out), n),
-                                    smem=rule_stage_bytes(pf, self.target.warp_size, S), stream=st, programmatic=pdl)
+                                    smem=self.rule_stage_bytes(S), stream=st, programmatic=pdl)
                 self.norm_fn.launch((S, -(-pf["NV"] // self._columns_per_block())), THREADS,  # a warp per value head
                                     (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws),
                                      address(acts.mix.ptr), n, address(amax)), stream=st, programmatic=pdl)
@@ -281,8 +277,14 @@ class TreeVerifier:
         return -(-self.pf["NV"] * self.pf["DV"] // self._columns_per_block())
 
     def _rule_blocks(self) -> int:
-        """tree_delta_rule's blocks: RULE_COLUMNS_PER_WARP value columns a warp (a block's lie in one head)."""
-        return self.pf["NV"] * self.pf["DV"] // (self._columns_per_block() * RULE_COLUMNS_PER_WARP)
+        """tree_delta_rule's blocks of ``rule_columns`` value columns (a block's lie in one head)."""
+        return self.pf["NV"] * self.pf["DV"] // self.rule_columns
+
+    def rule_stage_bytes(self, slots: int) -> int:
+        """Shared memory of a tree_delta_rule block over ``slots`` slots (the template's layout: the slots' q and k of
+        one key head, exp(g) and beta of one value head, v of the block's columns, each column's deltas, the
+        parents)."""
+        return 4 * slots * (2 * self.pf["DK"] + 3 + 2 * self.rule_columns)
 
     def _layer_ws(self, l) -> int:
         """The device address of DeltaNet layer ``l``'s workspace (kept from the verify to the commit)."""
