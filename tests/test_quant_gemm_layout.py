@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from lucegen.errors import LucegenError
 from lucegen.families.quant_gemm import GEMM_TYPES
+from lucegen.model import quant
 from lucegen.model.quant import TYPES
 from lucegen.runtime.quant_gemm import _tile_map, plan_parts, tile_bytes, tile_pack, tile_unpack
 
@@ -48,7 +49,7 @@ def test_int8_lane_chunk_holds_values_8t_to_8t_plus_7(qtype):
     """The int8-activation layout: lane l = 4 g + t, chunk p, words (row g, j = 0), (row g, j = 1), (row g + 8, ..),
     word (row, j) = qs bytes 32 p + 8 t + 4 j .. + 3 of that row, so that the lane's words 0 and 1 (the m16n8k32 A
     fragment's k slots 4t .. and 16 + 4t ..) are values 8t .. 8t + 7 of sub-blocks 2p, 2p + 1, its activations one
-    16-byte load; Q5_K's chunk of fifth bits alike (qh bytes 8 t + 4 j ..). Other types have no int8 layout."""
+    16-byte load; Q5_K's chunk of fifth bits alike (qh bytes 8 t + 4 j ..). Q8_0 has no int8 layout."""
     size, qs, chunks = (144, 16, 256) if qtype == "Q4_K" else (176, 48, 768)
     m = _tile_map(qtype, int8=True)
     for lane in range(32):
@@ -64,7 +65,36 @@ def test_int8_lane_chunk_holds_values_8t_to_8t_plus_7(qtype):
     np.testing.assert_array_equal(tile_unpack(tile_pack(raw, qtype, 20, 512, int8=True), qtype, 20, 512, int8=True),
                                   raw)
     with pytest.raises(LucegenError, match="int8"):
-        _tile_map("Q6_K", int8=True)
+        _tile_map("Q8_0", int8=True)
+
+
+def _signed_bytes(lo: int, hi: int) -> int:
+    """QgQ6K::signed_bytes: bytes lo % 16 + 16 (hi % 4) - 32, two's complement, four a word."""
+    return (lo & 0x0F0F0F0F) | ((((hi & 0x03030303) + 0x0E0E0E0E) << 4) & 0xF0F0F0F0)
+
+
+def test_q6_k_int8_fragments_are_the_values_minus_32():
+    """Q6_K's int8 layout through the kernel's rule (QgQ6K::fragment_q8: values 32 s .. of span s = 4 h + u from ql
+    chunk 2 h + u % 2 shifted 4 (u // 2), qh chunk h shifted 2 u): lane 4 g + t's word (row, j) of span s holds the
+    signed bytes q - 32 of values 32 s + 8 t + 4 j .. + 3, as quant.py dequantises them (with unit scales)."""
+    rows, size = 16, 210
+    raw = np.random.default_rng(3).integers(0, 256, rows * size, dtype=np.uint8)
+    raw.reshape(rows, size)[:, 192:208] = 1  # unit scales
+    raw.reshape(rows, size)[:, 208:210] = np.frombuffer(np.float16(1).tobytes(), np.uint8)
+    values = quant.dequantize(raw, "Q6_K", rows * 256).reshape(rows, 256).astype(np.int64)
+    tb = tile_pack(raw, "Q6_K", rows, 256, int8=True)
+    words = tb.view("<u4")
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for s in range(8):
+            h, u = s >> 2, s & 3
+            for w, (row, j) in enumerate([(g, 0), (g, 1), (g + 8, 0), (g + 8, 1)]):
+                ql = int(words[(288 + 512 * (2 * h + (u & 1)) + 16 * lane + 4 * w) // 4])
+                qh = int(words[(2336 + 512 * h + 16 * lane + 4 * w) // 4])
+                word = _signed_bytes(ql >> (4 * (u >> 1)), qh >> (2 * u))
+                got = np.frombuffer(np.uint32(word).tobytes(), np.int8).astype(np.int64)
+                k = 32 * s + 8 * t + 4 * j
+                np.testing.assert_array_equal(got, values[row, k : k + 4], err_msg=f"lane {lane} span {s} word {w}")
 
 
 def test_q6_k_value_of_every_fragment_slot():
@@ -140,8 +170,35 @@ def test_grid_of_the_27b_launches():
     # (Q8_WAVE_TIME): 4 for the in-projection's 1030 blocks (2 waves of 528, not 3 of 396) and for 528 (1 of 528)
     quantised = load_target("sm_90").quantised_target()
     qg = QuantGemm(HostDevice(quantised), quantised, 5120, 1e-6)
+    # a group holding Q6_K takes the twins nt<N>q6 (their type switch holds it)
     for tiles, pair, kernel in ((320, False, "nt1q"), (1030, False, "nt1q_r4"), (2176, True, "nt1q"),
                                 (528, False, "nt1q_r4"), (792, False, "nt1q"), (896, False, "nt1q_r4")):
-        W = types.SimpleNamespace(tiles=tiles, pair=pair, int8=True, K=5120)
-        assert [qg.kernel(W, M, 0, 5120)[0] for M in (1, 8)] == [kernel] * 2, tiles
-        assert qg.kernel(W, 9, 0, 5120)[0] == "nt2q"
+        for held, suffix in ((["Q4_K", "Q5_K"], ""), (["Q4_K", "Q6_K"], "6")):
+            W = types.SimpleNamespace(tiles=tiles, pair=pair, int8=True, K=5120, types=held)
+            twin = kernel.replace("q", f"q{suffix}")
+            assert [qg.kernel(W, M, 0, 5120)[0] for M in (1, 8)] == [twin] * 2, (tiles, held)
+            assert qg.kernel(W, 9, 0, 5120)[0] == f"nt2q{suffix}"
+
+
+def test_densest_row_tiles_come_first():
+    """A group's row tiles (its launches' blocks, which start in tile order) are ordered by bytes per value, densest
+    first, so its slowest blocks start in the first wave; its output columns stay in segment order. A gate/up pair
+    keeps gate, up."""
+    from lucegen.runtime.host_device import HostDevice
+    from lucegen.runtime.quant_gemm import SEGMENT_DTYPE, QuantMatrix
+    from lucegen.target import load_target
+
+    device = HostDevice(load_target("sm_90"))
+    K = 256
+    rng = np.random.default_rng(0)
+
+    def raw(qtype, rows):
+        return rng.integers(0, 256, rows * K // TYPES[qtype][1] * TYPES[qtype][2], dtype=np.uint8)
+
+    segments = [("Q4_K", raw("Q4_K", 40), 40, 0), ("Q6_K", raw("Q6_K", 20), 20, 0), ("Q5_K", raw("Q5_K", 16), 16, 0)]
+    W = QuantMatrix(device, segments, K)
+    table = np.frombuffer(W.table.raw, SEGMENT_DTYPE)[:3]
+    assert list(table["tile0"]) == [3, 0, 2]  # Q6_K's 2 tiles, Q5_K's 1, then Q4_K's 3
+    assert list(table["col0"]) == [0, 40, 60] and list(table["rows"]) == [40, 20, 16] and W.tiles == 6
+    pair = QuantMatrix(device, [("Q4_K", raw("Q4_K", 32), 32, 0), ("Q6_K", raw("Q6_K", 32), 32, 0)], K, pair=True)
+    assert list(np.frombuffer(pair.table.raw, SEGMENT_DTYPE)[:2]["tile0"]) == [0, 2]

@@ -8,7 +8,7 @@ and a down-like one, K = 17408): how the grid's fill of the chip (waves of resid
 
 ``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring), ``--wgmma 0,1``
 with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma), ``--int8 0,1`` with int8 activations off and on
-for the groups that take them (QuantGemm.int8: Q4_K / Q5_K alone; ``--int8-kernels`` renders them where the
+for the groups that take them (QuantGemm.int8: K-quants alone; ``--int8-kernels`` renders them where the
 descriptor's [quant] int8_activations is off). The kernels are the quantised target's (``Target.quantised_target()``:
 [quant] compute_dtype); ``--descriptor-dtype`` times them in the descriptor's own.
 

@@ -609,7 +609,7 @@ __device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int st
     if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
 }
 
-template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8>
+template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -835,7 +835,7 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, true, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -846,7 +846,7 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -857,7 +857,7 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -868,7 +868,7 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -879,7 +879,7 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<4, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<4, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -890,6 +890,6 @@ quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, true, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, true, false, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }

@@ -12,9 +12,13 @@ from ..model.quant import TYPES
 GEMM_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 #: The types of 256-value blocks: a staged kernel's launch holds these alone (its rounds walk K in 256-value blocks).
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
-#: Block types of the int8-activation kernels (quant_gemm_nt<N>q, [quant] int8_activations): 4- and 5-bit K-quants,
-#: whose unsigned values are int8 as they are; a launch over a group of these alone takes them.
-INT8_TYPES = ("Q4_K", "Q5_K")
+#: Block types of the int8-activation kernels (quant_gemm_nt<N>q, [quant] int8_activations): the K-quants (4- and
+#: 5-bit unsigned values with mins; Q6_K's q - 32 as signed bytes); a launch over a group of these alone takes them.
+INT8_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+#: The int8 block types whose groups take kernels of their own (quant_gemm_nt<N>q6: every one of INT8_TYPES), the
+#: others' (nt<N>q) leaving them out: Q6_K's path needs more registers (nt1q 142 -> 167 with it), which cost the
+#: Q4_K launches of a decode step 0.7 us each (gate/up, H100) though their loops were unchanged.
+INT8_OWN_KERNEL_TYPES = ("Q6_K",)
 #: Warps per block (tuning choice: 8 row-tile parts share one block's reduction and epilogue).
 WARPS = 8
 #: Warps per block of the int8-activation kernels (tuning choice), and their resident blocks per compute unit at
@@ -31,9 +35,11 @@ Q8_BLOCKS_PER_CU = 3
 Q8_WAVE_TIME = {3: 1.0, 4: 1.19}
 
 
-def one_group_kernel(blocks_per_cu: int) -> str:
-    """The name of the one-group int8 kernel at ``blocks_per_cu`` resident blocks (nt1q at Q8_BLOCKS_PER_CU)."""
-    return "nt1q" if blocks_per_cu == Q8_BLOCKS_PER_CU else f"nt1q_r{blocks_per_cu}"
+def int8_kernel(nt: int, blocks_per_cu: int = 0, own_types: bool = False) -> str:
+    """The name of the int8 kernel of ``nt`` token groups: nt<nt>q, nt<nt>q6 for groups holding INT8_OWN_KERNEL_TYPES
+    (``own_types``), and for one group at other than Q8_BLOCKS_PER_CU resident blocks a suffix _r<blocks per CU>."""
+    residency = f"_r{blocks_per_cu}" if blocks_per_cu not in (0, Q8_BLOCKS_PER_CU) else ""
+    return f"nt{nt}q{'6' if own_types else ''}{residency}"
 
 
 def block_warps(int8: bool) -> int:
@@ -121,6 +127,7 @@ class GemmKernel(NamedTuple):
     wgmma: bool = False
     int8: bool = False
     residency: int = 0  # resident blocks per compute unit where not the kernel kind's own (nt1q_r4)
+    own_types: bool = False  # an int8 kernel whose type switch holds INT8_OWN_KERNEL_TYPES too (nt<N>q6)
 
     @property
     def warps(self) -> int:
@@ -141,16 +148,19 @@ def instances(target) -> tuple[GemmKernel, ...]:
     cp.async and room for the rounds of a launch of WARPS parts; m1r, m1 streaming its weights through per-warp
     rings of shared memory, where the chip has cp.async; nt<N>w for WGMMA_NT, warpgroup MMAs over staged rounds,
     where it has wgmma (sm_90a); nt<N>q, the int8-activation kernels, where :func:`has_int8`, with nt1q at the
-    other residencies of Q8_WAVE_TIME (nt1q_r<blocks per compute unit>: the same code, other launch bounds)."""
+    other residencies of Q8_WAVE_TIME (nt1q_r<blocks per compute unit>: the same code, other launch bounds), and
+    their twins nt<N>q6 for groups holding INT8_OWN_KERNEL_TYPES (:func:`int8_kernel`)."""
     plain = (GemmKernel("m1", 1, one_row=True),) + tuple(GemmKernel(f"nt{nt}", nt) for nt in range(1, NT_MAX + 1))
     room = target.smem_per_block_optin - STAGED_STATIC_BYTES
     staged = tuple(GemmKernel(f"nt{nt}s", nt, staged=True) for nt in STAGED_NT
                    if target.features.cp_async and staged_smem_bytes(nt, WARPS) <= room)
     ring = (GemmKernel("m1r", 1, one_row=True, ring=True),) if target.features.cp_async else ()
     wgmma = tuple(GemmKernel(f"nt{nt}w", nt, wgmma=True) for nt in WGMMA_NT) if _has_wgmma(target) else ()
-    int8 = tuple(GemmKernel(f"nt{nt}q", nt, int8=True) for nt in range(1, NT_MAX + 1)) if has_int8(target) else ()
-    int8 += tuple(GemmKernel(one_group_kernel(r), 1, int8=True, residency=r) for r in Q8_WAVE_TIME
-                  if r != Q8_BLOCKS_PER_CU) if int8 else ()
+    int8 = ()
+    for own in (False, True) if has_int8(target) else ():
+        int8 += tuple(GemmKernel(int8_kernel(nt, 0, own), nt, int8=True, own_types=own) for nt in range(1, NT_MAX + 1))
+        int8 += tuple(GemmKernel(int8_kernel(1, r, own), 1, int8=True, residency=r, own_types=own)
+                      for r in Q8_WAVE_TIME if r != Q8_BLOCKS_PER_CU)
     return plain + staged + ring + wgmma + int8
 
 
@@ -177,7 +187,8 @@ def _params(target) -> dict:
             "ring_stages": RING_STAGES, "ring_types": RING_TYPES, "max_segments": MAX_SEGMENTS,
             "wgmma_any": any(k.wgmma for k in kernels), "nt_max": NT_MAX,
             "wgmma_stages": WGMMA_STAGES, "wgmma_buffers": WGMMA_BUFFERS,
-            "int8_any": any(k.int8 for k in kernels), "int8_types": INT8_TYPES}
+            "int8_any": any(k.int8 for k in kernels), "int8_types": INT8_TYPES,
+            "int8_own_kernel_types": INT8_OWN_KERNEL_TYPES}
 
 
 def _arch(target) -> str | None:

@@ -24,9 +24,9 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import (GEMM_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, Q8_WARPS, Q8_WAVE_TIME,
+from ..families.quant_gemm import (GEMM_TYPES, INT8_OWN_KERNEL_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, Q8_WARPS, Q8_WAVE_TIME,
                                    RING_TYPES, WARPS, WGMMA_MAX_PARTS, block_warps, has_int8, instances,
-                                   one_group_kernel, q8_smem_bytes, ring_smem_bytes, smem_fits, staged_smem_bytes,
+                                   int8_kernel, q8_smem_bytes, ring_smem_bytes, smem_fits, staged_smem_bytes,
                                    wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
@@ -43,8 +43,10 @@ KINDS = {"rows_f32": 0, "swiglu": 1, "residual": 2}
 @functools.cache
 def _tile_map(type_name: str, int8: bool = False) -> np.ndarray:
     """Byte i of a tile-block comes from byte ``map[i] % BYTES`` of row ``map[i] // BYTES``'s block (the template's
-    Qg<type>::load reads it back in this order). ``int8``: the int8-activation kernels' order of the values of a
-    Q4_K / Q5_K sub-block, lane t's words j = 0, 1 holding values 8 t + 4 j .. (the float kernels': 16 j + 4 t ..)."""
+    Qg<type>::load reads it back in this order). ``int8``: the int8-activation kernels' order of the values of each
+    32, lane t's words j = 0, 1 holding values 8 t + 4 j .. (the float kernels': 16 j + 4 t .. of a K-quant
+    sub-block; Q6_K's sub-blocks of 16 then sit on lanes t < 2 and t >= 2, and lane 4 g + t holds scales
+    4 t .. 4 t + 3 of rows g and g + 8 alone)."""
     size = TYPES[type_name][2]
     out = np.full(TILE_ROWS * size, -1, np.int64)
 
@@ -74,9 +76,20 @@ def _tile_map(type_name: str, int8: bool = False) -> np.ndarray:
             chunk(256 + (512 if type_name == "Q5_K" else 0) + 512 * p, lambda t, j, p=p: qs + 32 * p + value(t, j))
     elif type_name == "Q6_K":
         for r in range(TILE_ROWS):
-            put(16 * r, r, 192, 16)  # int8 scales
-            put(256 + 2 * r, r, 208, 2)  # d
+            if int8:  # lane 4 g + t: scales 4 t .. 4 t + 3 of row g, then of row g + 8; d of rows g, g + 8 a g
+                g, h = r % 8, 4 * (r // 8)
+                for t in range(4):
+                    put(8 * (4 * g + t) + h, r, 192 + 4 * t, 4)
+                put(256 + 4 * g + h // 2, r, 208, 2)
+            else:
+                put(16 * r, r, 192, 16)  # int8 scales
+                put(256 + 2 * r, r, 208, 2)  # d
         for h in range(2):
+            if int8:  # lane t's values 8 t .. 8 t + 7 of each 32: ql bytes 64 h + 32 i + 8 t + 4 j, qh 32 h + 8 t + 4 j
+                for i in range(2):
+                    chunk(288 + 512 * (2 * h + i), lambda t, j, h=h, i=i: 64 * h + 32 * i + 8 * t + 4 * j)
+                chunk(2336 + 512 * h, lambda t, j, h=h: 128 + 32 * h + 8 * t + 4 * j)
+                continue
             for i in range(2):  # ql words: u even (bytes 64 h + 16 i + 4 t ..), u odd (+ 32)
                 chunk(288 + 512 * (2 * h + i), lambda t, w, h=h, i=i: 64 * h + 32 * w + 16 * i + 4 * t)
             chunk(2336 + 512 * h, lambda t, i, h=h: 128 + 32 * h + 16 * i + 4 * t)  # qh words: i = 0, 1
@@ -205,11 +218,15 @@ class QuantMatrix:
         self.K, self.pair, self.types, self.segment_rows, self.segment_buffers = K, pair, types, rows, buffers
         self.rows = rows[0] if pair else sum(rows)
         table = np.zeros(MAX_SEGMENTS, SEGMENT_DTYPE)
-        tile0 = col0 = 0
-        for i, (type_name, n, buf) in enumerate(zip(types, rows, buffers)):
-            table[i] = (buf.ptr, GEMM_TYPES.index(type_name), tile0, n, 0 if pair else col0, (0, 0))
-            tile0 += math.ceil(n / TILE_ROWS)
-            col0 += n
+        col0 = np.cumsum([0] + rows[:-1])
+        # The row tiles (blocks) in order of bytes per value, densest first (a pair's: gate, up): blocks start in tile order,
+        # and the slower tiles would otherwise end its last wave late (the 27B's attention in-projection [q | k | v],
+        # v in Q6_K: 25.5 us at one row with v last, Q4_K alone 20.8). The output columns stay in segment order.
+        order = sorted(range(len(types)), key=lambda i: 0 if pair else -TYPES[types[i]][2] / TYPES[types[i]][1])
+        tile0 = 0
+        for i in order:
+            table[i] = (buffers[i].ptr, GEMM_TYPES.index(types[i]), tile0, rows[i], 0 if pair else col0[i], (0, 0))
+            tile0 += math.ceil(rows[i] / TILE_ROWS)
         self.tiles = tile0
         self.table = ByValue(table.tobytes())
         #: Bytes of the group's largest tile-block (a ring or wgmma slot; the template's qg_largest_tile_block).
@@ -219,7 +236,7 @@ class QuantMatrix:
         if pair:
             self.warpgroup_types_uniform = types[0] == types[1]
         else:
-            tile_types = [t for t, n in zip(types, rows) for _ in range(math.ceil(n / TILE_ROWS))]
+            tile_types = [types[i] for i in order for _ in range(math.ceil(rows[i] / TILE_ROWS))]
             self.warpgroup_types_uniform = all(len(set(tile_types[i : i + 4])) == 1
                                                for i in range(0, len(tile_types), 4))
 
@@ -392,7 +409,8 @@ class QuantGemm:
 
     def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:
-        nt<groups of 8 tokens>q for a group that takes int8 activations (:meth:`int8_matrix`); otherwise m1 for
+        nt<groups of 8 tokens>q (q6 where it holds INT8_OWN_KERNEL_TYPES) for a group that takes int8 activations
+        (:meth:`int8_matrix`); otherwise m1 for
         one row, else nt<groups of 8 tokens>, or its staged twin (the same bits) where one exists for this target, the
         group holds 256-value block types alone, the activation rows can be copied in 16-byte pieces, and a staged
         row would otherwise be read often enough (STAGE_MIN_REUSE); before that, its warpgroup-MMA twin nt<N>w (the
@@ -403,7 +421,8 @@ class QuantGemm:
         nt = token_groups(M)
         if W.int8:
             smem = q8_smem_bytes(nt, W.K)
-            name = f"nt{nt}q" if nt > 1 else self._one_group_residency(W, M, smem)
+            own = any(t in INT8_OWN_KERNEL_TYPES for t in W.types)
+            name = int8_kernel(nt, 0, own) if nt > 1 else self._one_group_residency(W, M, smem, own)
             if not smem_fits(self.target, smem, self.static_smem[name], 1):
                 raise LucegenError(f"quant_gemm_{name}: the int8 scales of K={W.K} ({smem} bytes) exceed shared "
                                    "memory")
@@ -426,13 +445,14 @@ class QuantGemm:
                 return ring, smem
         return name, 0
 
-    def _one_group_residency(self, W: QuantMatrix, M: int, smem: int) -> str:
-        """nt1q, or its twin of another residency (nt1q_r<blocks per compute unit>, the same bits), whichever runs the
-        launch's blocks in the least time by whole waves (Q8_WAVE_TIME), where its shared memory lets it."""
+    def _one_group_residency(self, W: QuantMatrix, M: int, smem: int, own: bool) -> str:
+        """nt1q (``own``: nt1q6), or its twin of another residency (nt1q_r<blocks per compute unit>, the same bits),
+        whichever runs the launch's blocks in the least time by whole waves (Q8_WAVE_TIME), where its shared memory
+        lets it."""
         blocks = self.grid_width(W) * math.ceil(M / 8)
-        best, name = None, "nt1q"
+        best, name = None, int8_kernel(1, 0, own)
         for r, wave in sorted(Q8_WAVE_TIME.items()):
-            kernel = one_group_kernel(r)
+            kernel = int8_kernel(1, r, own)
             if kernel not in self.kernels or not smem_fits(self.target, smem, self.static_smem[kernel], r):
                 continue
             time = math.ceil(blocks / (r * self.target.compute_units)) * wave

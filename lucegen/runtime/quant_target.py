@@ -15,7 +15,8 @@ embedding stays in GGML row order for the gather (a tied lm_head is the same ten
 Its kernels are rendered for ``Target.quantised_target()``: activations (and a float KV cache) in the descriptor's
 ``[quant] compute_dtype`` where it sets one. In fp16 the K-quant GEMM fragments carry the sub-block scales, so a
 256-value block is one tensor-core sum (templates/kernels/quant_gemm.cu.j2); with ``[quant] int8_activations`` the
-groups of Q4_K / Q5_K alone take their inputs int8-rounded per 256 values (``int8_weights`` names them).
+groups of K-quants alone (Q4_K, Q5_K, Q6_K) take their inputs int8-rounded per 256 values (``int8_weights`` names
+them).
 
 The GGUF stores DeltaNet value heads in ggml's tiled order (gguf_io's module notes), and quantised blocks cannot be
 permuted column-wise, so this decoder runs the DeltaNet in that order (``v_heads = "tiled"``): the kernels map

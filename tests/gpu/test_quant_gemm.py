@@ -5,7 +5,7 @@
 - batch invariance: every row of an M-row launch equals, bit for bit, the same row launched alone; the one-row
   weight ring (m1r) equals the register path; so do the staged and the warpgroup-MMA (wgmma) kernels.
 - swiglu and residual epilogues, the folded argmax, and the exact zero of padded rows.
-- int8 activations ([quant] int8_activations: groups of Q4_K / Q5_K alone): numpy's rounding (quant.py
+- int8 activations ([quant] int8_activations: groups of K-quants alone): numpy's rounding (quant.py
   q8_dequantized) bit for bit through one-hot weights, products against numpy over the rounded activations, batch
   invariance.
 Activations in the target's compute dtype: bf16, or fp16 (whose K-quant fragments carry the sub-block scales).
@@ -159,7 +159,8 @@ def test_staged_rounds_match_the_plain_kernel(qg, M):
 
 def check_against_rows_alone(qg, M, kernel, types):
     """A group of 4 cu + 2 row tiles (two parts give every SM one block's worth of warps) in three segments of block
-    ``types`` whose boundaries fall on multiples of 4 tiles, the last tile partial and the last 4 half empty, takes
+    ``types`` (densest first: the row tiles' order too) whose boundaries fall on multiples of 4 tiles, the last tile
+    partial and the last 4 half empty, takes
     ``kernel`` at M rows: its rows match numpy and, bit for bit, the same rows launched alone (the one-row kernel). K
     of five blocks leaves the last round with one of its two parts."""
     rng = np.random.default_rng(M)
@@ -195,7 +196,7 @@ def test_wgmma_matches_the_plain_kernel(qg, M):
 
 
 def check_wgmma(qg, M, name):
-    check_against_rows_alone(qg, M, name, ["Q4_K", "Q6_K", "Q5_K"] if M <= 16 else ["Q4_K"] * 3)
+    check_against_rows_alone(qg, M, name, ["Q6_K", "Q5_K", "Q4_K"] if M <= 16 else ["Q4_K"] * 3)
     d, cu = qg.device, qg.device.target.compute_units
     rng = np.random.default_rng(100 + M)
     K = 512
@@ -426,20 +427,20 @@ def test_int8_rounding_matches_numpy_bit_for_bit():
 
 @pytest.mark.parametrize("M", [1, 9, 23, 32])
 def test_int8_groups_match_numpy_and_rows_alone(M):
-    """Groups of Q4_K and Q5_K alone take nt<N>q at every row count, within check_close of numpy's product of the
-    int8-rounded activations, each row bit for bit the row alone; a gate/up pair's SwiGLU rows too. A group with a
-    Q6_K segment keeps float activations."""
+    """Groups of K-quants alone (Q4_K, Q5_K, Q6_K) take nt<N>q at every row count, within check_close of numpy's
+    product of the int8-rounded activations, each row bit for bit the row alone. A group with a Q8_0 segment keeps
+    float activations."""
     qg = int8_qg(gpu_device())
     rng = np.random.default_rng(M)
     K = 256 * 6
     cu = qg.device.target.compute_units
-    segs, dense = group(rng, ["Q5_K", "Q4_K", "Q4_K"], [16 * cu + 5, 16 * cu, 40], K, "quantized")
+    segs, dense = group(rng, ["Q5_K", "Q4_K", "Q6_K", "Q4_K"], [8 * cu + 5, 8 * cu, 16 * cu - 3, 40], K, "quantized")
     W = qg.matrix(segs, K, int8=True)
-    mixed = qg.matrix(group(rng, ["Q4_K", "Q6_K"], [32, 32], K, "quantized")[0], K, int8=True)
+    mixed = qg.matrix(group(rng, ["Q4_K", "Q8_0"], [32, 32], K, "quantized")[0], K, int8=True)
     try:
         a = activations(qg, rng, M, K)
         with qg.device.upload(a) as da:
-            assert qg.kernel(W, M, da.ptr, K)[0] == f"nt{-(-M // 8)}q"
+            assert qg.kernel(W, M, da.ptr, K)[0] == f"nt{-(-M // 8)}q6"  # the twins whose switch holds Q6_K
             assert not qg.int8_matrix(mixed) and not qg.kernel(mixed, M, da.ptr, K)[0].endswith("q")
         got, _ = run_rows(qg, W, a)
         check_close(got, seen(qg, W, a), dense)
@@ -449,6 +450,43 @@ def test_int8_groups_match_numpy_and_rows_alone(M):
     finally:
         W.free()
         mixed.free()
+
+
+@pytest.mark.parametrize("M", [1, 23])
+def test_int8_q6k_extremes(M):
+    """Q6_K on int8 activations at the ends of its ranges: values q - 32 of -32 and 31, scales -128 and 127, every
+    activation at its 256 values' magnitude (qa = +-127), so each block's integer sum is as large as it gets. The
+    rows equal numpy's product of the int8-rounded activations within check_close."""
+    qg = int8_qg(gpu_device())
+    rng = np.random.default_rng(11)
+    K, N = 256 * 4, 48
+    blocks = np.zeros((N, K // 256, 210), np.uint8)
+    q = np.where(rng.random((N, K // 256, 256)) < 0.5, 0, 63).astype(np.uint8)  # values -32, 31
+    q[: N // 2] = 0  # half the rows at -32 throughout: sums of one sign
+    # GGML's Q6_K layout (quant.py), written from the values
+    for h in range(2):
+        v = q[..., 128 * h : 128 * (h + 1)]
+        blocks[..., 64 * h : 64 * h + 32] = (v[..., 0:32] & 15) | ((v[..., 64:96] & 15) << 4)
+        blocks[..., 64 * h + 32 : 64 * h + 64] = (v[..., 32:64] & 15) | ((v[..., 96:128] & 15) << 4)
+        blocks[..., 128 + 32 * h : 160 + 32 * h] = ((v[..., 0:32] >> 4) | ((v[..., 32:64] >> 4) << 2)
+                                                    | ((v[..., 64:96] >> 4) << 4) | ((v[..., 96:128] >> 4) << 6))
+    scales = np.where(rng.random((N, K // 256, 16)) < 0.5, -128, 127).astype(np.int8)
+    scales[: N // 2] = -128
+    blocks[..., 192:208] = scales.view(np.uint8)
+    blocks[..., 208:210] = np.frombuffer(np.float16(1e-4).tobytes(), np.uint8)
+    raw = blocks.reshape(-1)
+    dense = quant.dequantize(raw, "Q6_K", N * K).reshape(N, K).astype(np.float64)
+    np.testing.assert_array_equal(dense[: N // 2], np.float64(np.float32(np.float16(1e-4)) * np.float32(-128 * -32)))
+    W = qg.matrix([("Q6_K", raw, N, 0)], K, int8=True)
+    try:
+        assert qg.int8_matrix(W)
+        signs = np.where(rng.random((M, K)) < 0.5, -1.0, 1.0)
+        signs[0] = 1.0  # row 0: every product of the first rows positive
+        a = act_bits(qg, (3.0 * signs).astype(np.float32))
+        got, _ = run_rows(qg, W, a)
+        check_close(got, seen(qg, W, a), dense)
+    finally:
+        W.free()
 
 
 def test_int8_one_group_residencies_give_the_same_bits():

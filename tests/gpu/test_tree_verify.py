@@ -43,7 +43,7 @@ BUDGET = 24
 # (gpu_models.py): a q4_0 code is an eighth of its block's absmax. Measured worst: rel 0.055, cos 0.99838 (tiny-q,
 # a one-token prompt: the one cached row carries the whole attention), on main and on the m1 GEMM alike.
 KV_LOGITS_BOUNDS = {"q4_0": (8e-2, 0.997)}
-# The bounds (logits rel, cos, states) of a quantised target whose Q4_K / Q5_K groups take int8 activations
+# The bounds (logits rel, cos, states) of a quantised target whose K-quant groups take int8 activations
 # ([quant] int8_activations): the Reference rounds the same inputs alike, but an input a float ulp away from the
 # Reference's can round to the neighbouring code, a step of 1/127 of its 256 values' absmax, and the steps
 # compound through the layers. Measured worst (tiny-q, H100): rel 0.1001, cos 0.9963 (a 5-node path after 123 tokens),

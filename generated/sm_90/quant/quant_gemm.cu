@@ -217,6 +217,17 @@ template <bool SMEM = false>
 __device__ __forceinline__ unsigned qg_load2(const unsigned char* p) {
   return SMEM ? *reinterpret_cast<const unsigned short*>(p) : __ldg(reinterpret_cast<const unsigned short*>(p));
 }
+// 8 and 4 bytes of weights, as qg_load16 (the int8 kernels' Q6_K scales).
+__device__ __forceinline__ uint2 qg_load8(const unsigned char* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 { %0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ unsigned qg_load4(const unsigned char* p) {
+  unsigned v;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ float qg_f16(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
 __device__ __forceinline__ unsigned qg_sub2(unsigned x, unsigned y) {
   const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&y));
@@ -356,6 +367,9 @@ struct QgQ4K : QgKHeaders<QgQ4KRaw> {
     const int shift = 4 * (s & 1);
     fragment_of(r, s, ((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu, ((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu, a);
   }
+  // The int8 layout keeps the float one's bytes per lane (values 8t .. 8t + 7 of each 32 in the chunks).
+  using RawQ8 = Raw;
+  static __device__ __forceinline__ void load_q8(Raw& r, const unsigned char* tb, int lane) { load(r, tb, lane); }
   // The int8 A fragment (m16n8k32) of sub-block s: the values as bytes, as they sit in the tile-block.
   static __device__ __forceinline__ void fragment_q8(const Raw& r, int s, unsigned (&a)[4]) { qg_nibbles_q8(r.qs, s, a); }
 };
@@ -381,6 +395,8 @@ struct QgQ5K : QgKHeaders<QgQ5KRaw> {
     fragment_of(r, s, (((j ? c.y : c.x) >> shift) & 0x0F0F0F0Fu) | hg, (((j ? c.w : c.z) >> shift) & 0x0F0F0F0Fu) | hg8,
                 a);
   }
+  using RawQ8 = Raw;
+  static __device__ __forceinline__ void load_q8(Raw& r, const unsigned char* tb, int lane) { load(r, tb, lane); }
   static __device__ __forceinline__ void fragment_q8(const Raw& r, int s, unsigned (&a)[4]) {
     qg_nibbles_q8(r.qs, s, a);  // the low nibbles, then the fifth bits
     a[0] |= ((r.qh.x >> s) & 0x01010101u) << 4;
@@ -417,6 +433,36 @@ struct QgQ6K : QgNoMin {
     const unsigned hi = ((i ? q.y : q.x) >> hshift) & 0x03030303u;
     const unsigned hi8 = ((i ? q.w : q.z) >> hshift) & 0x03030303u;
     qg_fragment(a, lo | (hi << 4), lo8 | (hi8 << 4), qg_splat(1056.0f));
+  }
+  // The int8 layout (quant_gemm.py _tile_map, int8): [lane l = 4 g + t: scales 4t .. 4t + 3 of row g, then of row
+  // g + 8: 8 B][d of rows g, g + 8: 4 B a g][4 chunks of ql][2 chunks of qh], a chunk's lane t holding values
+  // 8t .. 8t + 7 of each 32. A lane keeps a quarter of its rows' scales (27 registers where Raw takes 34).
+  struct RawQ8 { uint2 sc; unsigned d2; uint4 ql[4], qh[2]; };
+  static __device__ __forceinline__ void load_q8(RawQ8& r, const unsigned char* tb, int lane) {
+    r.sc = qg_load8(tb + 8 * lane);
+    r.d2 = qg_load4(tb + 256 + 4 * (lane >> 2));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) r.ql[c] = qg_load16(tb + 288 + 512 * c + 16 * lane);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) r.qh[c] = qg_load16(tb + 2336 + 512 * c + 16 * lane);
+  }
+  // The int8 A fragment (m16n8k32) of values 32 s .. 32 s + 31 (sub-blocks 2 s on lanes t < 2, 2 s + 1 on t >= 2;
+  // s = 4 h + u): ql chunk 2 h + u % 2 holds bytes 64 h + 32 (u % 2) + 8 t .., qh chunk h bytes 128 + 32 h + 8 t ..;
+  // the values q - 32 as signed bytes.
+  static __device__ __forceinline__ void fragment_q8(const RawQ8& r, int s, unsigned (&a)[4]) {
+    const int h = s >> 2, u = s & 3;
+    const uint4& l = r.ql[2 * h + (u & 1)];
+    const uint4& q = r.qh[h];
+    const int lshift = 4 * (u >> 1), hshift = 2 * u;
+    a[0] = signed_bytes(l.x >> lshift, q.x >> hshift);
+    a[1] = signed_bytes(l.z >> lshift, q.z >> hshift);
+    a[2] = signed_bytes(l.y >> lshift, q.y >> hshift);
+    a[3] = signed_bytes(l.w >> lshift, q.w >> hshift);
+  }
+  // Bytes lo % 16 + 16 (hi % 4) - 32 as two's complement: the high nibble is (hi % 4 + 14) % 16.
+  static __device__ __forceinline__ unsigned signed_bytes(unsigned lo, unsigned hi) {
+    const unsigned high = (((hi & 0x03030303u) + 0x0E0E0E0Eu) << 4);
+    return (lo & 0x0F0F0F0Fu) | (high & 0xF0F0F0F0u);
   }
   static __device__ __forceinline__ void scales(const Raw& r, int s, float (&ds)[2]) {
     ds[0] = qg_f16(r.d) * (float)(signed char)qg_byte(r.sc, s);
@@ -830,7 +876,7 @@ __device__ __forceinline__ void qg_tile_wgmma(float (&acc)[NT][4], const unsigne
 }
 
 // ---- int8 activations ([quant] int8_activations; QuantGemm.kernel takes nt<N>q for groups of
-// Q4_K / Q5_K alone, at every row count). Per token m and 256-value block b the fp16 activations are quantised as they load, as GGML's
+// Q4_K / Q5_K / Q6_K alone, at every row count). Per token m and 256-value block b the fp16 activations are quantised as they load, as GGML's
 // Q8_K (lucegen/model/quant.py q8_activations, q8_dequantized):
 //   inv = 127 / amax, to fp16 rounded toward zero (0 where amax = max_k |A[m, k]| is 0);  qa = rint(A[m, k] inv);
 //   da = 1 / inv
@@ -899,22 +945,40 @@ __device__ __forceinline__ unsigned qg_q8_word(unsigned x01, unsigned x23, unsig
   return __byte_perm(qg_fma2(x01, inv2, MAGIC), qg_fma2(x23, inv2, MAGIC), 0x6420u);
 }
 
-// acc += one tile-block (cur) of block b times the int8 activations of tokens m0 + 8 nt + g (zero beyond M). An int8
-// matrix's tile-blocks hold lane t's bytes of each 32 values at k = 8t .. 8t + 7 (quant_gemm.py _tile_map, int8): the
-// MMA's k slots 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3 take them, so the lane's activations are one 16-byte load.
+// Lane (g, t)'s int8 activations of tokens m0 + 8 nt + g (zero beyond M) in block b: an int8 matrix's tile-blocks hold
+// lane t's bytes of each 32 values at k = 8t .. 8t + 7 (quant_gemm.py _tile_map, int8), which the MMA's k slots
+// 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3 take, so the lane's activations of 32 values are one 16-byte load.
+template <int NT>
+struct QgQ8Rows {
+  const fp16_t* row[NT];
+  unsigned inv2[NT];
+  __device__ __forceinline__ QgQ8Rows(const fp16_t* __restrict__ A, int lda, int m0, int M, int b, QgQ8Scales sc) {
+    const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int m = m0 + 8 * nt + g;
+      row[nt] = m < M ? A + (size_t)m * lda + 256 * b + 8 * t : nullptr;
+      inv2[nt] = (unsigned)sc.inv[b * 8 * NT + 8 * nt + g] * 0x00010001u;
+    }
+  }
+  // The B fragment (m16n8k32) of group nt and values 32 s .. 32 s + 31 of the block.
+  __device__ __forceinline__ void fragment(int nt, int s, unsigned& b0, unsigned& b1) const {
+    b0 = b1 = 0u;
+    if (row[nt] != nullptr) {
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(row[nt] + 32 * s));
+      b0 = qg_q8_word(x.x, x.y, inv2[nt]);
+      b1 = qg_q8_word(x.z, x.w, inv2[nt]);
+    }
+  }
+};
+
+// acc += one tile-block (cur) of a K-quant with mins (Q4_K, Q5_K) of block b times the int8 activations.
 template <typename Q, int NT>
 __device__ __forceinline__ void qg_tile_block_q8(float (&acc)[NT][4], const typename Q::Raw& cur,
                                                  const fp16_t* __restrict__ A, int lda, int m0, int M, int b,
                                                  QgQ8Scales sc) {
-  const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
-  const fp16_t* row[NT];
-  unsigned inv2[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int m = m0 + 8 * nt + g;
-    row[nt] = m < M ? A + (size_t)m * lda + 256 * b + 8 * t : nullptr;
-    inv2[nt] = (unsigned)sc.inv[b * 8 * NT + 8 * nt + g] * 0x00010001u;
-  }
+  const int t = (int)lg_lane_id() & 3;
+  const QgQ8Rows<NT> rows(A, lda, m0, M, b, sc);
   const QgKScales kg = qg_k_scales(cur.h), k8 = qg_k_scales(cur.h8);
   int sums[NT][4], mins[NT][4];
 #pragma unroll
@@ -930,12 +994,8 @@ __device__ __forceinline__ void qg_tile_block_q8(float (&acc)[NT][4], const type
     const int scg = (int)qg_k_byte(kg.sc, s), sc8 = (int)qg_k_byte(k8.sc, s);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      unsigned b0 = 0u, b1 = 0u;
-      if (row[nt] != nullptr) {
-        const uint4 x = __ldg(reinterpret_cast<const uint4*>(row[nt] + 32 * s));
-        b0 = qg_q8_word(x.x, x.y, inv2[nt]);
-        b1 = qg_q8_word(x.z, x.w, inv2[nt]);
-      }
+      unsigned b0, b1;
+      rows.fragment(nt, s, b0, b1);
       int dot[4] = {0, 0, 0, 0};
       qg_imma_k32(dot, a, b0, b1);
       qg_imma_k32(mins[nt], mf, b0, b1);
@@ -956,6 +1016,62 @@ __device__ __forceinline__ void qg_tile_block_q8(float (&acc)[NT][4], const type
   }
 }
 
+// acc += one Q6_K tile-block (cur) of block b times the int8 activations. Sub-blocks of 16 values, signed 8-bit
+// scales sc and no min (q: the 6-bit values):
+//   sum_k W[n, k] A[m, k] ~ da d sum_s sc_s sum_{k in s} (q[n, k] - 32) qa[k]
+// Each 32 values' MMA runs twice, once on the lanes of each sub-block (t < 2: 2 s, t >= 2: 2 s + 1), the other
+// lanes' weights zero; the sums are exact in int32 (|sum| <= 16 sub-blocks x 16 x 32 x 127 x 128 < 2^31).
+template <int NT>
+__device__ __forceinline__ void qg_tile_block_q8_q6k(float (&acc)[NT][4], const QgQ6K::RawQ8& cur,
+                                                     const fp16_t* __restrict__ A, int lda, int m0, int M, int b,
+                                                     QgQ8Scales sc) {
+  const int lane = (int)lg_lane_id(), t = lane & 3;
+  const QgQ8Rows<NT> rows(A, lda, m0, M, b, sc);
+  const unsigned first = t < 2 ? 0xFFFFFFFFu : 0u;  // the lane's values are in sub-block 2 s
+  int sums[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) sums[nt][c] = 0;
+  unsigned scg = 0u, sc8 = 0u;  // scales 4 p .. 4 p + 3 of rows g, g + 8, from lane 4 g + p (spans 2 p, 2 p + 1)
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    if ((s & 1) == 0) {
+      scg = __shfl_sync(0xFFFFFFFFu, cur.sc.x, (lane & ~3) | (s >> 1));
+      sc8 = __shfl_sync(0xFFFFFFFFu, cur.sc.y, (lane & ~3) | (s >> 1));
+    }
+    unsigned a[4], a0[4], a1[4];
+    QgQ6K::fragment_q8(cur, s, a);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a0[i] = a[i] & first;
+      a1[i] = a[i] & ~first;
+    }
+    const int shift = 16 * (s & 1);  // sub-blocks 2 s, 2 s + 1: bytes 2 (s % 2), 2 (s % 2) + 1 of the words
+    const int g0 = (int)(signed char)(scg >> shift), g1 = (int)(signed char)(scg >> (shift + 8));
+    const int e0 = (int)(signed char)(sc8 >> shift), e1 = (int)(signed char)(sc8 >> (shift + 8));
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      unsigned b0, b1;
+      rows.fragment(nt, s, b0, b1);
+      int dot0[4] = {0, 0, 0, 0}, dot1[4] = {0, 0, 0, 0};
+      qg_imma_k32(dot0, a0, b0, b1);
+      qg_imma_k32(dot1, a1, b0, b1);
+      sums[nt][0] += g0 * dot0[0] + g1 * dot1[0];
+      sums[nt][1] += g0 * dot0[1] + g1 * dot1[1];
+      sums[nt][2] += e0 * dot0[2] + e1 * dot1[2];
+      sums[nt][3] += e0 * dot0[3] + e1 * dot1[3];
+    }
+  }
+  const float d = qg_f16(cur.d2 & 0xFFFFu), d8 = qg_f16(cur.d2 >> 16);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const float2 da = *reinterpret_cast<const float2*>(sc.da + b * 8 * NT + 8 * nt + 2 * t);  // columns 2t, 2t + 1
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[nt][c] = fmaf(c & 1 ? da.y : da.x, (c < 2 ? d : d8) * (float)sums[nt][c], acc[nt][c]);
+  }
+}
+
 // qg_tile with int8 activations: tile-blocks b = part, part + parts, .., the next one's bytes loaded while this one
 // computes; the block's scales (qg_q8_prologue) made while the first one loads.
 template <typename Q, int NT, int THREADS, typename Early>
@@ -965,12 +1081,16 @@ __device__ __forceinline__ void qg_tile_q8(float (&acc)[NT][4], const unsigned c
   const int lane = (int)lg_lane_id();
   const int blocks = K / Q::VALUES;
   constexpr int TB = 16 * Q::BYTES;
-  typename Q::Raw cur, next;
-  if (part < blocks) Q::load(cur, tile + (size_t)part * TB, lane);
+  typename Q::RawQ8 cur, next;
+  if (part < blocks) Q::load_q8(cur, tile + (size_t)part * TB, lane);
   qg_q8_prologue<NT, THREADS>(sc, amax, lda, K, m0, M, early);
   for (int b = part; b < blocks; b += parts) {
-    if (b + parts < blocks) Q::load(next, tile + (size_t)(b + parts) * TB, lane);
-    qg_tile_block_q8<Q, NT>(acc, cur, A, lda, m0, M, b, sc);
+    if (b + parts < blocks) Q::load_q8(next, tile + (size_t)(b + parts) * TB, lane);
+    if constexpr (Q::HAS_MIN) {
+      qg_tile_block_q8<Q, NT>(acc, cur, A, lda, m0, M, b, sc);
+    } else {
+      qg_tile_block_q8_q6k<NT>(acc, cur, A, lda, m0, M, b, sc);
+    }
     cur = next;
   }
 }
@@ -1033,7 +1153,7 @@ __device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int st
     if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
 }
 
-template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8>
+template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const fp16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -1150,7 +1270,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
         qg_tile_staged<QgQ4K, NT>(acc, nullptr, K, part, parts, A, lda, m0, M, stage);
     }
   } else
-  if (INT8) {  // QuantGemm.kernel takes nt<N>q for groups of int8_types alone
+  if (INT8) {  // QuantGemm.kernel takes nt<N>q (nt<N>q6: INT8_OWN) for groups of int8_types alone
     // the scales: [K / 256][8 NT] da, then as many inv (QuantGemm.kernel's dynamic shared memory)
     extern __shared__ __align__(16) unsigned char qg_q8_bytes[];
     const QgQ8Scales sc = {reinterpret_cast<float*>(qg_q8_bytes),
@@ -1165,6 +1285,13 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
         qg_tile_q8<QgQ5K, NT, THREADS>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part,
                                          parts, A, lda, m0, M, a_amax, sc, early_copy);
         break;
+      case 3:  // Q6_K: in the twins nt<N>q6 alone (INT8_OWN), whose registers its path sets
+        if constexpr (INT8_OWN) {
+          qg_tile_q8<QgQ6K, NT, THREADS>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+                                           parts, A, lda, m0, M, a_amax, sc, early_copy);
+          break;
+        }
+        [[fallthrough]];
       default:  // no tile: the scales' share and barrier all the same
         qg_q8_prologue<NT, THREADS>(sc, a_amax, lda, K, m0, M, early_copy);
     }
@@ -1326,7 +1453,7 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, true, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1337,7 +1464,7 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1348,7 +1475,7 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1359,7 +1486,7 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1370,7 +1497,7 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<4, 8, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<4, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1381,7 +1508,7 @@ quant_gemm_nt2s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 8, false, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, 8, false, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1392,7 +1519,7 @@ quant_gemm_nt3s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 8, false, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, 8, false, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1403,7 +1530,7 @@ quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, true, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 8, true, false, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1414,7 +1541,7 @@ quant_gemm_nt2w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 8, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, 8, false, false, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1425,7 +1552,7 @@ quant_gemm_nt3w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 8, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, 8, false, false, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1436,7 +1563,7 @@ quant_gemm_nt1q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 4, false, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1447,7 +1574,7 @@ quant_gemm_nt2q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<2, 4, false, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1458,7 +1585,7 @@ quant_gemm_nt3q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<3, 4, false, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1469,7 +1596,7 @@ quant_gemm_nt4q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<4, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<4, 4, false, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
 
@@ -1480,6 +1607,61 @@ quant_gemm_nt1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const 
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 4, false, false, false, false, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+  quant_gemm<1, 4, false, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_nt1q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
+  quant_gemm<1, 4, false, false, false, false, true, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_nt2q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
+  quant_gemm<2, 4, false, false, false, false, true, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_nt3q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
+  quant_gemm<3, 4, false, false, false, false, true, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 2)
+quant_gemm_nt4q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
+  quant_gemm<4, 4, false, false, false, false, true, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
+                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
+quant_gemm_nt1q6_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
+  quant_gemm<1, 4, false, false, false, false, true, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
                   norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
 }
