@@ -225,7 +225,7 @@ def check_wgmma(qg, M, name):
             np.testing.assert_array_equal(swiglu(a[m : m + 1])[0], got[m])
     finally:
         Wp.free()
-    for types, rows in ((["Q4_K", "Q5_K"], [16 * 4 * cu + 16, 64]), (["Q6_K"], [16 * 4 * cu])):
+    for types, rows in ((["Q5_K", "Q4_K"], [16 * 4 * cu + 16, 64]), (["Q6_K"], [16 * 4 * cu])):
         Wm = qg.matrix(group(rng, types, rows, K, "quantized")[0], K)
         try:
             with d.upload(a) as da:
