@@ -16,8 +16,8 @@ K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 #: 5-bit unsigned values with mins; Q6_K's q - 32 as signed bytes); a launch over a group of these alone takes them.
 INT8_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 #: The int8 block types whose groups take kernels of their own (quant_gemm_nt<N>q6: every one of INT8_TYPES), the
-#: others' (nt<N>q) leaving them out: Q6_K's path needs more registers (nt1q 142 -> 167 with it), which cost the
-#: Q4_K launches of a decode step 0.7 us each (gate/up, H100) though their loops were unchanged.
+#: others' (nt<N>q) leaving them out: Q6_K's path needs more registers (nt1q 142 -> 167, nt1q_r4 122 -> 127 with it),
+#: and with one kernel for all a decode step's DeltaNet in-projections (nt1q_r4) took 0.4 us more each (H100).
 INT8_OWN_KERNEL_TYPES = ("Q6_K",)
 #: Warps per block (tuning choice: 8 row-tile parts share one block's reduction and epilogue).
 WARPS = 8

@@ -24,9 +24,9 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import (GEMM_TYPES, INT8_OWN_KERNEL_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX, Q8_WARPS, Q8_WAVE_TIME,
-                                   RING_TYPES, WARPS, WGMMA_MAX_PARTS, block_warps, has_int8, instances,
-                                   int8_kernel, q8_smem_bytes, ring_smem_bytes, smem_fits, staged_smem_bytes,
+from ..families.quant_gemm import (GEMM_TYPES, INT8_OWN_KERNEL_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX,
+                                   Q8_WARPS, Q8_WAVE_TIME, RING_TYPES, WARPS, WGMMA_MAX_PARTS, block_warps, has_int8,
+                                   instances, int8_kernel, q8_smem_bytes, ring_smem_bytes, smem_fits, staged_smem_bytes,
                                    wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
@@ -219,9 +219,10 @@ class QuantMatrix:
         self.rows = rows[0] if pair else sum(rows)
         table = np.zeros(MAX_SEGMENTS, SEGMENT_DTYPE)
         col0 = np.cumsum([0] + rows[:-1])
-        # The row tiles (blocks) in order of bytes per value, densest first (a pair's: gate, up): blocks start in tile order,
-        # and the slower tiles would otherwise end its last wave late (the 27B's attention in-projection [q | k | v],
-        # v in Q6_K: 25.5 us at one row with v last, Q4_K alone 20.8). The output columns stay in segment order.
+        # The row tiles (blocks) in order of bytes per value, densest first (a pair's: gate, up): blocks start in tile
+        # order, and the slower tiles would otherwise end its last wave late (the 27B's attention in-projection
+        # [q | k | v], v in Q6_K: 25.5 us at one row with v last, 23.0 first; Q4_K alone 20.8). The output columns stay
+        # in segment order.
         order = sorted(range(len(types)), key=lambda i: 0 if pair else -TYPES[types[i]][2] / TYPES[types[i]][1])
         tile0 = 0
         for i in order:
