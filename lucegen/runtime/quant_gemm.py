@@ -89,10 +89,10 @@ def _tile_map(type_name: str, int8: bool = False) -> np.ndarray:
                 for i in range(2):
                     chunk(288 + 512 * (2 * h + i), lambda t, j, h=h, i=i: 64 * h + 32 * i + 8 * t + 4 * j)
                 chunk(2336 + 512 * h, lambda t, j, h=h: 128 + 32 * h + 8 * t + 4 * j)
-                continue
-            for i in range(2):  # ql words: u even (bytes 64 h + 16 i + 4 t ..), u odd (+ 32)
-                chunk(288 + 512 * (2 * h + i), lambda t, w, h=h, i=i: 64 * h + 32 * w + 16 * i + 4 * t)
-            chunk(2336 + 512 * h, lambda t, i, h=h: 128 + 32 * h + 16 * i + 4 * t)  # qh words: i = 0, 1
+            else:
+                for i in range(2):  # ql words: u even (bytes 64 h + 16 i + 4 t ..), u odd (+ 32)
+                    chunk(288 + 512 * (2 * h + i), lambda t, w, h=h, i=i: 64 * h + 32 * w + 16 * i + 4 * t)
+                chunk(2336 + 512 * h, lambda t, i, h=h: 128 + 32 * h + 16 * i + 4 * t)  # qh words: i = 0, 1
     elif type_name == "Q8_0":
         for r in range(TILE_ROWS):
             put(2 * r, r, 0, 2)
