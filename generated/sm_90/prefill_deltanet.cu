@@ -55,7 +55,22 @@ __device__ __forceinline__ float lg_add_rn(float a, float b) { return __fadd_rn(
 #define LG_VEC_ELEMS 8
 typedef uint4 lg_vec16_t;
 
-// Sum / max over the 32 lanes of a warp (butterfly: every lane ends with the result).
+// Sum / max over the LANES lanes of v's aligned group (LANES a power of two, at most the warp), by a butterfly from
+// the farthest lane in (offsets LANES / 2 .. 1): every lane of the group ends with the same bits.
+template <int LANES>
+__device__ __forceinline__ float lg_lanes_sum(float v) {
+#pragma unroll
+  for (int offset = LANES / 2; offset > 0; offset /= 2) v += lg_shfl_xor(v, offset);
+  return v;
+}
+template <int LANES>
+__device__ __forceinline__ float lg_lanes_max(float v) {
+#pragma unroll
+  for (int offset = LANES / 2; offset > 0; offset /= 2) v = fmaxf(v, lg_shfl_xor(v, offset));
+  return v;
+}
+// Sum / max over the 32 lanes of a warp: the same butterfly, unrolled here (the loop form leaves the same
+// operations but schedules the megakernel's phases differently, and its timings are measured on this form).
 __device__ __forceinline__ float lg_warp_sum(float v) {
   v += lg_shfl_xor(v, 16);
   v += lg_shfl_xor(v, 8);
@@ -77,9 +92,7 @@ __device__ __forceinline__ float lg_warp_max(float v) {
 // a lane whose value is not there passes zero.
 template <typename T>
 __device__ __forceinline__ void lg_store_magnitude16(unsigned short* dst, T v, bool writes) {
-  float most = fabsf(lg_to_float(v));
-#pragma unroll
-  for (int offset = 8; offset > 0; offset >>= 1) most = fmaxf(most, lg_shfl_xor(most, offset));
+  const float most = lg_lanes_max<16>(fabsf(lg_to_float(v)));
   if (writes) *dst = (unsigned short)lg_bits16(lg_from_float<T>(most));
 }
 // A (value, index) pair as one 64-bit key that a max reduces, in any order, to numpy.argmax's choice (larger value
