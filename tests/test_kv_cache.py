@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from lucegen import codegen
 from lucegen.compile import compile_source
 from lucegen.errors import LucegenError
+from lucegen.families import tree_verify as tree_verify_family
 from lucegen.model import kv_cache, quant
 from lucegen.model.config import ModelConfig
 from lucegen.target import list_targets, load_target
@@ -100,7 +101,9 @@ def test_decode_layers_reads_the_documented_layout(fmt):
     np.testing.assert_array_equal(kv_cache.decode_layers(f, raw, n_layers, nkv, hd, ctx), kv_cache.stored(f, x))
 
 
-CACHE_KERNELS = (("prefill_attention", "prefill/attention.cu.j2"), ("tree_verify", "dflash/tree_verify.cu.j2"))
+# (module, template, its params beyond the shapes: the tree kernels' tiling)
+CACHE_KERNELS = (("prefill_attention", "prefill/attention.cu.j2", {}),
+                 ("tree_verify", "dflash/tree_verify.cu.j2", tree_verify_family.template_params()))
 
 
 @pytest.mark.parametrize("name", list_targets())
@@ -114,8 +117,8 @@ def test_cache_kernels_compile_in_every_format(name, tmp_path, monkeypatch):
     pf = prefill_params(ModelConfig.preset("qwen3.5-27b"), t, "tiled")
     for fmt in ("q8_0", "q4_0"):
         pf.update(kv=fmt, kv_ctype=kv_cache.kv_format(fmt).ctype)
-        for module, template in CACHE_KERNELS:
-            source = codegen.render(t, template, pf=pf)
+        for module, template, params in CACHE_KERNELS:
+            source = codegen.render(t, template, pf=pf, **params)
             assert "kv_store_group" in source and "kv_scales" in source
             compiled = compile_source(t, module, source, template=template)
             assert {"prefill_attention_prepare", "tree_attention", "tree_commit_kv"} & {k.name for k in compiled.kernels}

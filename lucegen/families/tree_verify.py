@@ -4,6 +4,22 @@ argmax and the commit, rendered for the default model shape; the runtime renders
 from __future__ import annotations
 
 from ..codegen import KernelFamily
-from .prefill import _params
+from .prefill import _params as _prefill_params
+
+#: Threads per block of every tree kernel (the template's TV_NT).
+THREADS = 256
+#: Value columns a warp of tree_delta_rule holds (tuning choice: the template's TV_RULE_CPW; 2 and 4 measured alike on
+#: the H100, 4 kept).
+RULE_COLUMNS_PER_WARP = 4
+
+
+def template_params() -> dict:
+    """The tree kernels' tiling, given to the template by the family and by the runtime's own render alike."""
+    return {"tv_threads": THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP}
+
+
+def _params(target) -> dict:
+    return {**_prefill_params(target), **template_params()}
+
 
 FAMILIES = (KernelFamily("tree_verify", "dflash/tree_verify.cu.j2", params=_params),)

@@ -24,13 +24,12 @@ therefore exactly what any speculative run through the same verifier must emit.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from .. import codegen
 from ..compile import compile_source
 from ..errors import LucegenError
+from ..families.tree_verify import RULE_COLUMNS_PER_WARP, THREADS, template_params
 from . import ddtree
 from .device import Buffer, address
 from .prefill.attention import AttentionKernels, query_workspace_bytes
@@ -38,7 +37,6 @@ from .prefill.runner import Activations, conv_layer, enqueue_layers, kv_layer, r
 
 TEMPLATE = "dflash/tree_verify.cu.j2"
 MODULE = "tree_verify"
-THREADS = 256  # templates/dflash/tree_verify.cu.j2: TV_NT
 # TV_AT_WARPS: a one-slot pass at a 16K context is latency-bound in the key walk (4 warps: 71 ms a token)
 ATTENTION_WARPS = 16
 #: rows_argmax's blocks per logits row, at most (tuning choice: :meth:`TreeVerifier._argmax_slices`).
@@ -116,11 +114,10 @@ class TreeVerifier:
         self.weights = decoder.layer_weights(pf, batch_invariant=True)
         self.gemm = self.weights.gemm
         self.attention = AttentionKernels(dev, t, pf)
-        source = codegen.render(t, TEMPLATE, pf=pf)
+        source = codegen.render(t, TEMPLATE, pf=pf, **template_params())
         self.module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
         fn = self.module.function
-        # tree_delta_rule's value columns a block (a warp holds TV_RULE_CPW of them), as the template rendered them
-        self.rule_columns = THREADS // t.warp_size * int(re.search(r"#define TV_RULE_CPW (\d+)", source).group(1))
+        self.rule_columns = THREADS // t.warp_size * RULE_COLUMNS_PER_WARP  # tree_delta_rule's value columns a block
         self.conv_fn, self.rule_fn, self.norm_fn = fn("tree_conv_prepare"), fn("tree_delta_rule"), fn("tree_gated_norm")
         self.attend_fn, self.argmax_fn = fn("tree_attention"), fn("rows_argmax")
         self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
