@@ -146,6 +146,25 @@ def test_programmatic_launch_follows_the_descriptor(name):
     assert target.features.programmatic_launch == (name in ("sm_90", "sm_120"))
 
 
+def test_kernels_that_wait_first_launch_programmatically_where_the_chip_can():
+    """A function looked up as one that waits for its predecessor first (Module.function's programmatic) launches
+    programmatically by default where the descriptor has the feature, and plainly elsewhere, where asking for it
+    is refused; the other functions of the module launch plainly."""
+    from lucegen.errors import DeviceError
+    from lucegen.runtime.host_device import HostDevice
+    from lucegen.runtime.quant_gemm import QuantGemm
+    from lucegen.target import load_target
+
+    for name, can in (("sm_90", True), ("sm_86", False)):
+        target = load_target(name).quantised_target()
+        qg = QuantGemm(HostDevice(target), target, 5120, 1e-6)
+        assert {fn.programmatic for fn in qg.functions.values()} == {can}, name
+        assert qg.amax_fn is None or not qg.amax_fn.programmatic
+        if not can:
+            with pytest.raises(DeviceError, match="programmatic"):
+                qg.functions["m1"].launch(1, 256, (), programmatic=True)
+
+
 def test_grid_of_the_27b_launches():
     """Blocks across the output (the residual's RMSNorm partial sums per row) and columns per block, as the launcher
     computes them for the 27B's matrices on the H100's descriptor."""

@@ -247,13 +247,17 @@ def _launch_config(grid, block, smem: int, stream=0, attributes=()):
 class Function:
     def __init__(self, module: "Module", name: str, handle):
         self.module, self.name, self.handle = module, name, handle
+        #: Whether launches are programmatic unless told otherwise (Module.function's ``programmatic``).
+        self.programmatic = False
 
     def launch(self, grid, block, args: Sequence = (), *, smem: int = 0, stream: Stream | None = None,
-               cooperative: bool = False, programmatic: bool = False) -> None:
+               cooperative: bool = False, programmatic: bool | None = None) -> None:
         """Launch on ``stream`` (default stream if None). ``cooperative`` uses cuLaunchCooperativeKernel (all blocks
-        co-resident; required for grid-wide barriers). ``programmatic`` (features.programmatic_launch) lets the
-        kernel start before the previous one in the stream has finished: it must call lg_grid_dependency_wait()
-        before it touches what that kernel writes (common/prelude.cuh.j2)."""
+        co-resident; required for grid-wide barriers). ``programmatic`` (features.programmatic_launch; None: the
+        function's own) lets the kernel start before the previous one in the stream has finished: it must call
+        lg_grid_dependency_wait() before it touches what that kernel writes (common/prelude.cuh.j2)."""
+        if programmatic is None:
+            programmatic = self.programmatic
         driver = _driver()
         gx, gy, gz = _dim3(grid)
         bx, by, bz = _dim3(block)
@@ -316,7 +320,10 @@ class Module:
         self.device, self.compiled, self.handle = device, compiled, handle
         self._functions: dict[str, Function] = {}
 
-    def function(self, name: str) -> Function:
+    def function(self, name: str, *, programmatic: bool = False) -> Function:
+        """Kernel ``name``. ``programmatic``: it waits for the kernel before it in its stream before touching that
+        kernel's outputs (lg_grid_dependency_wait, lg_dependent_start), so its launches are programmatic where the
+        target has features.programmatic_launch."""
         if name not in self._functions:
             driver = _driver()
             result = driver.cuModuleGetFunction(self.handle, name.encode())
@@ -324,7 +331,9 @@ class Module:
                 known = ", ".join(k.name for k in self.compiled.kernels)
                 raise DeviceError(f"module {self.compiled.name}: no kernel {name!r} (kernels: {known})")
             self._functions[name] = Function(self, name, result[1])
-        return self._functions[name]
+        fn = self._functions[name]
+        fn.programmatic |= programmatic and self.device.target.features.programmatic_launch
+        return fn
 
     def unload(self) -> None:
         if self.handle is not None:

@@ -93,10 +93,13 @@ class HostFunction:
                               f"compiled kernel's {len(self.sizes)} parameters")
         self.info = module.compiled.kernel(name)
         self.max_dynamic_smem = DEFAULT_DYNAMIC_SMEM
+        self.programmatic = False  # as Function's: launches programmatic unless told otherwise
 
     def launch(self, grid, block, args=(), *, smem: int = 0, stream=None, cooperative: bool = False,
-               programmatic: bool = False) -> None:
+               programmatic: bool | None = None) -> None:
         dev, target = self.module.device, self.module.device.target
+        if programmatic is None:
+            programmatic = self.programmatic
         grid = (grid,) if isinstance(grid, int) else tuple(grid)
         block = (block,) if isinstance(block, int) else tuple(block)
         where = f"launch of {self.name}"
@@ -155,10 +158,13 @@ class HostModule:
             self.parameters = {name: tuple(DECLARED_BYTES[k] for k in kinds) for name, kinds in self.kinds.items()}
         self._functions: dict[str, HostFunction] = {}
 
-    def function(self, name: str) -> HostFunction:
+    def function(self, name: str, *, programmatic: bool = False) -> HostFunction:
+        """As Module.function."""
         if name not in self.parameters:
             raise DeviceError(f"module {self.compiled.name}: no kernel {name!r}")
-        return self._functions.setdefault(name, HostFunction(self, name))
+        fn = self._functions.setdefault(name, HostFunction(self, name))
+        fn.programmatic |= programmatic and self.device.target.features.programmatic_launch
+        return fn
 
     def unload(self) -> None:
         pass

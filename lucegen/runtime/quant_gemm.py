@@ -270,7 +270,7 @@ class QuantGemm:
         self.module = device.load(codegen.build(target, "quant_gemm"))
         self.functions, self.kernels, self.static_smem = {}, {}, {}
         for k in instances(target):
-            fn = self.functions[k.name] = self.module.function(f"quant_gemm_{k.name}")
+            fn = self.functions[k.name] = self.module.function(f"quant_gemm_{k.name}", programmatic=True)
             self.kernels[k.name], self.static_smem[k.name] = k, fn.attribute("SHARED_SIZE_BYTES")
             if k.staged:
                 fn.set_max_dynamic_smem(staged_smem_bytes(k.nt, WARPS))
@@ -404,9 +404,7 @@ class QuantGemm:
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
             address(xn), address(ss_out), address(argmax_key), address(a_amax), address(amax_out),
-            address(self.ss_count.ptr if ss_out and self.row_totals(M) else 0)), smem=smem,
-            stream=stream,
-            programmatic=self.target.features.programmatic_launch)
+            address(self.ss_count.ptr if ss_out and self.row_totals(M) else 0)), smem=smem, stream=stream)
 
     def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:

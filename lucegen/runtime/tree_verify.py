@@ -118,8 +118,13 @@ class TreeVerifier:
         self.module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
         fn = self.module.function
         self.rule_columns = THREADS // t.warp_size * RULE_COLUMNS_PER_WARP  # tree_delta_rule's value columns a block
-        self.conv_fn, self.rule_fn, self.norm_fn = fn("tree_conv_prepare"), fn("tree_delta_rule"), fn("tree_gated_norm")
-        self.attend_fn, self.argmax_fn = fn("tree_attention"), fn("rows_argmax")
+
+        def waits_first(name):  # a kernel that begins with lg_dependent_start: launched programmatically
+            return fn(name, programmatic=True)
+
+        self.conv_fn, self.rule_fn = waits_first("tree_conv_prepare"), waits_first("tree_delta_rule")
+        self.norm_fn, self.attend_fn = waits_first("tree_gated_norm"), waits_first("tree_attention")
+        self.argmax_fn = waits_first("rows_argmax")
         self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
         self.advance_fn = fn("tree_greedy_advance")
         stage = self.rule_stage_bytes(self.slots)
@@ -172,7 +177,6 @@ class TreeVerifier:
         parent = self.layout_buf.ptr
         depth, anc = parent + 4 * S, parent + 8 * S
         n = np.int32(S)
-        pdl = self.target.features.programmatic_launch  # the mixers' kernels wait first (lg_dependent_start)
 
         def mix(l, T, amax=0):  # amax: the output's magnitudes per 16 values, written beside it (True)
             if l.kind == 0:
@@ -186,14 +190,14 @@ class TreeVerifier:
                 self.conv_fn.launch((S, conv_groups), THREADS,
                                     (address(acts.proj.ptr), address(wvec(l.conv_w)), address(live_window),
                                      address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
-                                     address(ws), address(windows), n), stream=st, programmatic=pdl)
+                                     address(ws), address(windows), n), stream=st)
                 self.rule_fn.launch(self._rule_blocks(), THREADS,
                                     (address(ws), address(parent), address(depth), address(anc), address(live_state),
                                      address(live_out), n),
-                                    smem=self.rule_stage_bytes(S), stream=st, programmatic=pdl)
+                                    smem=self.rule_stage_bytes(S), stream=st)
                 self.norm_fn.launch((S, -(-pf["NV"] // self._columns_per_block())), THREADS,  # a warp per value head
                                     (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws),
-                                     address(acts.mix.ptr), n, address(amax)), stream=st, programmatic=pdl)
+                                     address(acts.mix.ptr), n, address(amax)), stream=st)
             else:
                 kv = kv_layer(dec, l)
                 self.attention.prepare(proj=acts.proj.ptr, T=S, pos0=0, q_norm=wvec(l.q_norm),
@@ -204,7 +208,7 @@ class TreeVerifier:
                                       (address(self.q_ws.ptr), address(acts.proj.ptr), address(kv),
                                        np.int32(dec.max_context), address(anc), np.int32(S), address(depth),
                                        address(acts.mix.ptr), n, address(self.pos0.ptr), address(amax)),
-                                      stream=st, programmatic=pdl)
+                                      stream=st)
             return True
         return mix
 
@@ -223,7 +227,7 @@ class TreeVerifier:
         self.argmax_fn.launch((S, self._argmax_slices(S)), THREADS,
                               (address(self.logits.ptr), np.int32(self.config.vocab_size), address(self.argmax_v.ptr),
                                address(self.argmax_i.ptr), address(self.argmax_arrived.ptr), address(self.argmax.ptr)),
-                              stream=self.stream, programmatic=self.target.features.programmatic_launch)
+                              stream=self.stream)
 
     def _run_pass(self, S: int) -> None:
         if not self.use_graphs:

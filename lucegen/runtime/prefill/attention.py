@@ -52,7 +52,7 @@ class AttentionKernels:
         self.device, self.target, self.pf = device, target, pf
         source = codegen.render(target, TEMPLATE, pf=pf)
         self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE))
-        self.prepare_fn = self.module.function("prefill_attention_prepare")
+        self.prepare_fn = self.module.function("prefill_attention_prepare", programmatic=True)
         self.attend_fn = self.module.function("prefill_attention")
         smem = launch_geometry(pf, 1, target.warp_size)[2]
         if smem > 48 * 1024:
@@ -74,7 +74,7 @@ class AttentionKernels:
                                (address(proj), address(q_norm), address(k_norm), address(inv_freq), address(kv),
                                 np.int32(max_context), address(workspace), np.int32(T), np.int32(pos0),
                                 address(depth), address(pos0_at)),
-                               stream=stream, programmatic=self.target.features.programmatic_launch)
+                               stream=stream)
 
     def run(self, *, proj: int, T: int, pos0: int, q_norm: int, k_norm: int, inv_freq: int, kv: int,
             max_context: int, out: int, workspace: int, stream=None) -> None:
