@@ -475,14 +475,21 @@ __device__ __forceinline__ void tv_store_column(float* column, const float (&st)
   for (int e = 0; e < KPL; ++e) column[lane + e * LG_WARP_SIZE] = st[e];
 }
 
-// S = S * exp(g[a]) + k[a] delta[a] for slot a's update of value column col (head h): the pass's own operations.
+// S = S * decay + k delta over a lane's elements of one value column (key(e): the key element of st[e]), decay =
+// exp(g): a slot's update as the pass applies it, which every rebuild and the commit replay (tv_apply_update).
+template <int KPL, typename Key>
+__device__ __forceinline__ void tv_decay_add(float (&st)[KPL], const Key& key, float decay, float delta) {
+#pragma unroll
+  for (int e = 0; e < KPL; ++e) st[e] = fmaf(key(e), delta, lg_mul_rn(st[e], decay));
+}
+
+// Slot a's update of value column col (head h) from the workspace, st in tv_load_column's layout.
 template <int KPL>
 __device__ __forceinline__ void tv_apply_update(float (&st)[KPL], const tree_ws& ws, int a, int col, int lane) {
   const int h = col / TV_DV;
   const float decay = expf(ws.g[(size_t)a * TV_NV + h]), delta = ws.delta[(size_t)a * TV_VD + col];
   const float* k = ws.k + (size_t)a * TV_KD + tv_key_head(h) * TV_DK;
-#pragma unroll
-  for (int e = 0; e < KPL; ++e) st[e] = fmaf(k[lane + e * LG_WARP_SIZE], delta, lg_mul_rn(st[e], decay));
+  tv_decay_add(st, [&](int e) { return k[lane + e * LG_WARP_SIZE]; }, decay, delta);
 }
 
 // The rule's lanes: a warp holds TV_RULE_CPW value columns, TV_RULE_LANES lanes each, lane j of a column the elements
@@ -551,12 +558,11 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
 #pragma unroll
       for (int e = 0; e < KPL; ++e) st[e] = root[e];
       if (p >= 0)
-        for (int d = 0; d <= depth[p]; ++d) {  // S = S * exp(g[a]) + k[a] delta[a]: the pass's own operations
+        for (int d = 0; d <= depth[p]; ++d) {
           const int a = anc[(size_t)p * n_slots + d];
           const float decay = decay_st[a], delta = delta_st[a];
           tv_rule_load(kk, k_st + (size_t)a * TV_DK, j);
-#pragma unroll
-          for (int e = 0; e < KPL; ++e) st[e] = fmaf(kk[e], delta, lg_mul_rn(st[e], decay));
+          tv_decay_add(st, [&](int e) { return kk[e]; }, decay, delta);
         }
     }
     const float decay = decay_st[s], beta = beta_st[s], value = v_st[s * COLS + c];

@@ -206,7 +206,8 @@ class QuantMatrix:
             raise LucegenError("a gate/up pair needs two segments of equal rows")
         if int8 and not all(s[0] in INT8_TYPES for s in segments):
             raise LucegenError(f"int8 activations for a group of {', '.join(INT8_TYPES)} alone")
-        #: Whether its launches take int8 activations (the kernels nt<N>q, and their layout of the tile-blocks).
+        #: Whether its launches take int8 activations at every row count (the kernels nt<N>q, and their layout of the
+        #: tile-blocks): quantised per token and 256 values as they load (lucegen/model/quant.py q8_dequantized).
         self.int8 = int8
         self.buffers: list[Buffer] = []
         for type_name, raw, n, _ in segments:
@@ -287,7 +288,7 @@ class QuantGemm:
         device.memset(self.ss_count)
         #: Whether the groups of INT8_TYPES alone that :meth:`matrix` builds take int8 activations (nt<N>q): a
         #: numerics of its own, fixed for a group's life (the Reference of the model must round their inputs alike:
-        #: int8_matrix says which groups); tests and tools/quant_gemm_bench.py turn it off to build groups for the
+        #: QuantMatrix.int8 says which groups); tests and tools/quant_gemm_bench.py turn it off to build groups for the
         #: float-activation kernels.
         self.int8 = has_int8(target)
         self.amax_fn = self.module.function("quant_gemm_amax") if self.int8 else None
@@ -306,12 +307,6 @@ class QuantGemm:
         needing their input's magnitudes (``a_amax``)."""
         int8 = int8 and self.int8 and all(s[0] in INT8_TYPES for s in segments)
         return QuantMatrix(self.device, segments, K, pair=pair, int8=int8)
-
-    @staticmethod
-    def int8_matrix(W: QuantMatrix) -> bool:
-        """Whether launches over ``W`` take int8 activations (quantised per token and 256 values as they load:
-        lucegen/model/quant.py q8_dequantized), at every row count."""
-        return W.int8
 
     @staticmethod
     def warps(W: QuantMatrix) -> int:
@@ -409,7 +404,7 @@ class QuantGemm:
     def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:
         nt<groups of 8 tokens>q (q6 where it holds INT8_OWN_KERNEL_TYPES) for a group that takes int8 activations
-        (:meth:`int8_matrix`); otherwise m1 for one row, else nt<groups of 8 tokens>, or its staged twin (the same
+        (:attr:`QuantMatrix.int8`); otherwise m1 for one row, else nt<groups of 8 tokens>, or its staged twin (the same
         bits) where one exists for this target, the group holds 256-value block types alone, the activation rows can
         be copied in 16-byte pieces, and a staged row would otherwise be read often enough (STAGE_MIN_REUSE); before
         that, its warpgroup-MMA twin nt<N>w (the same bits) where the chip has one, the group holds K-quants alone in

@@ -175,7 +175,7 @@ class QuantDecoder(SequenceState):
             self.matrices[offset] = self.qgemm.matrix(segments, shapes[names[0]][1], pair=pair,
                                                       int8=offset != self.layout.lm_head)
             self.weight_bytes += self.matrices[offset].weight_bytes
-            if self.qgemm.int8_matrix(self.matrices[offset]):
+            if self.matrices[offset].int8:
                 int8 |= set(names)
         self.int8_weights = frozenset(int8)
         _, raw = ck.gguf_tensor("embed_tokens.weight")

@@ -72,7 +72,7 @@ def seen(qg, W, a_bits: np.ndarray) -> np.ndarray:
     """The activations as launches over ``W`` multiply them: the compute dtype's values, int8-rounded per 256 values
     where the group takes int8 activations."""
     a = act_f32(qg, a_bits)
-    return quant.q8_dequantized(a) if qg.int8_matrix(W) else a
+    return quant.q8_dequantized(a) if W.int8 else a
 
 
 @contextlib.contextmanager
@@ -407,7 +407,7 @@ def test_int8_rounding_matches_numpy_bit_for_bit():
     K = 512
     W = qg.matrix([("Q4_K", one_hot_q4k(K), K, 0)], K, int8=True)
     try:
-        assert qg.int8_matrix(W)
+        assert W.int8
         a = rng.standard_normal((19, K)).astype(np.float32)
         a[1] = 0
         a[2] *= 1e-7
@@ -441,7 +441,7 @@ def test_int8_groups_match_numpy_and_rows_alone(M):
         a = activations(qg, rng, M, K)
         with qg.device.upload(a) as da:
             assert qg.kernel(W, M, da.ptr, K)[0] == f"nt{-(-M // 8)}q6"  # the twins whose switch holds Q6_K
-            assert not qg.int8_matrix(mixed) and not qg.kernel(mixed, M, da.ptr, K)[0].endswith("q")
+            assert not mixed.int8 and not qg.kernel(mixed, M, da.ptr, K)[0].endswith("q")
         got, _ = run_rows(qg, W, a)
         check_close(got, seen(qg, W, a), dense)
         for m in sorted({0, M // 2, M - 1}):
@@ -479,7 +479,7 @@ def test_int8_q6k_extremes(M):
     np.testing.assert_array_equal(dense[: N // 2], np.float64(np.float32(np.float16(1e-4)) * np.float32(-128 * -32)))
     W = qg.matrix([("Q6_K", raw, N, 0)], K, int8=True)
     try:
-        assert qg.int8_matrix(W)
+        assert W.int8
         signs = np.where(rng.random((M, K)) < 0.5, -1.0, 1.0)
         signs[0] = 1.0  # row 0: every product of the first rows positive
         a = act_bits(qg, (3.0 * signs).astype(np.float32))

@@ -205,7 +205,7 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
         in_ss, in_parts = gemm.ss_for_readers(ss, weights.input_ss_parts(i, ss_parts), seg, T)
         gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, in_ss, in_parts, seg, proj, n_in, stream=stream,
                       **reads(xn_am))
-        mix_reads = mix_am and gemm.int8_matrix(wmat(l.out_mat))  # its magnitudes: from the mixer, or amax
+        mix_reads = mix_am and wmat(l.out_mat).int8  # its magnitudes: from the mixer, or amax
         if not mix(l, T, mix_am if mix_reads else 0) and mix_reads:
             gemm.amax(out, k_out, T, k_out, mix_am, stream=stream)
         gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
