@@ -126,8 +126,9 @@ class Quant:
     """The quantised GGUF target (DFlash / DDTree, lucegen/runtime/quant_target.py): ``compute_dtype`` is its
     activation type, which may differ from the descriptor's (the megakernel's). In fp16 the K-quants' GEMM fragments
     carry the sub-block scales (templates/kernels/quant_gemm.cu.j2, QG_FOLD). ``int8_activations``: the matrix groups
-    of K-quant blocks alone (Q4_K, Q5_K, Q6_K) take their activations quantised to int8 per 256 values (as GGML's Q8_K) and multiply
-    on the integer tensor cores (mma m16n8k32 s8: sm_80+, fp16 activations quantised as they load)."""
+    of K-quant blocks alone (Q4_K, Q5_K, Q6_K) take their activations quantised to int8 per 256 values (as GGML's
+    Q8_K) and multiply on the integer tensor cores (mma m16n8k32 s8: sm_80+, fp16 activations quantised as they
+    load)."""
 
     compute_dtype: str
     int8_activations: bool = dataclasses.field(default=False, metadata={"optional": True})

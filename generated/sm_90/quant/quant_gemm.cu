@@ -1081,7 +1081,8 @@ __device__ __forceinline__ void qg_tile_block_q8_q6k(float (&acc)[NT][4], const 
   for (int nt = 0; nt < NT; ++nt) {
     const float2 da = *reinterpret_cast<const float2*>(sc.da + b * 8 * NT + 8 * nt + 2 * t);  // columns 2t, 2t + 1
 #pragma unroll
-    for (int c = 0; c < 4; ++c) acc[nt][c] = fmaf(c & 1 ? da.y : da.x, (c < 2 ? d : d8) * (float)sums[nt][c], acc[nt][c]);
+    for (int c = 0; c < 4; ++c)
+      acc[nt][c] = fmaf(c & 1 ? da.y : da.x, (c < 2 ? d : d8) * (float)sums[nt][c], acc[nt][c]);
   }
 }
 
@@ -1466,8 +1467,10 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, true, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<1, 8, true, false, false,
+             false, false, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1477,8 +1480,10 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<1, 8, false, false, false,
+             false, false, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1488,8 +1493,10 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<2, 8, false, false, false,
+             false, false, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1499,8 +1506,10 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<3, 8, false, false, false,
+             false, false, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1510,8 +1519,10 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<4, 8, false, false, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<4, 8, false, false, false,
+             false, false, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1521,8 +1532,10 @@ quant_gemm_nt2s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 8, false, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<2, 8, false, true, false,
+             false, false, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1532,8 +1545,10 @@ quant_gemm_nt3s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 8, false, true, false, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<3, 8, false, true, false,
+             false, false, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1543,8 +1558,10 @@ quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, true, false, true, false, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<1, 8, true, false, true,
+             false, false, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1554,8 +1571,10 @@ quant_gemm_nt2w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 8, false, false, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<2, 8, false, false, false,
+             true, false, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1565,8 +1584,10 @@ quant_gemm_nt3w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 8, false, false, false, true, false, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<3, 8, false, false, false,
+             true, false, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1576,8 +1597,10 @@ quant_gemm_nt1q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 4, false, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<1, 4, false, false, false,
+             false, true, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1587,8 +1610,10 @@ quant_gemm_nt2q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 4, false, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<2, 4, false, false, false,
+             false, true, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1598,8 +1623,10 @@ quant_gemm_nt3q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 4, false, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<3, 4, false, false, false,
+             false, true, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 2)
@@ -1609,8 +1636,10 @@ quant_gemm_nt4q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<4, 4, false, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<4, 4, false, false, false,
+             false, true, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
@@ -1620,8 +1649,10 @@ quant_gemm_nt1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const 
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 4, false, false, false, false, true, false>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<1, 4, false, false, false,
+             false, true, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1631,8 +1662,10 @@ quant_gemm_nt1q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 4, false, false, false, false, true, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<1, 4, false, false, false,
+             false, true, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1642,8 +1675,10 @@ quant_gemm_nt2q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 4, false, false, false, false, true, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<2, 4, false, false, false,
+             false, true, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1653,8 +1688,10 @@ quant_gemm_nt3q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 4, false, false, false, false, true, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<3, 4, false, false, false,
+             false, true, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 2)
@@ -1664,8 +1701,10 @@ quant_gemm_nt4q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<4, 4, false, false, false, false, true, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<4, 4, false, false, false,
+             false, true, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
@@ -1675,6 +1714,8 @@ quant_gemm_nt1q6_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 4, false, false, false, false, true, true>(segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x,
-                  norm_w, xn, ss_out, argmax_key, a_amax, amax_out, ss_count);
+  quant_gemm<1, 4, false, false, false,
+             false, true, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
 }
