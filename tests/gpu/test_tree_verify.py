@@ -45,10 +45,17 @@ BUDGET = 24
 KV_LOGITS_BOUNDS = {"q4_0": (8e-2, 0.997)}
 # The bounds (logits rel, cos, states) of a quantised target whose K-quant groups take int8 activations
 # ([quant] int8_activations): the Reference rounds the same inputs alike, but an input a float ulp away from the
-# Reference's can round to the neighbouring code, a step of 1/127 of its 256 values' absmax, and the steps
-# compound through the layers. Measured worst (tiny-q, H100): rel 0.1001, cos 0.9963 (a 5-node path after 123 tokens),
-# states 0.082 (a KV v row); the bounds are those of the f32 Reference for tiny-q, cos a little looser.
-INT8_BOUNDS = (1.5e-1, 0.995, 1.5e-1)
+# Reference's can round to the neighbouring code, a step of 1/127 of its 256 values' absmax, and the steps compound
+# through the layers. How far, measured on the Reference against itself (notes/int8_spread.py: tiny-q, 30 random
+# prompts, 6 draws each, the same root token): one code in 2,500 moved to its neighbour (--flip 0.01) leaves the root
+# slot's logits at rel 0.080 / 0.207 / 0.312 (median / 99% / max), cos 0.980 / 0.948 (1% / min), and the states after
+# it at 0.180 / 0.405 / 0.565; one code in 25,000 (--flip 0.001): rel 0.040 / 0.124 / 0.177, cos 0.9926 / 0.9886,
+# states 0.107 / 0.225 / 0.244. The bounds are the 99% of the first. The device's worst so far (H100): rel 0.171,
+# cos 0.987 (133 tokens, seed 24020), states 0.207 (a KV k row, 134 tokens). What these bounds cannot see: a fault
+# confined to one 256-value block of one layer's input at one token moves the Reference's logits as far (rel
+# 0.14-0.57, cos 0.84-0.98 from the middle layers on); the int8 GEMMs' rounding is held bit-exact to numpy by
+# tests/gpu/test_quant_gemm.py, the mixers' magnitudes by test_mixers_leave_their_outputs_magnitudes below.
+INT8_BOUNDS = (2.1e-1, 0.98, 4.1e-1)
 
 
 def model_of(preset: str) -> tuple[str, str | None]:
@@ -123,7 +130,8 @@ def check_slots(preset: str, length: int, seed: int, budget: int) -> None:
     tol, cos_min, state_tol = BOUNDS[model]["rounded"]
     # independent roundings (a quantised KV cache, int8 activations): their relative errors add in quadrature, their
     # cosine deficits (~ rel^2 / 2) add (measured, tiny-q with both: rel 0.096, cos 0.9942, a one-slot pass)
-    sources = ([KV_LOGITS_BOUNDS[kv]] if kv in KV_LOGITS_BOUNDS else []) + ([INT8_BOUNDS[:2]] if dec.int8_weights else [])
+    sources = (([KV_LOGITS_BOUNDS[kv]] if kv in KV_LOGITS_BOUNDS else [])
+               + ([INT8_BOUNDS[:2]] if dec.int8_weights else []))
     if sources:
         tol = max(tol, float(np.sqrt(sum(rel ** 2 for rel, _ in sources))))
         cos_min = min(cos_min, 1.0 - sum(1.0 - cos for _, cos in sources))
