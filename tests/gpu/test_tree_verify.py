@@ -46,7 +46,7 @@ KV_LOGITS_BOUNDS = {"q4_0": (8e-2, 0.997)}
 # The bounds (logits rel, cos, states) of a quantised target whose K-quant groups take int8 activations
 # ([quant] int8_activations): the Reference rounds the same inputs alike, but an input a float ulp away from the
 # Reference's can round to the neighbouring code, a step of 1/127 of its 256 values' absmax, and the steps compound
-# through the layers. How far, measured on the Reference against itself (notes/int8_spread.py: tiny-q, 30 random
+# through the layers. How far, measured on the Reference against itself (tools/int8_floor.py: tiny-q, 30 random
 # prompts, 6 draws each, the same root token): one code in 2,500 moved to its neighbour (--flip 0.01) leaves the root
 # slot's logits at rel 0.080 / 0.207 / 0.312 (median / 99% / max), cos 0.980 / 0.948 (1% / min), and the states after
 # it at 0.180 / 0.405 / 0.565; one code in 25,000 (--flip 0.001): rel 0.040 / 0.124 / 0.177, cos 0.9926 / 0.9886,

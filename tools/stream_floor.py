@@ -1,0 +1,129 @@
+"""The floor of a decode step made of one launch per weight matrix: a plain streaming read of each matrix group of a
+quantised target's GGUF (per layer the in-projection, the out-projection, gate + up, down; then the lm_head), the
+groups' bytes laid out one after another as the weights are, one launch each, captured in a CUDA graph. What a step's
+GEMMs would take if they did nothing but read their weights, so the launches' structure is set apart from the
+kernels' own work (notes/quant-gemm-perf.md, session 42).
+
+    python3 tools/stream_floor.py MODEL.gguf [--blocks-per-sm 1 2 4] [--repeats 20]
+
+The step is timed plain and programmatic (the kernel lets the next one start at once and waits for its
+predecessor only before it exits: the most overlap programmatic launch allows); then the whole as one launch, and
+each group's launches alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import numpy as np
+
+from lucegen import codegen
+from lucegen.compile import compile_source
+from lucegen.runtime.device import Device
+
+SOURCE = r"""
+{% include "common/prelude.cuh.j2" %}
+// Read n 16-byte words, 4 loads in flight a thread; the XOR of them is stored only if it equals a value it cannot
+// plausibly take, so the loads stay and the output is (almost) never written.
+extern "C" __global__ void __launch_bounds__(512) stream_read(const uint4* __restrict__ p, unsigned long long n,
+                                                             unsigned* out, int programmatic) {
+  if (programmatic) lg_launch_dependents();
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned acc = 0u;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride);
+    const uint4 c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 a = __ldg(p + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (programmatic) lg_grid_dependency_wait();
+  if (acc == 0x9E3779B9u) out[0] = acc;
+}
+"""
+
+
+def matrix_groups(path: str) -> list[tuple[str, int]]:
+    """(group, bytes) in a decode step's launch order."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    layers: dict[int, dict[str, int]] = {}
+    lm_head = 0
+    for t in reader.tensors:
+        if t.name == "output.weight":
+            lm_head = int(t.n_bytes)
+        elif (m := re.match(r"blk\.(\d+)\.(.*)\.weight$", t.name)) and len(t.shape) == 2:
+            layers.setdefault(int(m[1]), {})[m[2]] = int(t.n_bytes)
+    out = []
+    for i in sorted(layers):
+        g = layers[i]
+        if "attn_qkv" in g:
+            dn_in = g["attn_qkv"] + g["attn_gate"] + g["ssm_alpha"] + g["ssm_beta"]
+            out += [("dn_in", dn_in), ("dn_out", g["ssm_out"])]
+        else:
+            out += [("at_in", g["attn_q"] + g["attn_k"] + g["attn_v"]), ("at_o", g["attn_output"])]
+        out += [("gate_up", g["ffn_gate"] + g["ffn_up"]), ("down", g["ffn_down"])]
+    return out + [("lm_head", lm_head)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--blocks-per-sm", type=int, nargs="*", default=[1, 2, 4])
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    groups = matrix_groups(args.model)
+    total = sum(b for _, b in groups)
+    dev = Device.open()
+    cus = dev.target.compute_units
+    fn = dev.load(compile_source(dev.target, "stream_floor", codegen.render_string(dev.target, SOURCE))) \
+        .function("stream_read")
+    weights, out = dev.alloc(total + 4096), dev.alloc(16)
+    starts = np.cumsum([0] + [b for _, b in groups])
+    stream = dev.stream()
+    print(f"{len(groups)} launches, {total / 1e9:.3f} GB: {total / 3.1e6:.1f} us at 3.10 TB/s")
+
+    def timed(launch) -> float:
+        stream.begin_capture()
+        launch()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        start, end = dev.event(), dev.event()
+        start.record(stream)
+        for _ in range(args.repeats):
+            graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        graph.destroy()
+        return start.elapsed_ms(end) * 1e3 / args.repeats
+
+    def read(ptr: int, nbytes: int, blocks: int, programmatic: bool) -> None:
+        n = nbytes // 16
+        fn.launch(min(blocks, max(1, -(-n // (4 * 512)))), 512, (np.uint64(ptr), np.uint64(n), out,
+                  np.int32(programmatic)), stream=stream, programmatic=programmatic)
+
+    for per_sm in args.blocks_per_sm:
+        for programmatic in (False, True):
+            us = timed(lambda: [read(weights.ptr + int(s) // 16 * 16, b, per_sm * cus, programmatic)
+                                for (_, b), s in zip(groups, starts)])
+            print(f"{per_sm} block(s) an SM, {'programmatic' if programmatic else 'plain'}: step {us:.1f} us, "
+                  f"{total / us / 1e6:.2f} TB/s")
+    us = timed(lambda: read(weights.ptr, total, 4 * cus, False))
+    print(f"one launch of it all: {us:.1f} us, {total / us / 1e6:.2f} TB/s")
+    per_sm = max(args.blocks_per_sm)
+    print(f"per group, {per_sm} blocks an SM, plain launches (us a launch):")
+    for name in dict.fromkeys(n for n, _ in groups):
+        mine = [(b, s) for (n, b), s in zip(groups, starts) if n == name]
+        us = timed(lambda: [read(weights.ptr + int(s) // 16 * 16, b, per_sm * cus, False) for b, s in mine])
+        nbytes = sum(b for b, _ in mine)
+        print(f"  {name:8} x{len(mine):3}: {us / len(mine):7.1f} us, {nbytes / len(mine) / 1e6:7.1f} MB, "
+              f"{nbytes / us / 1e6:.2f} TB/s")
+
+
+if __name__ == "__main__":
+    main()
