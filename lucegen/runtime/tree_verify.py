@@ -282,9 +282,8 @@ class TreeVerifier:
         return self.pf["NV"] * self.pf["DV"] // self.rule_columns
 
     def rule_stage_bytes(self, slots: int) -> int:
-        """Shared memory of a tree_delta_rule block over ``slots`` slots (the template's layout: the slots' q and k of
-        one key head, exp(g) and beta of one value head, v of the block's columns, each column's deltas, the
-        parents)."""
+        """Shared memory of a tree_delta_rule block over ``slots`` slots: S (2 DK + 3 + 2 COLS) words, laid out as the
+        comment above the kernel in templates/dflash/tree_verify.cu.j2 says."""
         return 4 * slots * (2 * self.pf["DK"] + 3 + 2 * self.rule_columns)
 
     def _layer_ws(self, l) -> int:
