@@ -9,7 +9,7 @@ hold the quantised target to it. A code is moved to its neighbour where its inpu
 with probability --flip: what an input a float ulp away from the oracle's (the device's summation order) does. For
 random prompts of 1-300 tokens the root token's slot (the prompt's argmax, as the device's verify takes it) is run
 with and without flips; printed: the logits' max |err| / max |ref| and cosine, and the states' worst relative error
-(as tests/gpu/gpu_models.py compare and state_errors count them). ``--faults`` prints instead what one fault in one
+(tools/oracle_floor.py metrics: as the GPU tests count them). ``--faults`` prints instead what one fault in one
 int8 input of the root slot's pass moves its logits by: what bounds at that floor cannot tell from rounding.
 """
 
@@ -27,6 +27,7 @@ from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.config import ModelConfig
 from lucegen.model.gguf_io import write_gguf_checkpoint
 from lucegen.model.quant import Q8_ACT_BLOCK, q8_activation_scales
+from oracle_floor import metrics  # tools/: the GPU tests' metrics of one run against another
 
 reference_q8 = reference.q8_dequantized
 K_QUANTS = {"Q4_K", "Q5_K", "Q6_K"}  # the groups that take int8 activations (lucegen/runtime/quant_target.py)
@@ -61,16 +62,6 @@ def faulty_q8(kind: str, at: int):
     return q8_dequantized
 
 
-def state_error(got, want) -> float:
-    """The worst relative error over every layer's states (max |got - want| / max |want| per array)."""
-    worst = 0.0
-    for x, y in zip(got.layers, want.layers):
-        pairs = ((x.k, y.k), (x.v, y.v)) if hasattr(x, "k") else ((x.conv, y.conv), (x.recurrent, y.recurrent))
-        for p, q in pairs:
-            worst = max(worst, float(np.abs(p - q).max() / max(np.abs(q).max(), 1e-30)))
-    return worst
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flip", type=float, default=0.01)
@@ -102,9 +93,10 @@ def main() -> None:
                 s = ref.new_state(512)
                 ref.forward(prompt, s, logits="none")
                 got = ref.forward([root], s, logits="last")[0]
-            rel.append(float(np.abs(got - want).max() / np.abs(want).max()))
-            cos.append(float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want))))
-            state.append(state_error(s, base))
+            m = metrics((got, s), (want, base))
+            rel.append(m["logits"])
+            cos.append(1.0 - m["1-cos"])
+            state.append(max(v for k, v in m.items() if k not in ("logits", "1-cos")))
     q = lambda a, qs: " / ".join(f"{v:.3f}" for v in np.quantile(a, qs))  # noqa: E731
     print(f"{args.prompts} prompts x {args.draws} draws, flip {args.flip}: logits rel {q(rel, [.5, .99, 1])} "
           f"(median / 99% / max), cos {np.quantile(cos, .01):.4f} / {min(cos):.4f} (1% / min); "
@@ -134,8 +126,9 @@ def print_faults(ref, cfg, rng: np.random.Generator, prompts: int) -> None:
             for state, root, want in runs:
                 with mock.patch.object(reference, "q8_dequantized", faulty_q8(kind, at)):
                     got = ref.forward([root], state.copy(), logits="last")[0]
-                rel.append(float(np.abs(got - want).max() / np.abs(want).max()))
-                cos.append(float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want))))
+                m = metrics((got, state), (want, state))  # the logits alone: the states are not compared here
+                rel.append(m["logits"])
+                cos.append(1.0 - m["1-cos"])
             print(f"{kind:8} at int8 input {at:2} of {n}: logits rel {min(rel):.3f} .. {max(rel):.3f}, "
                   f"cos {min(cos):.4f} .. {max(cos):.4f}")
 
