@@ -1,8 +1,8 @@
 """The floor of a decode step made of one launch per weight matrix: a plain streaming read of each matrix group of a
 quantised target's GGUF (per layer the in-projection, the out-projection, gate + up, down; then the lm_head), the
-groups' bytes laid out one after another as the weights are, one launch each, captured in a CUDA graph. What a step's
-GEMMs would take if they did nothing but read their weights, so the launches' structure is set apart from the
-kernels' own work (notes/quant-gemm-perf.md, session 42).
+groups' bytes laid out one after another as the weights are, one launch each, captured in a CUDA graph (median of
+--repeats replays). What a step's GEMMs would take if they did nothing but read their weights, so the launches'
+structure is set apart from the kernels' own work (notes/quant-gemm-perf.md, session 42).
 
     python3 tools/stream_floor.py MODEL.gguf [--blocks-per-sm 1 2 4] [--repeats 20]
 
@@ -19,6 +19,7 @@ import re
 import numpy as np
 
 from lucegen import codegen
+from lucegen.bench.gemm import time_graph_us
 from lucegen.compile import compile_source
 from lucegen.runtime.device import Device
 
@@ -85,41 +86,29 @@ def main() -> None:
         .function("stream_read")
     weights, out = dev.alloc(total + 4096), dev.alloc(16)
     starts = np.cumsum([0] + [b for _, b in groups])
-    stream = dev.stream()
     print(f"{len(groups)} launches, {total / 1e9:.3f} GB: {total / 3.1e6:.1f} us at 3.10 TB/s")
 
-    def timed(launch) -> float:
-        stream.begin_capture()
-        launch()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        start, end = dev.event(), dev.event()
-        start.record(stream)
-        for _ in range(args.repeats):
-            graph.launch(stream)
-        end.record(stream)
-        end.synchronize()
-        graph.destroy()
-        return start.elapsed_ms(end) * 1e3 / args.repeats
+    def read(stream, pieces, blocks: int, programmatic: bool) -> None:
+        """One launch per (bytes, offset) piece of the weights."""
+        for nbytes, start in pieces:
+            n = nbytes // 16
+            fn.launch(min(blocks, max(1, -(-n // (4 * 512)))), 512,
+                      (np.uint64(weights.ptr + int(start) // 16 * 16), np.uint64(n), out, np.int32(programmatic)),
+                      stream=stream, programmatic=programmatic)
 
-    def read(ptr: int, nbytes: int, blocks: int, programmatic: bool) -> None:
-        n = nbytes // 16
-        fn.launch(min(blocks, max(1, -(-n // (4 * 512)))), 512, (np.uint64(ptr), np.uint64(n), out,
-                  np.int32(programmatic)), stream=stream, programmatic=programmatic)
-
+    every = [(b, s) for (_, b), s in zip(groups, starts)]
     for per_sm in args.blocks_per_sm:
         for programmatic in (False, True):
-            us = timed(lambda: [read(weights.ptr + int(s) // 16 * 16, b, per_sm * cus, programmatic)
-                                for (_, b), s in zip(groups, starts)])
+            us = time_graph_us(dev, lambda st: read(st, every, per_sm * cus, programmatic), args.repeats, batch=1)
             print(f"{per_sm} block(s) an SM, {'programmatic' if programmatic else 'plain'}: step {us:.1f} us, "
                   f"{total / us / 1e6:.2f} TB/s")
-    us = timed(lambda: read(weights.ptr, total, 4 * cus, False))
+    us = time_graph_us(dev, lambda st: read(st, [(total, 0)], 4 * cus, False), args.repeats, batch=1)
     print(f"one launch of it all: {us:.1f} us, {total / us / 1e6:.2f} TB/s")
     per_sm = max(args.blocks_per_sm)
     print(f"per group, {per_sm} blocks an SM, plain launches (us a launch):")
     for name in dict.fromkeys(n for n, _ in groups):
         mine = [(b, s) for (n, b), s in zip(groups, starts) if n == name]
-        us = timed(lambda: [read(weights.ptr + int(s) // 16 * 16, b, per_sm * cus, False) for b, s in mine])
+        us = time_graph_us(dev, lambda st: read(st, mine, per_sm * cus, False), args.repeats, batch=1)
         nbytes = sum(b for b, _ in mine)
         print(f"  {name:8} x{len(mine):3}: {us / len(mine):7.1f} us, {nbytes / len(mine) / 1e6:7.1f} MB, "
               f"{nbytes / us / 1e6:.2f} TB/s")
