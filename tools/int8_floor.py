@@ -27,10 +27,12 @@ from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.config import ModelConfig
 from lucegen.model.gguf_io import write_gguf_checkpoint
 from lucegen.model.quant import Q8_ACT_BLOCK, q8_activation_scales
+from lucegen.runtime.host_device import HostDevice
+from lucegen.runtime.quant_target import QuantDecoder
+from lucegen.target import load_target
 from oracle_floor import metrics  # tools/: the GPU tests' metrics of one run against another
 
 reference_q8 = reference.q8_dequantized
-K_QUANTS = {"Q4_K", "Q5_K", "Q6_K"}  # the groups that take int8 activations (lucegen/runtime/quant_target.py)
 
 
 def flipped_q8(rng: np.random.Generator, p: float):
@@ -74,9 +76,9 @@ def main() -> None:
     write_gguf_checkpoint(ModelConfig.preset("tiny-q"), path, quant="q4_k_m", seed=0, progress=False)
     ck = load_checkpoint(str(path))
     cfg = ck.config
-    lm_head = "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    int8 = {name for name, shape in cfg.tensor_shapes().items() if len(shape) == 2 and
-            name not in (lm_head, "embed_tokens.weight") and ck.gguf_tensor(name)[0].type_name in K_QUANTS}
+    # the weights whose inputs the quantised target rounds to int8, as it chooses them (on the host stand-in device)
+    target = load_target("sm_90").quantised_target()
+    int8 = QuantDecoder(str(path), device=HostDevice(target), max_context=512).int8_weights
     ref = reference.Reference(cfg, ck, gemm_inputs="fp16", int8_inputs=int8)
     rel, cos, state = [], [], []
     rng = np.random.default_rng(0)
