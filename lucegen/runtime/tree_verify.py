@@ -195,7 +195,7 @@ class TreeVerifier:
                                     (address(ws), address(parent), address(depth), address(anc), address(live_state),
                                      address(live_out), n),
                                     smem=self.rule_stage_bytes(S), stream=st)
-                self.norm_fn.launch((S, -(-pf["NV"] // self._columns_per_block())), THREADS,  # a warp per value head
+                self.norm_fn.launch((S, -(-pf["NV"] // self._warps_per_block())), THREADS,  # a warp per value head
                                     (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws),
                                      address(acts.mix.ptr), n, address(amax)), stream=st)
             else:
@@ -271,11 +271,13 @@ class TreeVerifier:
         ~1 MB of f32: one block alone takes ~50 us on the H100)."""
         return max(1, min(ARGMAX_MAX_SLICES, -(-2 * self.target.compute_units // S)))
 
-    def _columns_per_block(self) -> int:
-        return THREADS // self.target.warp_size  # tree_delta_rule / tree_commit_deltanet: a warp per value column
+    def _warps_per_block(self) -> int:
+        """Warps a block of the tree kernels that give each warp one item: tree_gated_norm (a value head) and
+        tree_commit_deltanet (a value column); the template's TV_NW."""
+        return THREADS // self.target.warp_size
 
     def _column_blocks(self) -> int:
-        return -(-self.pf["NV"] * self.pf["DV"] // self._columns_per_block())
+        return -(-self.pf["NV"] * self.pf["DV"] // self._warps_per_block())
 
     def _rule_blocks(self) -> int:
         """tree_delta_rule's blocks of ``rule_columns`` value columns (a block's lie in one head)."""
