@@ -1,0 +1,86 @@
+"""Time the verify pass's attention (tree_attention) alone at a model's attention shape, over the context and the
+slot count: one layer's launch on a KV cache of random rows, the slots a chain (slot s at depth s), and beside it
+what reading the layer's committed K/V once costs at the bandwidth of the descriptor.
+
+    python3 tools/attention_bench.py [--preset qwen3.5-27b] [--contexts 32,4096,16384] [--slots 1,23]
+                                     [--kv fp16,q4_0]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from lucegen import codegen
+from lucegen.bench.gemm import time_graph_us
+from lucegen.compile import compile_source
+from lucegen.families.tree_verify import template_params
+from lucegen.model import kv_cache
+from lucegen.model.config import ModelConfig
+from lucegen.runtime import ddtree
+from lucegen.runtime.device import Device, address
+from lucegen.runtime.prefill.attention import query_workspace_bytes
+from lucegen.runtime.prefill.params import prefill_params
+from lucegen.runtime.tree_verify import (ATTENTION_MAX_RANGES, ATTENTION_WARPS, MODULE, TEMPLATE, attention_ranges,
+                                         tree_layout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen3.5-27b")
+    ap.add_argument("--contexts", default="32,1024,4096,16384")
+    ap.add_argument("--slots", default="1,23")
+    ap.add_argument("--kv", default="fp16")
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    dev = Device.open()
+    t = dev.target.quantised_target()
+    config = ModelConfig.preset(args.preset)
+    contexts = [int(x) for x in args.contexts.split(",")]
+    slot_counts = [int(x) for x in args.slots.split(",")]
+    rng = np.random.default_rng(0)
+    print(f"{'kv':6} {'context':>8} {'slots':>6} {'us':>9} {'K/V MB':>8} {'GB/s of one read':>17}")
+    for kv_name in args.kv.split(","):
+        fmt = kv_cache.kv_format(kv_name)
+        pf = dict(prefill_params(config, t), **fmt.template_params())
+        source = codegen.render(t, TEMPLATE, pf=pf, **template_params(pf))
+        module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
+        attend = module.function("tree_attention", programmatic=True)
+        max_context = max(contexts) + max(slot_counts)
+        row_bytes = fmt.row_bytes(pf["HD"])
+        kv = dev.upload(rng.integers(0, 256, 2 * pf["NKV"] * max_context * row_bytes, dtype=np.uint8)
+                        if fmt.quantised else
+                        (rng.standard_normal(2 * pf["NKV"] * max_context * pf["HD"]) * 0.5).astype(np.float16))
+        for S in slot_counts:
+            q_ws = dev.upload((rng.standard_normal(query_workspace_bytes(pf, S) // 2) * 0.1).astype(np.float16))
+            proj = dev.upload(rng.standard_normal(S * pf["NIN_AT"]).astype(np.float32))
+            out = dev.alloc(S * pf["NH"] * pf["HD"] * 2)
+            partial = dev.alloc(4 * S * pf["NH"] * ATTENTION_MAX_RANGES * (pf["HD"] + 2))
+            arrived = dev.alloc(4 * S * pf["NH"])
+            dev.memset(arrived)
+            layout = tree_layout(ddtree.chain(np.arange(S - 1) + 7))
+            lay = dev.upload(layout.astype(np.int32))
+            depth, anc = lay.ptr + 4 * S, lay.ptr + 8 * S
+            for ctx in contexts:
+                pos0 = dev.upload(np.array([ctx], np.int32))
+
+                def launch(stream):
+                    attend.launch((S, pf["NH"], attention_ranges(max_context)), ATTENTION_WARPS * t.warp_size,
+                                  (address(q_ws.ptr), address(proj.ptr), address(kv.ptr), np.int32(max_context),
+                                   address(anc), np.int32(S), address(depth), address(out.ptr), np.int32(S),
+                                   address(pos0.ptr), address(0), address(partial.ptr), address(arrived.ptr)),
+                                  stream=stream)
+
+                us = time_graph_us(dev, launch, args.repeats)
+                mb = 2 * pf["NKV"] * ctx * row_bytes / 1e6
+                print(f"{kv_name:6} {ctx:8d} {S:6d} {us:9.1f} {mb:8.1f} {mb / us * 1e3:17.0f}")
+                pos0.free()
+            for b in (q_ws, proj, out, partial, arrived, lay):
+                b.free()
+        kv.free()
+        module.unload()
+
+
+if __name__ == "__main__":
+    main()
