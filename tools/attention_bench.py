@@ -12,18 +12,14 @@ import argparse
 
 import numpy as np
 
-from lucegen import codegen
 from lucegen.bench.gemm import time_graph_us
-from lucegen.compile import compile_source
-from lucegen.families.tree_verify import template_params
 from lucegen.model import kv_cache
 from lucegen.model.config import ModelConfig
 from lucegen.runtime import ddtree
-from lucegen.runtime.device import Device, address
+from lucegen.runtime.device import Device
 from lucegen.runtime.prefill.attention import query_workspace_bytes
 from lucegen.runtime.prefill.params import prefill_params
-from lucegen.runtime.tree_verify import (ATTENTION_MAX_RANGES, ATTENTION_WARPS, MODULE, TEMPLATE, attention_ranges,
-                                         tree_layout)
+from lucegen.runtime.tree_verify import ATTENTION_MAX_RANGES, enqueue_attention, load_module, tree_layout
 
 
 def main() -> None:
@@ -44,8 +40,7 @@ def main() -> None:
     for kv_name in args.kv.split(","):
         fmt = kv_cache.kv_format(kv_name)
         pf = dict(prefill_params(config, t), **fmt.template_params())
-        source = codegen.render(t, TEMPLATE, pf=pf, **template_params(pf))
-        module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
+        module = load_module(dev, t, pf)
         attend = module.function("tree_attention", programmatic=True)
         max_context = max(contexts) + max(slot_counts)
         row_bytes = fmt.row_bytes(pf["HD"])
@@ -66,11 +61,9 @@ def main() -> None:
                 pos0 = dev.upload(np.array([ctx], np.int32))
 
                 def launch(stream):
-                    attend.launch((S, pf["NH"], attention_ranges(max_context)), ATTENTION_WARPS * t.warp_size,
-                                  (address(q_ws.ptr), address(proj.ptr), address(kv.ptr), np.int32(max_context),
-                                   address(anc), np.int32(S), address(depth), address(out.ptr), np.int32(S),
-                                   address(pos0.ptr), address(0), address(partial.ptr), address(arrived.ptr)),
-                                  stream=stream)
+                    enqueue_attention(attend, t, pf, S, max_context, q_ws=q_ws.ptr, proj=proj.ptr, kv=kv.ptr,
+                                      anc=anc, depth=depth, out=out.ptr, pos0_at=pos0.ptr, amax=0,
+                                      partial=partial.ptr, arrived=arrived.ptr, stream=stream)
 
                 us = time_graph_us(dev, launch, args.repeats)
                 mb = 2 * pf["NKV"] * ctx * row_bytes / 1e6

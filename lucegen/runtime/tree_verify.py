@@ -50,6 +50,24 @@ def attention_ranges(max_context: int) -> int:
     return max(1, min(ATTENTION_MAX_RANGES, -(-max_context // ATTENTION_KEY_CHUNK)))
 
 
+def load_module(device, target, pf: dict):
+    """The tree verify kernels for the model of ``pf``, compiled for ``target`` and loaded on ``device``."""
+    source = codegen.render(target, TEMPLATE, pf=pf, **template_params(pf))
+    return device.load(compile_source(target, MODULE, source, template=TEMPLATE))
+
+
+def enqueue_attention(fn, target, pf: dict, S: int, max_context: int, *, q_ws: int, proj: int, kv: int, anc: int,
+                      depth: int, out: int, pos0_at: int, amax: int, partial: int, arrived: int, stream) -> None:
+    """Queue tree_attention (``fn``) for an S-slot pass over a cache of ``max_context`` positions: device addresses
+    of the roped queries, the projections (the gates), one layer's cache, the tree's path table and depths, the
+    output rows, pos0, the output's magnitudes (0: none) and the key ranges' partial sums and counters."""
+    fn.launch((S, pf["NH"], attention_ranges(max_context)), ATTENTION_WARPS * target.warp_size,
+              (address(q_ws), address(proj), address(kv), np.int32(max_context), address(anc), np.int32(S),
+               address(depth), address(out), np.int32(S), address(pos0_at), address(amax), address(partial),
+               address(arrived)),
+              stream=stream)
+
+
 #: rows_argmax's blocks per logits row, at most (tuning choice: :meth:`TreeVerifier._argmax_slices`).
 ARGMAX_MAX_SLICES = 512
 
@@ -128,8 +146,7 @@ class TreeVerifier:
         self.weights = decoder.layer_weights(pf, batch_invariant=True)
         self.gemm = self.weights.gemm
         self.attention = AttentionKernels(dev, t, pf)
-        source = codegen.render(t, TEMPLATE, pf=pf, **template_params(pf))
-        self.module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
+        self.module = load_module(dev, t, pf)
         fn = self.module.function
         self.rule_columns = THREADS // t.warp_size * RULE_COLUMNS_PER_WARP  # tree_delta_rule's value columns a block
 
@@ -185,7 +202,7 @@ class TreeVerifier:
         """The layer mixers of an S-slot pass. ``in_place`` (one slot, always committed: a greedy decode step) writes
         the slot's DeltaNet state and conv window over the live ones, which the kernels read first, so no commit
         follows."""
-        c, dec, st, pf, acts, lay = self.config, self.dec, self.stream, self.pf, self.acts, self.dec.layout
+        dec, st, pf, acts, lay = self.dec, self.stream, self.pf, self.acts, self.dec.layout
         if in_place and S != 1:
             raise LucegenError(f"an in-place pass has one slot, got {S}")
         wvec = lambda off: wvec_at(dec, off)  # noqa: E731
@@ -219,13 +236,10 @@ class TreeVerifier:
                                        k_norm=wvec(l.k_norm), inv_freq=wvec(dec.layout.inv_freq), kv=kv,
                                        max_context=dec.max_context, workspace=self.q_ws.ptr, depth=depth,
                                        pos0_at=self.pos0.ptr, stream=st)
-                self.attend_fn.launch((S, c.num_attention_heads, attention_ranges(dec.max_context)),
-                                      ATTENTION_WARPS * self.target.warp_size,
-                                      (address(self.q_ws.ptr), address(acts.proj.ptr), address(kv),
-                                       np.int32(dec.max_context), address(anc), np.int32(S), address(depth),
-                                       address(acts.mix.ptr), n, address(self.pos0.ptr), address(amax),
-                                       address(self.att_partial.ptr), address(self.att_arrived.ptr)),
-                                      stream=st)
+                enqueue_attention(self.attend_fn, self.target, pf, S, dec.max_context, q_ws=self.q_ws.ptr,
+                                  proj=acts.proj.ptr, kv=kv, anc=anc, depth=depth, out=acts.mix.ptr,
+                                  pos0_at=self.pos0.ptr, amax=amax, partial=self.att_partial.ptr,
+                                  arrived=self.att_arrived.ptr, stream=st)
             return True
         return mix
 
