@@ -116,9 +116,12 @@ class Prefill:
 
 @dataclass(frozen=True)
 class DDTree:
-    """Speculative-decoding tree budget (nodes verified per step)."""
+    """Speculative-decoding tree budget (nodes verified per step), and the key count from which the verify's attention
+    takes a slot on tensor cores (``tensor_core_attention_keys``; absent: never, the FMA body for every slot;
+    lucegen/families/tree_verify.py attention_tiling says where the tensor-core body exists at all)."""
 
     budget: int
+    tensor_core_attention_keys: int = dataclasses.field(default=0, metadata={"optional": True})
 
 
 @dataclass(frozen=True)

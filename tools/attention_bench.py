@@ -1,9 +1,10 @@
-"""Time the verify pass's attention (tree_attention) alone at a model's attention shape, over the context and the
-slot count: one layer's launch on a KV cache of random rows, the slots a chain (slot s at depth s), and beside it
-what reading the layer's committed K/V once costs at the bandwidth of the descriptor.
+"""Time the verify pass's attention (lucegen/runtime/tree_attention.py) alone at a model's attention shape, over the
+context and the slot count: one layer's launches on a KV cache of random rows, the slots a chain (slot s at depth s),
+and the GB/s that reading the layer's committed K/V once would take in that time. ``--bodies`` times each body for
+every slot (fma, mma) or the descriptor's choice by key count (auto).
 
     python3 tools/attention_bench.py [--preset qwen3.5-27b] [--contexts 32,4096,16384] [--slots 1,23]
-                                     [--kv fp16,q4_0]
+                                     [--kv fp16,q4_0] [--bodies auto,fma,mma]
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from lucegen.runtime import ddtree
 from lucegen.runtime.device import Device
 from lucegen.runtime.prefill.attention import query_workspace_bytes
 from lucegen.runtime.prefill.params import prefill_params
-from lucegen.runtime.tree_verify import ATTENTION_MAX_RANGES, enqueue_attention, load_module, tree_layout
+from lucegen.runtime.tree_attention import NEVER, TreeAttention, partial_bytes
+from lucegen.runtime.tree_verify import load_module, tree_layout
+
+#: --bodies: the tensor-core key bound each names (None: the descriptor's)
+BODIES = {"auto": None, "fma": NEVER, "mma": 1}
 
 
 def main() -> None:
@@ -28,6 +33,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="32,1024,4096,16384")
     ap.add_argument("--slots", default="1,23")
     ap.add_argument("--kv", default="fp16")
+    ap.add_argument("--bodies", default="auto")
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
     dev = Device.open()
@@ -36,13 +42,13 @@ def main() -> None:
     contexts = [int(x) for x in args.contexts.split(",")]
     slot_counts = [int(x) for x in args.slots.split(",")]
     rng = np.random.default_rng(0)
-    print(f"{'kv':6} {'context':>8} {'slots':>6} {'us':>9} {'K/V MB':>8} {'GB/s of one read':>17}")
-    for kv_name in args.kv.split(","):
+    print(f"{'kv':6} {'body':5} {'context':>8} {'slots':>6} {'us':>9} {'K/V MB':>8} {'GB/s of one read':>17}")
+    for kv_name, body in ((k, b) for k in args.kv.split(",") for b in args.bodies.split(",")):
         fmt = kv_cache.kv_format(kv_name)
         pf = dict(prefill_params(config, t), **fmt.template_params())
         module = load_module(dev, t, pf)
-        attend = module.function("tree_attention", programmatic=True)
         max_context = max(contexts) + max(slot_counts)
+        attention = TreeAttention(module, t, pf, max(slot_counts), max_context, BODIES[body])
         row_bytes = fmt.row_bytes(pf["HD"])
         kv = dev.upload(rng.integers(0, 256, 2 * pf["NKV"] * max_context * row_bytes, dtype=np.uint8)
                         if fmt.quantised else
@@ -51,7 +57,7 @@ def main() -> None:
             q_ws = dev.upload((rng.standard_normal(query_workspace_bytes(pf, S) // 2) * 0.1).astype(np.float16))
             proj = dev.upload(rng.standard_normal(S * pf["NIN_AT"]).astype(np.float32))
             out = dev.alloc(S * pf["NH"] * pf["HD"] * 2)
-            partial = dev.alloc(4 * S * pf["NH"] * ATTENTION_MAX_RANGES * (pf["HD"] + 2))
+            partial = dev.alloc(S * partial_bytes(pf, t))
             arrived = dev.alloc(4 * S * pf["NH"])
             dev.memset(arrived)
             layout = tree_layout(ddtree.chain(np.arange(S - 1) + 7))
@@ -59,15 +65,16 @@ def main() -> None:
             depth, anc = lay.ptr + 4 * S, lay.ptr + 8 * S
             for ctx in contexts:
                 pos0 = dev.upload(np.array([ctx], np.int32))
+                bodies = attention.bodies(S, ctx)
 
                 def launch(stream):
-                    enqueue_attention(attend, t, pf, S, max_context, q_ws=q_ws.ptr, proj=proj.ptr, kv=kv.ptr,
-                                      anc=anc, depth=depth, out=out.ptr, pos0_at=pos0.ptr, amax=0,
-                                      partial=partial.ptr, arrived=arrived.ptr, stream=stream)
+                    attention.enqueue(S, bodies, q_ws=q_ws.ptr, proj=proj.ptr, kv=kv.ptr, anc=anc, depth=depth,
+                                      out=out.ptr, pos0_at=pos0.ptr, amax=0, partial=partial.ptr,
+                                      arrived=arrived.ptr, stream=stream)
 
                 us = time_graph_us(dev, launch, args.repeats)
                 mb = 2 * pf["NKV"] * ctx * row_bytes / 1e6
-                print(f"{kv_name:6} {ctx:8d} {S:6d} {us:9.1f} {mb:8.1f} {mb / us * 1e3:17.0f}")
+                print(f"{kv_name:6} {body:5} {ctx:8d} {S:6d} {us:9.1f} {mb:8.1f} {mb / us * 1e3:17.0f}")
                 pos0.free()
             for b in (q_ws, proj, out, partial, arrived, lay):
                 b.free()

@@ -343,23 +343,26 @@ __device__ __forceinline__ unsigned attn_pack2(float lo, float hi) {
          ((unsigned)*reinterpret_cast<const unsigned short*>(&b) << 16);
 }
 
-// rows [row0, row0 + ROWS) of a [*, HD] matrix into shared [ROWS][ATTN_ROW]; rows >= row_end are zero-filled
-template <int ROWS, typename E>
-__device__ __forceinline__ void attn_load_tile(E* dst, const E* src, int row0, int row_end) {
-  constexpr int CHUNKS = ATTN_HD / 8;  // 16-byte chunks per row
-  for (int i = threadIdx.x; i < ROWS * CHUNKS; i += ATTN_NW * 32) {
+// rows [row0, row0 + rows) of a [*, HD] matrix into shared [rows][STRIDE]; rows >= row_end are zero-filled
+template <int HD, int STRIDE, int THREADS, typename E>
+__device__ __forceinline__ void attn_load_tile(E* dst, const E* src, int row0, int rows, int row_end) {
+  constexpr int CHUNKS = HD / 8;  // 16-byte chunks per row
+  for (int i = threadIdx.x; i < rows * CHUNKS; i += THREADS) {
     const int rr = i / CHUNKS, c = i % CHUNKS;
-    E* d = dst + rr * ATTN_ROW + c * 8;
-    if (row0 + rr < row_end) lg_copy16(d, src + (size_t)(row0 + rr) * ATTN_HD + c * 8);
+    E* d = dst + rr * STRIDE + c * 8;
+    if (row0 + rr < row_end) lg_copy16(d, src + (size_t)(row0 + rr) * HD + c * 8);
     else *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
-// cache rows head_row + row0 .. of one head as a [BKV][ATTN_ROW] compute-type tile (rows >= row_end zero-filled)
+// cache rows head_row + row0 .. + rows - 1 of one head as a [rows][STRIDE] compute-type tile (rows >= row_end
+// zero-filled): copied as they are, or dequantised through registers
+template <int HD, int STRIDE, int THREADS>
 __device__ __forceinline__ void attn_load_kv_tile(bf16_t* dst, const KvReader& reader, size_t head_row, int row0,
-                                                  int row_end) {
-  attn_load_tile<ATTN_BKV>(dst, reader.rows + head_row * ATTN_HD, row0, row_end);
+                                                  int rows, int row_end) {
+  attn_load_tile<HD, STRIDE, THREADS>(dst, reader.rows + head_row * HD, row0, rows, row_end);
 }
+#define ATTN_THREADS (ATTN_NW * 32)
 
 extern "C" __global__ void __launch_bounds__(ATTN_NW * 32)
 prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
@@ -384,9 +387,12 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
   const size_t k_head = (size_t)g * max_context, v_head = (size_t)(ATTN_NKV + g) * max_context;
   const KvReader reader = kv_reader(kv, max_context);
 
-  attn_load_tile<ATTN_BQ>(sq, q_ws + (size_t)g * n_rows * ATTN_HD, row0, n_rows);
-  attn_load_kv_tile(sk, reader, k_head, 0, max_pos + 1);
-  attn_load_kv_tile(sv, reader, v_head, 0, max_pos + 1);
+  attn_load_tile<ATTN_HD, ATTN_ROW, ATTN_THREADS>(sq, q_ws + (size_t)g * n_rows * ATTN_HD, row0, ATTN_BQ, n_rows);
+  auto load_kv_tile = [&](bf16_t* dst, size_t head_row, int key0) {  // keys key0 .. of one head, up to max_pos
+    attn_load_kv_tile<ATTN_HD, ATTN_ROW, ATTN_THREADS>(dst, reader, head_row, key0, ATTN_BKV, max_pos + 1);
+  };
+  load_kv_tile(sk, k_head, 0);
+  load_kv_tile(sv, v_head, 0);
   lg_cp_async_commit();
 
   float o[ATTN_HD / 8][4];
@@ -400,8 +406,8 @@ prefill_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ pro
     const bf16_t* ks = sk + (j & 1) * ATTN_BKV * ATTN_ROW;
     const bf16_t* vs = sv + (j & 1) * ATTN_BKV * ATTN_ROW;
     if (j + 1 < n_kv_tiles) {  // fill the other stage (freed by the barrier that ended iteration j - 1)
-      attn_load_kv_tile(sk + ((j + 1) & 1) * ATTN_BKV * ATTN_ROW, reader, k_head, key0 + ATTN_BKV, max_pos + 1);
-      attn_load_kv_tile(sv + ((j + 1) & 1) * ATTN_BKV * ATTN_ROW, reader, v_head, key0 + ATTN_BKV, max_pos + 1);
+      load_kv_tile(sk + ((j + 1) & 1) * ATTN_BKV * ATTN_ROW, k_head, key0 + ATTN_BKV);
+      load_kv_tile(sv + ((j + 1) & 1) * ATTN_BKV * ATTN_ROW, v_head, key0 + ATTN_BKV);
       lg_cp_async_commit();
       lg_cp_async_wait<1>();
     } else {

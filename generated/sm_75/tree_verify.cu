@@ -241,15 +241,16 @@ __device__ __forceinline__ void lg_softmax_step(float& m, float& l, float s, flo
 }
 // The parts p = 0 .. n - 1 of one softmax (part p: a max m(p), a sum l(p) and unnormalised sums o(p, d)) meet in
 // order: with M = max_p m_p and c_p = e^(m_p - M) (0 for a part with no keys: m_p = -inf; at least one part has keys),
-// store(d, sum_p c_p o_p[d], M, sum_p c_p l_p) for the dims d = threadIdx.x, + THREADS, .. < HD.
-template <int HD, int THREADS, typename M, typename L, typename O, typename Store>
+// store(d, sum_p c_p o_p[d], M, sum_p c_p l_p) for the dims d = threadIdx.x, + THREADS, .. < HD. BASE2: the parts'
+// maxima are in base 2 (an exp2 softmax), c_p = 2^(m_p - M).
+template <int HD, int THREADS, bool BASE2 = false, typename M, typename L, typename O, typename Store>
 __device__ __forceinline__ void lg_softmax_merge_parts(int n, M m, L l, O o, Store store) {
   float mmax = m(0);
   for (int p = 1; p < n; ++p) mmax = fmaxf(mmax, m(p));
   for (int d = threadIdx.x; d < HD; d += THREADS) {
     float od = 0.0f, lsum = 0.0f;
     for (int p = 0; p < n; ++p) {
-      const float c = expf(m(p) - mmax);
+      const float c = BASE2 ? exp2f(m(p) - mmax) : expf(m(p) - mmax);
       od += c * o(p, d);
       lsum += c * l(p);
     }
@@ -583,25 +584,31 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
 //   step);  o = softmax_j(q . k_j * attn_scale) v_j;
 //   out[s, h] = o * sigmoid(gate[s, h]);  amax_out (or nullptr): out's magnitudes per 16 values, [slot][NH HD / 16]
 //   (as tree_gated_norm's).
-// The keys split over blocks (blockIdx.z): n = min(gridDim.z, ceil(keys / TV_AT_KEY_CHUNK)) ranges of
-// ceil(keys / n) keys, range z to block z (blocks z >= n leave at once). With one range block y takes head y; with
-// more, block y (y a multiple of TV_AT_HEADS) takes heads y .. y + TV_AT_HEADS - 1 of one kv head, which share each
-// key's loads, and the other blocks leave. In a block warp w takes keys w, w + AT_WARPS, .. of its range
-// (split_softmax.cuh) and the warps meet in order; with one range that is the result. Otherwise each block leaves its
-// range's (sum c_w acc_w, M, sum c_w l_w) per head in `partial` ([S][NH][gridDim.z][HD + 2]) and the last block of
-// the (slot, heads) to arrive (lg_last_to_arrive, a counter in `arrived`, [S][NH]) merges the ranges in order, as
-// the warps merge (lg_softmax_merge_parts). Every choice depends only on the key count and the grid, and a head's
-// arithmetic not on the others', so a slot's result is the same in any tree.
+// Two bodies: plain FMAs (tree_attention: a block per (slot, head) or per key range of one) and, where
+// families/tree_verify.py attention_tiling renders it, tensor cores (tree_attention_mma: every slot of a kv head
+// against one read of the keys). A slot takes the tensor cores from mma_keys keys on (the descriptor's
+// [ddtree] tensor_core_attention_keys; past the context where there are none): its key count alone decides, so its
+// bits are the same in any tree and in a one-slot pass at the same position.
 // out[s, h, d] (and its magnitude) from o, dim d of the normalised softmax sum; a warp's lanes hold 32 consecutive d.
-__device__ __forceinline__ void tv_attention_out(float o, int d, const float* gate, fp16_t* dst,
+__device__ __forceinline__ void tv_attention_out(float o, int d, float gate, fp16_t* dst,
                                                  unsigned short* amax_out, int s, int h) {
-  const fp16_t v = lg_from_float<fp16_t>(o * lg_sigmoid(gate[d]));
+  const fp16_t v = lg_from_float<fp16_t>(o * lg_sigmoid(gate));
   dst[d] = v;
   if (amax_out != nullptr)
     lg_store_magnitude16(amax_out + (size_t)s * (TV_NH * TV_HD / 16) + (h * TV_HD + d) / 16, v,
                          (h * TV_HD + d) % 16 == 0);
 }
 
+// ------------------------------------------------------------------------------------------------ attention (FMA)
+// The keys split over blocks (blockIdx.z): n = min(gridDim.z, ceil(keys / TV_AT_KEY_CHUNK)) ranges of
+// ceil(keys / n) keys, range z to block z (blocks z >= n leave at once). With one range block y takes head y; with
+// more, block y (y a multiple of TV_AT_HEADS) takes heads y .. y + TV_AT_HEADS - 1 of one kv head, which share each
+// key's loads, and the other blocks leave. In a block warp w takes keys w, w + TV_AT_WARPS, .. of its range
+// (split_softmax.cuh) and the warps meet in order; with one range that is the result. Otherwise each block leaves its
+// range's (sum c_w acc_w, M, sum c_w l_w) per head in `partial` ([S][NH][gridDim.z][HD + 2]) and the last block of
+// the (slot, heads) to arrive (lg_last_to_arrive, a counter in `arrived`, [S][NH]) merges the ranges in order, as
+// the warps merge (lg_softmax_merge_parts). Every choice depends only on the key count and the grid, and a head's
+// arithmetic not on the others', so a slot's result is the same in any tree.
 // Heads h0 .. h0 + HEADS - 1 of slot s over keys [k0, k1) of its n_keys (range blockIdx.z of `ranges`).
 template <int HEADS>
 __device__ __forceinline__ void tv_attend(const fp16_t* __restrict__ q_ws, const float* __restrict__ proj,
@@ -655,7 +662,7 @@ __device__ __forceinline__ void tv_attend(const fp16_t* __restrict__ q_ws, const
       fp16_t* dst = out + (size_t)s * TV_NH * TV_HD + h * TV_HD;
       if (i > 0) __syncthreads();  // the previous head's merge has read part and stats
       lg_softmax_merge_warps(part, stats, acc[i], m[i], l[i], [&](int d, float o) {  // d = threadIdx.x + k * threads
-        tv_attention_out(o, d, gate, dst, amax_out, s, h);
+        tv_attention_out(o, d, gate[d], dst, amax_out, s, h);
       });
     }
     return;
@@ -680,7 +687,7 @@ __device__ __forceinline__ void tv_attend(const fp16_t* __restrict__ q_ws, const
     lg_softmax_merge_parts<TV_HD, TV_AT_WARPS * LG_WARP_SIZE>(
         ranges, [&](int z) { return parts[z * (TV_HD + 2) + TV_HD]; },
         [&](int z) { return parts[z * (TV_HD + 2) + TV_HD + 1]; }, [&](int z, int d) { return parts[z * (TV_HD + 2) + d]; },
-        [&](int d, float o, float, float lsum) { tv_attention_out(o / lsum, d, gate, dst, amax_out, s, h); });
+        [&](int d, float o, float, float lsum) { tv_attention_out(o / lsum, d, gate[d], dst, amax_out, s, h); });
   }
   lg_arrivals_reset(count);
 }
@@ -689,11 +696,13 @@ extern "C" __global__ void __launch_bounds__(TV_AT_WARPS * LG_WARP_SIZE)
 tree_attention(const fp16_t* __restrict__ q_ws, const float* __restrict__ proj, const fp16_t* __restrict__ kv,
                int max_context, const int* __restrict__ anc, int anc_stride, const int* __restrict__ depth,
                fp16_t* __restrict__ out, int n_slots, const int* __restrict__ pos0_at,
-               unsigned short* __restrict__ amax_out, float* __restrict__ partial, unsigned* __restrict__ arrived) {
+               unsigned short* __restrict__ amax_out, float* __restrict__ partial, unsigned* __restrict__ arrived,
+               int mma_keys) {
   static_assert(TV_HD % LG_WARP_SIZE == 0 && LG_WARP_SIZE % 16 == 0, "a warp's lanes cover whole groups of 16");
   lg_dependent_start();
   const int s = blockIdx.x, h = blockIdx.y;
   const int pos0 = *pos0_at, n_keys = pos0 + depth[s] + 1;
+  if (n_keys >= mma_keys) return;  // tree_attention_mma's slot
   const int ranges = min((int)gridDim.z, (n_keys + TV_AT_KEY_CHUNK - 1) / TV_AT_KEY_CHUNK);
   if ((int)blockIdx.z >= ranges) return;
   const int per = (n_keys + ranges - 1) / ranges, k0 = blockIdx.z * per, k1 = min(n_keys, k0 + per);

@@ -254,15 +254,16 @@ __device__ __forceinline__ void lg_softmax_step(float& m, float& l, float s, flo
 }
 // The parts p = 0 .. n - 1 of one softmax (part p: a max m(p), a sum l(p) and unnormalised sums o(p, d)) meet in
 // order: with M = max_p m_p and c_p = e^(m_p - M) (0 for a part with no keys: m_p = -inf; at least one part has keys),
-// store(d, sum_p c_p o_p[d], M, sum_p c_p l_p) for the dims d = threadIdx.x, + THREADS, .. < HD.
-template <int HD, int THREADS, typename M, typename L, typename O, typename Store>
+// store(d, sum_p c_p o_p[d], M, sum_p c_p l_p) for the dims d = threadIdx.x, + THREADS, .. < HD. BASE2: the parts'
+// maxima are in base 2 (an exp2 softmax), c_p = 2^(m_p - M).
+template <int HD, int THREADS, bool BASE2 = false, typename M, typename L, typename O, typename Store>
 __device__ __forceinline__ void lg_softmax_merge_parts(int n, M m, L l, O o, Store store) {
   float mmax = m(0);
   for (int p = 1; p < n; ++p) mmax = fmaxf(mmax, m(p));
   for (int d = threadIdx.x; d < HD; d += THREADS) {
     float od = 0.0f, lsum = 0.0f;
     for (int p = 0; p < n; ++p) {
-      const float c = expf(m(p) - mmax);
+      const float c = BASE2 ? exp2f(m(p) - mmax) : expf(m(p) - mmax);
       od += c * o(p, d);
       lsum += c * l(p);
     }
@@ -596,25 +597,31 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
 //   step);  o = softmax_j(q . k_j * attn_scale) v_j;
 //   out[s, h] = o * sigmoid(gate[s, h]);  amax_out (or nullptr): out's magnitudes per 16 values, [slot][NH HD / 16]
 //   (as tree_gated_norm's).
-// The keys split over blocks (blockIdx.z): n = min(gridDim.z, ceil(keys / TV_AT_KEY_CHUNK)) ranges of
-// ceil(keys / n) keys, range z to block z (blocks z >= n leave at once). With one range block y takes head y; with
-// more, block y (y a multiple of TV_AT_HEADS) takes heads y .. y + TV_AT_HEADS - 1 of one kv head, which share each
-// key's loads, and the other blocks leave. In a block warp w takes keys w, w + AT_WARPS, .. of its range
-// (split_softmax.cuh) and the warps meet in order; with one range that is the result. Otherwise each block leaves its
-// range's (sum c_w acc_w, M, sum c_w l_w) per head in `partial` ([S][NH][gridDim.z][HD + 2]) and the last block of
-// the (slot, heads) to arrive (lg_last_to_arrive, a counter in `arrived`, [S][NH]) merges the ranges in order, as
-// the warps merge (lg_softmax_merge_parts). Every choice depends only on the key count and the grid, and a head's
-// arithmetic not on the others', so a slot's result is the same in any tree.
+// Two bodies: plain FMAs (tree_attention: a block per (slot, head) or per key range of one) and, where
+// families/tree_verify.py attention_tiling renders it, tensor cores (tree_attention_mma: every slot of a kv head
+// against one read of the keys). A slot takes the tensor cores from mma_keys keys on (the descriptor's
+// [ddtree] tensor_core_attention_keys; past the context where there are none): its key count alone decides, so its
+// bits are the same in any tree and in a one-slot pass at the same position.
 // out[s, h, d] (and its magnitude) from o, dim d of the normalised softmax sum; a warp's lanes hold 32 consecutive d.
-__device__ __forceinline__ void tv_attention_out(float o, int d, const float* gate, bf16_t* dst,
+__device__ __forceinline__ void tv_attention_out(float o, int d, float gate, bf16_t* dst,
                                                  unsigned short* amax_out, int s, int h) {
-  const bf16_t v = lg_from_float<bf16_t>(o * lg_sigmoid(gate[d]));
+  const bf16_t v = lg_from_float<bf16_t>(o * lg_sigmoid(gate));
   dst[d] = v;
   if (amax_out != nullptr)
     lg_store_magnitude16(amax_out + (size_t)s * (TV_NH * TV_HD / 16) + (h * TV_HD + d) / 16, v,
                          (h * TV_HD + d) % 16 == 0);
 }
 
+// ------------------------------------------------------------------------------------------------ attention (FMA)
+// The keys split over blocks (blockIdx.z): n = min(gridDim.z, ceil(keys / TV_AT_KEY_CHUNK)) ranges of
+// ceil(keys / n) keys, range z to block z (blocks z >= n leave at once). With one range block y takes head y; with
+// more, block y (y a multiple of TV_AT_HEADS) takes heads y .. y + TV_AT_HEADS - 1 of one kv head, which share each
+// key's loads, and the other blocks leave. In a block warp w takes keys w, w + TV_AT_WARPS, .. of its range
+// (split_softmax.cuh) and the warps meet in order; with one range that is the result. Otherwise each block leaves its
+// range's (sum c_w acc_w, M, sum c_w l_w) per head in `partial` ([S][NH][gridDim.z][HD + 2]) and the last block of
+// the (slot, heads) to arrive (lg_last_to_arrive, a counter in `arrived`, [S][NH]) merges the ranges in order, as
+// the warps merge (lg_softmax_merge_parts). Every choice depends only on the key count and the grid, and a head's
+// arithmetic not on the others', so a slot's result is the same in any tree.
 // Heads h0 .. h0 + HEADS - 1 of slot s over keys [k0, k1) of its n_keys (range blockIdx.z of `ranges`).
 template <int HEADS>
 __device__ __forceinline__ void tv_attend(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj,
@@ -668,7 +675,7 @@ __device__ __forceinline__ void tv_attend(const bf16_t* __restrict__ q_ws, const
       bf16_t* dst = out + (size_t)s * TV_NH * TV_HD + h * TV_HD;
       if (i > 0) __syncthreads();  // the previous head's merge has read part and stats
       lg_softmax_merge_warps(part, stats, acc[i], m[i], l[i], [&](int d, float o) {  // d = threadIdx.x + k * threads
-        tv_attention_out(o, d, gate, dst, amax_out, s, h);
+        tv_attention_out(o, d, gate[d], dst, amax_out, s, h);
       });
     }
     return;
@@ -693,7 +700,7 @@ __device__ __forceinline__ void tv_attend(const bf16_t* __restrict__ q_ws, const
     lg_softmax_merge_parts<TV_HD, TV_AT_WARPS * LG_WARP_SIZE>(
         ranges, [&](int z) { return parts[z * (TV_HD + 2) + TV_HD]; },
         [&](int z) { return parts[z * (TV_HD + 2) + TV_HD + 1]; }, [&](int z, int d) { return parts[z * (TV_HD + 2) + d]; },
-        [&](int d, float o, float, float lsum) { tv_attention_out(o / lsum, d, gate, dst, amax_out, s, h); });
+        [&](int d, float o, float, float lsum) { tv_attention_out(o / lsum, d, gate[d], dst, amax_out, s, h); });
   }
   lg_arrivals_reset(count);
 }
@@ -702,11 +709,13 @@ extern "C" __global__ void __launch_bounds__(TV_AT_WARPS * LG_WARP_SIZE)
 tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
                int max_context, const int* __restrict__ anc, int anc_stride, const int* __restrict__ depth,
                bf16_t* __restrict__ out, int n_slots, const int* __restrict__ pos0_at,
-               unsigned short* __restrict__ amax_out, float* __restrict__ partial, unsigned* __restrict__ arrived) {
+               unsigned short* __restrict__ amax_out, float* __restrict__ partial, unsigned* __restrict__ arrived,
+               int mma_keys) {
   static_assert(TV_HD % LG_WARP_SIZE == 0 && LG_WARP_SIZE % 16 == 0, "a warp's lanes cover whole groups of 16");
   lg_dependent_start();
   const int s = blockIdx.x, h = blockIdx.y;
   const int pos0 = *pos0_at, n_keys = pos0 + depth[s] + 1;
+  if (n_keys >= mma_keys) return;  // tree_attention_mma's slot
   const int ranges = min((int)gridDim.z, (n_keys + TV_AT_KEY_CHUNK - 1) / TV_AT_KEY_CHUNK);
   if ((int)blockIdx.z >= ranges) return;
   const int per = (n_keys + ranges - 1) / ranges, k0 = blockIdx.z * per, k1 = min(n_keys, k0 + per);
@@ -716,6 +725,314 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
   else if (h % TV_AT_HEADS == 0)  // the block of heads h .. h + TV_AT_HEADS - 1 (the others leave)
     tv_attend<TV_AT_HEADS>(q_ws, proj, kv, max_context, anc, anc_stride, out, n_slots, amax_out, partial, arrived,
                            s, h, pos0, ranges, k0, k1);
+}
+// ------------------------------------------------------------------------------------------------ attention (MMA)
+// The same softmax on mma_m16n8k16 tensor cores, FlashAttention-2 style, every slot of a kv head against one
+// read of the committed keys:
+//   keys j = 0 .. n - 1 of slot s (n = pos0 + depth[s] + 1): row j < pos0 of the cache, then the path's slots
+//   anc[s][j - pos0] (cache rows pos0 + slot, written by the prepare kernel);
+//   o = softmax_j(q . k_j * attn_scale) v_j;  out[s, h] = o * sigmoid(gate[s, h])  (amax_out as tree_gated_norm's).
+// It takes the slots of mma_keys keys or more (tree_attention, the FMA body, the others: a slot's body depends on its
+// key count alone). Keys go in ranges of range_keys (a multiple of TA_BKV fixed for the engine), range z = keys
+// [z range_keys, (z + 1) range_keys): block (x, y, g) takes ranges
+// z = y, y + gridDim.y, .. of slots x TA_SLOTS .. + TA_SLOTS - 1 of kv head g, a warp a slot: its GROUP query heads
+// are the rows of one m16 tile. The range's keys go through shared memory in tiles of TA_BKV (the committed rows, shared by the block's
+// slots, and the S slots' own rows once); a lane's ldmatrix row addresses pick, key by key, the committed row or the
+// path's. Per tile: S = Q K^T (f32), keys >= n masked, online softmax in base 2, O += P V with P rounded to
+// bf16. A slot with one range stores its result; otherwise each range leaves (O, m, l) in `partial`
+// ([S][NH][max_ranges][HD + 2]) and tree_attention_merge joins the ranges in order. Range bounds, tiles and the
+// order of every sum depend only on the key index, and a row's MMA arithmetic not on the other rows', so a slot's
+// result is the same in any tree (and in a one-slot pass at the same position).
+// Shared memory (dynamic, `stages` 1 or 2 buffers): Q [TA_SLOTS 16][ROW], stages x (K, V) [TA_BKV][ROW], the
+// slots' own K and V rows [S][ROW] (ROW = HD + 8 elements: conflict-free ldmatrix).
+#define TA_SLOTS 4
+#define TA_BKV 32
+#define TA_ROW (TV_HD + 8)
+#define TA_THREADS (TA_SLOTS * 32)
+#define TA_SCALE_LOG2 (0.0625f * 1.4426950408889634f)
+__device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned attn_pack2(float lo, float hi) {
+  const bf16_t a = lg_from_float<bf16_t>(lo), b = lg_from_float<bf16_t>(hi);
+  return (unsigned)*reinterpret_cast<const unsigned short*>(&a) |
+         ((unsigned)*reinterpret_cast<const unsigned short*>(&b) << 16);
+}
+
+// rows [row0, row0 + rows) of a [*, HD] matrix into shared [rows][STRIDE]; rows >= row_end are zero-filled
+template <int HD, int STRIDE, int THREADS, typename E>
+__device__ __forceinline__ void attn_load_tile(E* dst, const E* src, int row0, int rows, int row_end) {
+  constexpr int CHUNKS = HD / 8;  // 16-byte chunks per row
+  for (int i = threadIdx.x; i < rows * CHUNKS; i += THREADS) {
+    const int rr = i / CHUNKS, c = i % CHUNKS;
+    E* d = dst + rr * STRIDE + c * 8;
+    if (row0 + rr < row_end) lg_copy16(d, src + (size_t)(row0 + rr) * HD + c * 8);
+    else *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// cache rows head_row + row0 .. + rows - 1 of one head as a [rows][STRIDE] compute-type tile (rows >= row_end
+// zero-filled): copied as they are, or dequantised through registers
+template <int HD, int STRIDE, int THREADS>
+__device__ __forceinline__ void attn_load_kv_tile(bf16_t* dst, const KvReader& reader, size_t head_row, int row0,
+                                                  int rows, int row_end) {
+  attn_load_tile<HD, STRIDE, THREADS>(dst, reader.rows + head_row * HD, row0, rows, row_end);
+}
+
+// The shared row of slot s's key key0 + r: the committed tile's row r, the path's row, or (a key past the slot's n:
+// masked) the tile's row r, zero-filled past the committed keys.
+__device__ __forceinline__ const bf16_t* ta_key_row(const bf16_t* tile, const bf16_t* own, const int* anc_s, int key0,
+                                                 int r, int pos0, int n_keys) {
+  const int j = key0 + r;
+  return j < pos0 || j >= n_keys ? tile + r * TA_ROW : own + anc_s[j - pos0] * TA_ROW;
+}
+
+extern "C" __global__ void __launch_bounds__(TA_THREADS)
+tree_attention_mma(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj,
+                   const bf16_t* __restrict__ kv, int max_context, const int* __restrict__ anc, int anc_stride,
+                   const int* __restrict__ depth, bf16_t* __restrict__ out, int n_slots,
+                   const int* __restrict__ pos0_at, unsigned short* __restrict__ amax_out, float* __restrict__ partial,
+                   int max_ranges, int mma_keys, int range_keys, int stages) {
+  static_assert(TV_GROUP <= 16, "a slot's query heads are the rows of one m16 tile");
+  static_assert(TA_BKV % 16 == 0, "tiles of whole k16 steps (range_keys: whole tiles)");
+  static_assert(TA_SLOTS * TV_GROUP * TV_HD * 4 <= 2 * TA_BKV * TA_ROW * 2, "the results fit one K/V stage");
+  extern __shared__ __align__(16) unsigned char ta_smem[];
+  bf16_t* sq = reinterpret_cast<bf16_t*>(ta_smem);
+  bf16_t* sk = sq + TA_SLOTS * 16 * TA_ROW;  // [stages][BKV][ROW]
+  bf16_t* sv = sk + stages * TA_BKV * TA_ROW;
+  bf16_t* own_k = sv + stages * TA_BKV * TA_ROW;  // [S][ROW]: cache rows pos0 .. pos0 + S - 1
+  bf16_t* own_v = own_k + n_slots * TA_ROW;
+  lg_dependent_start();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, qd = lane / 4, ql = lane % 4;
+  const int slot0 = blockIdx.x * TA_SLOTS, g = blockIdx.z;
+  const int pos0 = *pos0_at, s = slot0 + warp;
+  auto keys_of = [&](int slot) {  // a slot's keys, 0 for none and for the FMA body's slots
+    const int n = slot < n_slots ? pos0 + depth[slot] + 1 : 0;
+    return n >= mma_keys ? n : 0;
+  };
+  const int n_keys = keys_of(s);  // this warp's slot's keys
+  int block_keys = 0;
+  for (int w = 0; w < TA_SLOTS; ++w) block_keys = max(block_keys, keys_of(slot0 + w));
+  if ((int)blockIdx.y * range_keys >= block_keys) return;
+  const size_t k_head = (size_t)g * max_context, v_head = (size_t)(TV_NKV + g) * max_context;
+  const KvReader reader = kv_reader(kv, max_context);
+
+  constexpr int CHUNKS = TV_HD / 8;  // Q: warp w's rows r < GROUP are slot slot0 + w's heads, the rest zero
+  for (int i = threadIdx.x; i < TA_SLOTS * 16 * CHUNKS; i += TA_THREADS) {
+    const int row = i / CHUNKS, c = i % CHUNKS, w = row / 16, r = row % 16;
+    bf16_t* d = sq + row * TA_ROW + c * 8;
+    if (r < TV_GROUP && slot0 + w < n_slots)
+      lg_copy16(d, q_ws + (((size_t)g * n_slots + slot0 + w) * TV_GROUP + r) * TV_HD + c * 8);
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  if (block_keys > pos0) {  // some slot's keys include its path's
+    attn_load_kv_tile<TV_HD, TA_ROW, TA_THREADS>(own_k, reader, k_head, pos0, n_slots, pos0 + n_slots);
+    attn_load_kv_tile<TV_HD, TA_ROW, TA_THREADS>(own_v, reader, v_head, pos0, n_slots, pos0 + n_slots);
+  }
+  lg_cp_async_commit();
+  const bf16_t* q_frag_base = sq + (warp * 16 + lane % 16) * TA_ROW + (lane / 16) * 8;
+  const int* anc_s = anc + (size_t)min(s, n_slots - 1) * anc_stride;
+
+  // the block's ranges z = blockIdx.y, + gridDim.y, .. (the grid covers the chip, not the context)
+  for (int z = blockIdx.y; z * range_keys < block_keys; z += gridDim.y) {
+    const int key_begin = z * range_keys, key_end = min(block_keys, key_begin + range_keys);
+    const int committed_end = min(pos0, key_end);
+    auto load_kv_tile = [&](int stage, int key0) {  // committed keys key0 .. key0 + BKV - 1 of the range
+      attn_load_kv_tile<TV_HD, TA_ROW, TA_THREADS>(sk + stage * TA_BKV * TA_ROW, reader, k_head, key0, TA_BKV,
+                                                   committed_end);
+      attn_load_kv_tile<TV_HD, TA_ROW, TA_THREADS>(sv + stage * TA_BKV * TA_ROW, reader, v_head, key0, TA_BKV,
+                                                   committed_end);
+    };
+    __syncthreads();  // the previous range's results have left the K/V stages
+    load_kv_tile(0, key_begin);
+    lg_cp_async_commit();
+
+    float o[TV_HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < TV_HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {lg_neg_inf(), lg_neg_inf()}, l[2] = {0.0f, 0.0f};
+    const int n_tiles = (key_end - key_begin + TA_BKV - 1) / TA_BKV;
+
+    for (int t = 0; t < n_tiles; ++t) {
+      const int key0 = key_begin + t * TA_BKV, stage = stages == 2 ? t & 1 : 0;
+      if (stages == 2 && t + 1 < n_tiles) {  // fill the other stage (freed by the barrier that ended tile t - 1)
+        load_kv_tile(stage ^ 1, key0 + TA_BKV);
+        lg_cp_async_commit();
+        lg_cp_async_wait<1>();
+      } else {
+        if (stages == 1 && t > 0) {
+          load_kv_tile(0, key0);
+          lg_cp_async_commit();
+        }
+        lg_cp_async_wait<0>();
+      }
+      __syncthreads();
+      if (key0 < n_keys) {  // this warp's slot has keys in the tile
+        const bf16_t* ks = sk + stage * TA_BKV * TA_ROW;
+        const bf16_t* vs = sv + stage * TA_BKV * TA_ROW;
+        // the rows this lane addresses: keys nn*16 + (lane/16)*8 + lane%8 of S's B fragments (K), and
+        // kc*16 + ((lane/8)%2)*8 + lane%8 of P V's transposed B fragments (V)
+        const bf16_t* k_row[TA_BKV / 16];
+        const bf16_t* v_row[TA_BKV / 16];
+#pragma unroll
+        for (int nn = 0; nn < TA_BKV / 16; ++nn) {
+          k_row[nn] = ta_key_row(ks, own_k, anc_s, key0, nn * 16 + (lane / 16) * 8 + lane % 8, pos0, n_keys);
+          v_row[nn] = ta_key_row(vs, own_v, anc_s, key0, nn * 16 + ((lane / 8) % 2) * 8 + lane % 8, pos0, n_keys);
+        }
+        float sc[TA_BKV / 8][4];
+#pragma unroll
+        for (int n = 0; n < TA_BKV / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < TV_HD / 16; ++kk) {
+          unsigned a[4];
+          lg_ldmatrix_x4(a, q_frag_base + kk * 16);
+#pragma unroll
+          for (int nn = 0; nn < TA_BKV / 16; ++nn) {
+            unsigned b[4];  // keys nn*16 + (0..7 | 8..15) x dims kk*16 + (0..7 | 8..15)
+            lg_ldmatrix_x4(b, k_row[nn] + kk * 16 + ((lane / 8) % 2) * 8);
+            lg_mma_k16(sc[2 * nn], a, b[0], b[1]);
+            lg_mma_k16(sc[2 * nn + 1], a, b[2], b[3]);
+          }
+        }
+        // keys >= n_keys masked; online softmax (base 2). Fragment: sc[n][0..1] row qd, sc[n][2..3] row qd + 8,
+        // keys key0 + n*8 + 2*ql + (0|1)
+        const bool masked = key0 + TA_BKV > n_keys;
+        float row_max[2] = {m[0], m[1]};
+#pragma unroll
+        for (int n = 0; n < TA_BKV / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = sc[n][e] * TA_SCALE_LOG2;
+            if (masked && key0 + n * 8 + 2 * ql + (e & 1) >= n_keys) x = lg_neg_inf();
+            sc[n][e] = x;
+            row_max[e / 2] = fmaxf(row_max[e / 2], x);
+          }
+        }
+        float corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 1));
+          row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 2));
+          corr[i] = exp2f(m[i] - row_max[i]);  // key0 < n_keys: row_max is finite
+          m[i] = row_max[i];
+          l[i] *= corr[i];
+        }
+#pragma unroll
+        for (int n = 0; n < TV_HD / 8; ++n) {
+          o[n][0] *= corr[0];
+          o[n][1] *= corr[0];
+          o[n][2] *= corr[1];
+          o[n][3] *= corr[1];
+        }
+#pragma unroll
+        for (int n = 0; n < TA_BKV / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(sc[n][e] - m[e / 2]);
+            sc[n][e] = p;
+            l[e / 2] += p;
+          }
+        }
+        // O += P V: P's accumulator fragments are the A fragments of the next MMA (keys kc*16 .. kc*16 + 15)
+#pragma unroll
+        for (int kc = 0; kc < TA_BKV / 16; ++kc) {
+          const unsigned a[4] = {attn_pack2(sc[2 * kc][0], sc[2 * kc][1]), attn_pack2(sc[2 * kc][2], sc[2 * kc][3]),
+                                 attn_pack2(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
+                                 attn_pack2(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
+#pragma unroll
+          for (int dn = 0; dn < TV_HD / 16; ++dn) {
+            unsigned b[4];  // transposed: keys kc*16 + (0..7 | 8..15) x dims dn*16 + (0..7 | 8..15)
+            lg_ldmatrix_x4_trans(b, v_row[kc] + dn * 16 + (lane / 16) * 8);
+            lg_mma_k16(o[2 * dn], a, b[0], b[1]);
+            lg_mma_k16(o[2 * dn + 1], a, b[2], b[3]);
+          }
+        }
+      }
+      __syncthreads();  // this stage is free for the next fill
+    }
+    // a slot of one range (z = 0, 0 < n <= range_keys) ends here: its normalised rows go through the (now free) K/V
+    // stages, [TA_SLOTS][GROUP][HD] floats, and the block writes every such slot's output, a warp 32 dims of a head
+    const bool ends_here = z == 0 && n_keys > 0 && n_keys <= range_keys;
+    if (key_begin < n_keys) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+      }
+      if (!ends_here) {  // this range's (O, m, l) per head, for tree_attention_merge
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = qd + 8 * i;
+          if (r >= TV_GROUP) continue;
+          float* mine = partial + (((size_t)s * TV_NH + g * TV_GROUP + r) * max_ranges + z) * (TV_HD + 2);
+#pragma unroll
+          for (int n = 0; n < TV_HD / 8; ++n)
+            *reinterpret_cast<float2*>(mine + n * 8 + 2 * ql) = make_float2(o[n][2 * i], o[n][2 * i + 1]);
+          if (ql == 0) mine[TV_HD] = m[i], mine[TV_HD + 1] = l[i];
+        }
+      } else {
+        float* rows = reinterpret_cast<float*>(sk) + warp * TV_GROUP * TV_HD;  // [GROUP][HD]
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = qd + 8 * i;
+          if (r >= TV_GROUP) continue;
+#pragma unroll
+          for (int n = 0; n < TV_HD / 8; ++n) {
+            rows[r * TV_HD + n * 8 + 2 * ql] = o[n][2 * i] / l[i];
+            rows[r * TV_HD + n * 8 + 2 * ql + 1] = o[n][2 * i + 1] / l[i];
+          }
+        }
+      }
+    }
+    if (z != 0) continue;  // (uniform: every warp walks the same ranges)
+    __syncthreads();
+    constexpr int PER = 8, ALL = TA_SLOTS * TV_GROUP * TV_HD;  // values a thread a round; the block's
+    static_assert(TV_HD % 32 == 0, "a warp's 32 dims are one head's");
+    const float* rows = reinterpret_cast<const float*>(sk);
+#pragma unroll 1
+    for (int base = 0; base < ALL; base += PER * TA_THREADS) {
+      float gates[PER];  // loaded together, so that their latencies overlap
+#pragma unroll
+      for (int k = 0; k < PER; ++k) {
+        const int i = base + threadIdx.x + k * TA_THREADS, w = i / (TV_GROUP * TV_HD);
+        const int h = g * TV_GROUP + i / TV_HD % TV_GROUP, n = i < ALL ? keys_of(slot0 + w) : 0;
+        gates[k] = n > 0 && n <= range_keys
+                       ? proj[(size_t)(slot0 + w) * TV_NIN_AT + h * 2 * TV_HD + TV_HD + i % TV_HD] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < PER; ++k) {
+        const int i = base + threadIdx.x + k * TA_THREADS, w = i / (TV_GROUP * TV_HD);
+        const int h = g * TV_GROUP + i / TV_HD % TV_GROUP, n = i < ALL ? keys_of(slot0 + w) : 0;
+        if (n > 0 && n <= range_keys)  // uniform in a warp: its 32 dims are one head's
+          tv_attention_out(rows[i], i % TV_HD, gates[k], out + (size_t)(slot0 + w) * TV_NH * TV_HD + h * TV_HD,
+                           amax_out, slot0 + w, h);
+      }
+    }
+  }
+}
+
+// The ranges of slot s, query head h meet in order (lg_softmax_merge_parts in base 2; `max_ranges`: the ranges
+// `partial` is allocated for, its stride): out[s, h] as tree_attention_mma stores it. Slots of one range and the FMA
+// body's slots have nothing to do.
+extern "C" __global__ void __launch_bounds__(TV_NT)
+tree_attention_merge(const float* __restrict__ proj, const int* __restrict__ depth, bf16_t* __restrict__ out,
+                     const int* __restrict__ pos0_at, unsigned short* __restrict__ amax_out,
+                     const float* __restrict__ partial, int max_ranges, int mma_keys, int range_keys) {
+  lg_dependent_start();
+  const int s = blockIdx.x, h = blockIdx.y, n_keys = *pos0_at + depth[s] + 1;
+  const int n = (n_keys + range_keys - 1) / range_keys;
+  if (n_keys < mma_keys || n == 1) return;
+  const float* gate = proj + (size_t)s * TV_NIN_AT + h * 2 * TV_HD + TV_HD;
+  bf16_t* dst = out + (size_t)s * TV_NH * TV_HD + h * TV_HD;
+  const float* parts = partial + ((size_t)s * TV_NH + h) * max_ranges * (TV_HD + 2);  // range z: [z][HD + 2]
+  lg_softmax_merge_parts<TV_HD, TV_NT, true>(
+      n, [&](int z) { return parts[z * (TV_HD + 2) + TV_HD]; }, [&](int z) { return parts[z * (TV_HD + 2) + TV_HD + 1]; },
+      [&](int z, int d) { return parts[z * (TV_HD + 2) + d]; },
+      [&](int d, float o, float, float lsum) { tv_attention_out(o / lsum, d, gate[d], dst, amax_out, s, h); });
 }
 
 // ------------------------------------------------------------------------------------------------ argmax

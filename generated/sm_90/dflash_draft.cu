@@ -214,15 +214,16 @@ __device__ __forceinline__ void lg_softmax_step(float& m, float& l, float s, flo
 }
 // The parts p = 0 .. n - 1 of one softmax (part p: a max m(p), a sum l(p) and unnormalised sums o(p, d)) meet in
 // order: with M = max_p m_p and c_p = e^(m_p - M) (0 for a part with no keys: m_p = -inf; at least one part has keys),
-// store(d, sum_p c_p o_p[d], M, sum_p c_p l_p) for the dims d = threadIdx.x, + THREADS, .. < HD.
-template <int HD, int THREADS, typename M, typename L, typename O, typename Store>
+// store(d, sum_p c_p o_p[d], M, sum_p c_p l_p) for the dims d = threadIdx.x, + THREADS, .. < HD. BASE2: the parts'
+// maxima are in base 2 (an exp2 softmax), c_p = 2^(m_p - M).
+template <int HD, int THREADS, bool BASE2 = false, typename M, typename L, typename O, typename Store>
 __device__ __forceinline__ void lg_softmax_merge_parts(int n, M m, L l, O o, Store store) {
   float mmax = m(0);
   for (int p = 1; p < n; ++p) mmax = fmaxf(mmax, m(p));
   for (int d = threadIdx.x; d < HD; d += THREADS) {
     float od = 0.0f, lsum = 0.0f;
     for (int p = 0; p < n; ++p) {
-      const float c = expf(m(p) - mmax);
+      const float c = BASE2 ? exp2f(m(p) - mmax) : expf(m(p) - mmax);
       od += c * o(p, d);
       lsum += c * l(p);
     }

@@ -11,12 +11,17 @@ THREADS = 256
 #: Value columns a warp of tree_delta_rule holds (tuning choice: the template's TV_RULE_CPW; 2 and 4 measured alike on
 #: the H100, 4 kept).
 RULE_COLUMNS_PER_WARP = 4
+#: tree_attention's warps a block (the template's TV_AT_WARPS; tuning choice): a one-slot pass at a 16K context is
+#: latency-bound in the key walk (4 warps: 71 ms a token).
+ATTENTION_WARPS = 16
 #: tree_attention's key split (tuning choice: the template's TV_AT_KEY_CHUNK): a (slot, head)'s keys go to
 #: min(blocks, ceil(keys / chunk)) blocks of equal ranges, so that a long context's key walk spreads over the chip.
 ATTENTION_KEY_CHUNK = 256
 #: tree_attention's query heads a block while its keys are split, at most (tuning choice): the heads of one kv head
 #: share each key's loads.
 ATTENTION_MAX_HEADS = 3
+#: tree_attention's key ranges per (slot, head), at most (tuning choice; 64 and 128 measured slower at 16K).
+ATTENTION_MAX_RANGES = 32
 
 
 def attention_heads(pf: dict) -> int:
@@ -25,16 +30,75 @@ def attention_heads(pf: dict) -> int:
     return max(d for d in range(1, min(group, ATTENTION_MAX_HEADS) + 1) if group % d == 0)
 
 
-def template_params(pf: dict) -> dict:
-    """The tree kernels' tiling for the model of ``pf``, given to the template by the family and by the runtime's own
-    render alike."""
-    return {"tv_threads": THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP, "tv_at_key_chunk": ATTENTION_KEY_CHUNK,
-            "tv_at_heads": attention_heads(pf)}
+#: tree_attention_mma's slots a block, a warp each (tuning choice: the template's TA_SLOTS).
+ATTENTION_SLOTS = 4
+#: tree_attention_mma's keys a range, at least (tuning choice): a slot's keys go in ranges of a multiple of this many,
+#: one block each, fixed by the key index so that a slot's sums do not depend on the tree.
+ATTENTION_RANGE = 512
+#: tree_attention_mma's key ranges a slot, at most (tuning choice): ranges of ATTENTION_RANGE keys up to this many
+#: times as many keys, longer ranges beyond.
+MMA_MAX_RANGES = 64
+
+
+def attention_ranges(keys: int) -> int:
+    """tree_attention's (FMA) blocks per (slot, head) for slots of up to ``keys`` keys: enough ranges of
+    ATTENTION_KEY_CHUNK keys, at most ATTENTION_MAX_RANGES. The kernel splits a slot's keys into
+    min(blocks, ceil(keys / chunk)) ranges, so that split is the same for any grid of at least this many blocks."""
+    return max(1, min(ATTENTION_MAX_RANGES, -(-keys // ATTENTION_KEY_CHUNK)))
+
+
+def mma_range_keys(max_context: int) -> int:
+    """tree_attention_mma's keys a range over a cache of ``max_context`` positions: the least multiple of
+    ATTENTION_RANGE that covers the context in MMA_MAX_RANGES ranges (a multiple of every K/V tile)."""
+    per = -(-max_context // MMA_MAX_RANGES)
+    return ATTENTION_RANGE * max(1, -(-per // ATTENTION_RANGE))
+
+
+def partial_ranges(pf: dict, target) -> int:
+    """Key ranges a verify slot's partial softmax sums are allocated for, whatever the context: the most either
+    rendered body splits a slot's keys into (lucegen/runtime/memory_plan.py counts them per slot)."""
+    return max(ATTENTION_MAX_RANGES, MMA_MAX_RANGES if attention_tiling(pf, target)["ta_mma"] else 0)
+
+
+def attention_smem(pf: dict, block_kv: int, stages: int, slots: int) -> int:
+    """Dynamic shared memory of the tensor-core tree_attention: its slots' query tile, ``stages`` K and V tiles of
+    ``block_kv`` keys and the ``slots`` slots' own K and V rows, rows of head_dim + 8 two-byte values."""
+    return (16 * ATTENTION_SLOTS + 2 * stages * block_kv + 2 * slots) * (pf["HD"] + 8) * 2
+
+
+def attention_tiling(pf: dict, target) -> dict:
+    """tree_attention's bodies for the model of ``pf`` on ``target``: the FMA body always; tree_attention_mma
+    (``ta_mma``, for the slots of at least ``ta_mma_keys`` keys: the descriptor's [ddtree] tensor_core_attention_keys)
+    with the largest K/V tile of 64 keys, halved down to 16, whose one stage fits the opt-in shared memory beside the
+    rows of the descriptor's tree budget (and holds the block's results: GROUP x head_dim floats a slot). No
+    tensor-core body where the descriptor sets no key count, the chip has no tensor-core MMA or no tile fits, and for
+    a quantised KV cache (whose tiles it would dequantise through registers, a load at a time: slower than the FMA
+    body up to ~16K keys on the H100). The choice depends on the descriptor and the KV format alone, not on a
+    verifier's budget, so that every verifier of a chip computes a slot alike."""
+    slots, group = target.ddtree.budget + 1, pf["NH"] // pf["NKV"]
+    keys = target.ddtree.tensor_core_attention_keys
+    if keys and pf["instruction"] != "simt" and group <= 16 and not pf["kv_quantised"]:
+        block_kv = 64
+        while block_kv >= 16:
+            stage_bytes = 2 * block_kv * (pf["HD"] + 8) * 2  # a K and a V tile
+            if (attention_smem(pf, block_kv, 1, slots) <= target.smem_per_block_optin
+                    and ATTENTION_SLOTS * group * pf["HD"] * 4 <= stage_bytes):
+                return {"ta_mma": True, "ta_bkv": block_kv, "ta_mma_keys": keys}
+            block_kv //= 2
+    return {"ta_mma": False, "ta_bkv": 0, "ta_mma_keys": 0}
+
+
+def template_params(pf: dict, target) -> dict:
+    """The tree kernels' tiling for the model of ``pf`` on ``target``, given to the template by the family and by the
+    runtime's own render alike."""
+    return {"tv_threads": THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP, "tv_at_warps": ATTENTION_WARPS,
+            "tv_at_key_chunk": ATTENTION_KEY_CHUNK, "tv_at_heads": attention_heads(pf), "ta_slots": ATTENTION_SLOTS,
+            **attention_tiling(pf, target)}
 
 
 def _params(target) -> dict:
     params = _prefill_params(target)
-    return {**params, **template_params(params["pf"])}
+    return {**params, **template_params(params["pf"], target)}
 
 
 FAMILIES = (KernelFamily("tree_verify", "dflash/tree_verify.cu.j2", params=_params),)

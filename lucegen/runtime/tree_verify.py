@@ -29,43 +29,21 @@ import numpy as np
 from .. import codegen
 from ..compile import compile_source
 from ..errors import LucegenError
-from ..families.tree_verify import ATTENTION_KEY_CHUNK, RULE_COLUMNS_PER_WARP, THREADS, template_params
+from ..families.tree_verify import RULE_COLUMNS_PER_WARP, THREADS, template_params
 from . import ddtree
 from .device import Buffer, address
 from .prefill.attention import AttentionKernels, query_workspace_bytes
 from .prefill.runner import Activations, conv_layer, enqueue_layers, kv_layer, recurrent_layer, wvec_at
+from .tree_attention import TreeAttention, partial_bytes
 
 TEMPLATE = "dflash/tree_verify.cu.j2"
 MODULE = "tree_verify"
-# TV_AT_WARPS: a one-slot pass at a 16K context is latency-bound in the key walk (4 warps: 71 ms a token)
-ATTENTION_WARPS = 16
-#: tree_attention's key ranges per (slot, head), at most (tuning choice: :func:`attention_ranges`).
-ATTENTION_MAX_RANGES = 32
-
-
-def attention_ranges(max_context: int) -> int:
-    """tree_attention's blocks per (slot, head): enough ranges of ATTENTION_KEY_CHUNK keys for the whole context,
-    at most ATTENTION_MAX_RANGES (the kernel uses as many as the step's key count needs; the partial sums are
-    allocated for the most, so that a slot's bytes do not depend on the context: lucegen/runtime/memory_plan.py)."""
-    return max(1, min(ATTENTION_MAX_RANGES, -(-max_context // ATTENTION_KEY_CHUNK)))
 
 
 def load_module(device, target, pf: dict):
     """The tree verify kernels for the model of ``pf``, compiled for ``target`` and loaded on ``device``."""
-    source = codegen.render(target, TEMPLATE, pf=pf, **template_params(pf))
+    source = codegen.render(target, TEMPLATE, pf=pf, **template_params(pf, target))
     return device.load(compile_source(target, MODULE, source, template=TEMPLATE))
-
-
-def enqueue_attention(fn, target, pf: dict, S: int, max_context: int, *, q_ws: int, proj: int, kv: int, anc: int,
-                      depth: int, out: int, pos0_at: int, amax: int, partial: int, arrived: int, stream) -> None:
-    """Queue tree_attention (``fn``) for an S-slot pass over a cache of ``max_context`` positions: device addresses
-    of the roped queries, the projections (the gates), one layer's cache, the tree's path table and depths, the
-    output rows, pos0, the output's magnitudes (0: none) and the key ranges' partial sums and counters."""
-    fn.launch((S, pf["NH"], attention_ranges(max_context)), ATTENTION_WARPS * target.warp_size,
-              (address(q_ws), address(proj), address(kv), np.int32(max_context), address(anc), np.int32(S),
-               address(depth), address(out), np.int32(S), address(pos0_at), address(amax), address(partial),
-               address(arrived)),
-              stream=stream)
 
 
 #: rows_argmax's blocks per logits row, at most (tuning choice: :meth:`TreeVerifier._argmax_slices`).
@@ -85,7 +63,7 @@ def slot_buffer_bytes(decoder, pf: dict) -> dict[str, int]:
             "q_ws": query_workspace_bytes(pf, 1),
             "path": 4, "logits": 4 * c.vocab_size, "argmax": 4,
             "argmax_v": 4 * ARGMAX_MAX_SLICES, "argmax_i": 4 * ARGMAX_MAX_SLICES, "argmax_arrived": 4,
-            "att_partial": 4 * c.num_attention_heads * ATTENTION_MAX_RANGES * (c.head_dim + 2),  # any context
+            "att_partial": partial_bytes(pf, decoder.target),  # any context
             "att_arrived": 4 * c.num_attention_heads}
 
 
@@ -123,11 +101,14 @@ def tree_layout(tree: ddtree.Tree) -> np.ndarray:
 class TreeVerifier:
     """Verify passes of up to ``1 + budget`` slots into a :class:`MegakernelDecoder`'s weights and state (the
     descriptor's ``[ddtree] budget`` by default). With a ``draft`` (a DFlashDrafter) every pass also captures each
-    slot's hidden states after the draft's tapped layers, for :meth:`DFlashDrafter.committed`."""
+    slot's hidden states after the draft's tapped layers, for :meth:`DFlashDrafter.committed`. A slot of
+    ``tensor_core_keys`` keys or more attends on tensor cores (lucegen/runtime/tree_attention.py; None: the
+    descriptor's ``[ddtree] tensor_core_attention_keys``)."""
 
     token_buffers = 1  # int32 arrays of max_context entries it holds: the greedy history
 
-    def __init__(self, decoder, *, budget: int | None = None, graphs: bool = True, draft=None):
+    def __init__(self, decoder, *, budget: int | None = None, graphs: bool = True, draft=None,
+                 tensor_core_keys: int | None = None):
         self.dec, self.draft = decoder, draft
         self.device, self.target, self.config = decoder.device, decoder.target, decoder.config
         budget = self.target.ddtree.budget if budget is None else budget
@@ -154,7 +135,8 @@ class TreeVerifier:
             return fn(name, programmatic=True)
 
         self.conv_fn, self.rule_fn = waits_first("tree_conv_prepare"), waits_first("tree_delta_rule")
-        self.norm_fn, self.attend_fn = waits_first("tree_gated_norm"), waits_first("tree_attention")
+        self.norm_fn = waits_first("tree_gated_norm")
+        self.attention_launch = TreeAttention(self.module, t, pf, self.slots, decoder.max_context, tensor_core_keys)
         self.argmax_fn = waits_first("rows_argmax")
         self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
         self.advance_fn = fn("tree_greedy_advance")
@@ -166,8 +148,9 @@ class TreeVerifier:
             self.rule_fn.set_max_dynamic_smem(stage)
         self.stream = dev.stream()
         self.use_graphs = graphs
-        self._graphs: dict[int, object] = {}  # slots -> the captured pass (pos0 and the tree come from memory)
-        self._decode_graph = None  # one greedy step: pass, commit, advance (see decode)
+        # (slots, attention bodies) -> the captured pass (pos0 and the tree come from memory)
+        self._graphs: dict[tuple, object] = {}
+        self._decode_graphs: dict[tuple, object] = {}  # attention bodies -> one greedy step (see decode)
         self._verified: int | None = None  # slots of the last verify not yet committed (its updates are in self.ws)
         self._allocate()
 
@@ -186,9 +169,8 @@ class TreeVerifier:
         d.memset(self.att_arrived)  # so do tree_attention's
 
     def close(self) -> None:
-        for g in list(getattr(self, "_graphs", {}).values()) + [getattr(self, "_decode_graph", None)]:
-            if g is not None:
-                g.destroy()
+        for g in [*getattr(self, "_graphs", {}).values(), *getattr(self, "_decode_graphs", {}).values()]:
+            g.destroy()
         if hasattr(self, "acts"):
             self.acts.free()
         names = (*slot_buffer_bytes(self.dec, self.pf), "step_in", "history") if hasattr(self, "pf") else ()
@@ -198,10 +180,10 @@ class TreeVerifier:
                 b.free()
 
     # ------------------------------------------------------------------------------------------ one pass
-    def _mix(self, S: int, in_place: bool = False):
-        """The layer mixers of an S-slot pass. ``in_place`` (one slot, always committed: a greedy decode step) writes
-        the slot's DeltaNet state and conv window over the live ones, which the kernels read first, so no commit
-        follows."""
+    def _mix(self, S: int, bodies: tuple[bool, bool], in_place: bool = False):
+        """The layer mixers of an S-slot pass, its attention in ``bodies`` (TreeAttention.bodies at the pass's
+        position). ``in_place`` (one slot, always committed: a greedy decode step) writes the slot's DeltaNet state
+        and conv window over the live ones, which the kernels read first, so no commit follows."""
         dec, st, pf, acts, lay = self.dec, self.stream, self.pf, self.acts, self.dec.layout
         if in_place and S != 1:
             raise LucegenError(f"an in-place pass has one slot, got {S}")
@@ -236,18 +218,18 @@ class TreeVerifier:
                                        k_norm=wvec(l.k_norm), inv_freq=wvec(dec.layout.inv_freq), kv=kv,
                                        max_context=dec.max_context, workspace=self.q_ws.ptr, depth=depth,
                                        pos0_at=self.pos0.ptr, stream=st)
-                enqueue_attention(self.attend_fn, self.target, pf, S, dec.max_context, q_ws=self.q_ws.ptr,
-                                  proj=acts.proj.ptr, kv=kv, anc=anc, depth=depth, out=acts.mix.ptr,
-                                  pos0_at=self.pos0.ptr, amax=amax, partial=self.att_partial.ptr,
-                                  arrived=self.att_arrived.ptr, stream=st)
+                self.attention_launch.enqueue(S, bodies, q_ws=self.q_ws.ptr, proj=acts.proj.ptr, kv=kv, anc=anc,
+                                              depth=depth, out=acts.mix.ptr, pos0_at=self.pos0.ptr, amax=amax,
+                                              partial=self.att_partial.ptr, arrived=self.att_arrived.ptr, stream=st)
             return True
         return mix
 
-    def _enqueue_pass(self, S: int, in_place: bool = False) -> None:
-        """Queue a whole verify pass of S slots on ``self.stream``: every argument is fixed by S (the tree, the
-        tokens and pos0 live in device memory), so one captured graph per S serves every step."""
+    def _enqueue_pass(self, S: int, bodies: tuple[bool, bool], in_place: bool = False) -> None:
+        """Queue a whole verify pass of S slots on ``self.stream``, its attention in ``bodies``: every argument is
+        fixed by (S, bodies) (the tree, the tokens and pos0 live in device memory), so one captured graph per pair
+        serves every step."""
         st, acts = self.stream, self.acts
-        enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr, S, self._mix(S, in_place), st,
+        enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr, S, self._mix(S, bodies, in_place), st,
                        after_layer=self.draft.capture_hook(st) if self.draft else None)
         ss, ss_parts = self.weights.gemm.ss_for_readers(acts.ss.ptr, self.pf["ss_parts"], self.slots, S)
         self.weights.lm_head(acts.xn.ptr, S, ss, ss_parts, self.slots, self.logits.ptr, st)
@@ -260,19 +242,25 @@ class TreeVerifier:
                                address(self.argmax_i.ptr), address(self.argmax_arrived.ptr), address(self.argmax.ptr)),
                               stream=self.stream)
 
-    def _run_pass(self, S: int) -> None:
+    def _replay(self, graphs: dict, key, enqueue) -> None:
+        """Run ``enqueue()`` on the stream: as the graph ``graphs[key]``, captured the first time, or directly
+        without graphs."""
         if not self.use_graphs:
-            self._enqueue_pass(S)
+            enqueue()
             return
-        graph = self._graphs.get(S)
+        graph = graphs.get(key)
         if graph is None:
             self.stream.begin_capture()
             try:
-                self._enqueue_pass(S)
+                enqueue()
             finally:
                 graph = self.stream.end_capture()
-            self._graphs[S] = graph
+            graphs[key] = graph
         graph.launch(self.stream)
+
+    def _run_pass(self, S: int) -> None:
+        bodies = self.attention_launch.bodies(S, self.dec.position)
+        self._replay(self._graphs, (S, bodies), lambda: self._enqueue_pass(S, bodies))
 
     def verify(self, tree: ddtree.Tree, root_token: int, *, logits: bool = False):
         """The target's greedy token after every slot of ``[root] + tree`` (int64 [1 + n]; with ``logits`` also the
@@ -361,11 +349,11 @@ class TreeVerifier:
         dec.next_token = int(bonus)
 
     # ------------------------------------------------------------------------------------------ plain greedy
-    def _enqueue_decode_step(self) -> None:
-        """One greedy step on the device: the one-slot pass at pos0 with tokens[0], its DeltaNet state and conv
-        window written in place (what committing its slot would copy), then tree_greedy_advance (argmax -> tokens[0]
-        and history[pos0], pos0 + 1)."""
-        self._enqueue_pass(1, in_place=True)
+    def _enqueue_decode_step(self, bodies: tuple[bool, bool]) -> None:
+        """One greedy step on the device: the one-slot pass at pos0 with tokens[0] (its attention in ``bodies``), its
+        DeltaNet state and conv window written in place (what committing its slot would copy), then
+        tree_greedy_advance (argmax -> tokens[0] and history[pos0], pos0 + 1)."""
+        self._enqueue_pass(1, bodies, in_place=True)
         self.advance_fn.launch(1, 32, (address(self.argmax.ptr), address(self.tokens.ptr), address(self.pos0.ptr),
                                        address(self.history.ptr)), stream=self.stream)
 
@@ -382,17 +370,9 @@ class TreeVerifier:
         root = tree_layout(ddtree.chain(np.zeros(0, np.int64)))
         self.device.upload_async(step_inputs(dec.position, np.array([dec.next_token]), root, self.slots),
                                  self.step_in, self.stream)
-        for _ in range(n - 1):
-            if not self.use_graphs:
-                self._enqueue_decode_step()
-                continue
-            if self._decode_graph is None:
-                self.stream.begin_capture()
-                try:
-                    self._enqueue_decode_step()
-                finally:
-                    self._decode_graph = self.stream.end_capture()
-            self._decode_graph.launch(self.stream)
+        for position in range(dec.position, dec.position + n - 1):  # the step's pos0, advanced on the device
+            bodies = self.attention_launch.bodies(1, position)
+            self._replay(self._decode_graphs, bodies, lambda: self._enqueue_decode_step(bodies))
         self.stream.synchronize()
         out = [dec.next_token]
         if n > 1:

@@ -67,8 +67,14 @@ def model_of(preset: str) -> tuple[str, str | None]:
     return model, kv or None
 
 
+def engine(preset: str, max_context: int = 640, tensor_core_keys: int | None = None):
+    """(decoder, prefiller, verifier) of ``preset``, built once per (preset, max_context, tensor_core_keys); the
+    verifier's slots of ``tensor_core_keys`` keys or more attend on tensor cores (None: the descriptor's choice)."""
+    return _engine(preset, max_context, tensor_core_keys)
+
+
 @functools.cache
-def engine(preset: str, max_context: int = 640):
+def _engine(preset: str, max_context: int, tensor_core_keys: int | None):
     from lucegen.runtime.megakernel import MegakernelDecoder
     from lucegen.runtime.prefill.runner import Prefiller
     from lucegen.runtime.tree_verify import TreeVerifier
@@ -79,12 +85,21 @@ def engine(preset: str, max_context: int = 640):
 
         path = os.environ["LUCEGEN_27B_GGUF"] if preset == "27b" else gguf_file(PRESETS[preset])
         dec = QuantDecoder(path, device=gpu_device(), max_context=max_context, kv_cache=kv)
-        return dec, Prefiller(dec), TreeVerifier(dec, budget=BUDGET)
+        return dec, Prefiller(dec), TreeVerifier(dec, budget=BUDGET, tensor_core_keys=tensor_core_keys)
     assert kv is None, "the megakernel decoder keeps the descriptor's KV cache type"
     path = os.environ.get("LUCEGEN_08B_DIR") if preset == "0.8b" else None
     ckpt = load_checkpoint(path or str(checkpoint_dir(PRESETS[preset])))
     dec = MegakernelDecoder(ckpt, device=gpu_device(), max_context=max_context)
-    return dec, Prefiller(dec), TreeVerifier(dec, budget=BUDGET)
+    return dec, Prefiller(dec), TreeVerifier(dec, budget=BUDGET, tensor_core_keys=tensor_core_keys)
+
+
+def needs_tensor_cores(preset: str) -> None:
+    """Skip where the chip renders no tensor-core tree_attention for ``preset``'s model and KV cache."""
+    from lucegen.families.tree_verify import attention_tiling
+
+    dec, _, ver = engine(preset)
+    if not attention_tiling(ver.pf, dec.target)["ta_mma"]:
+        pytest.skip(f"{dec.target.name}: no tensor-core tree_attention for {preset}")
 
 
 @functools.cache
@@ -94,9 +109,10 @@ def reference(preset: str) -> Reference:
                      int8_inputs=dec.int8_weights)
 
 
-def start(preset: str, prompt) -> int:
-    """Reset the decoder and prefill ``prompt``; returns the first root."""
-    dec, pre, _ = engine(preset)
+def start(preset: str, prompt, tc: int | None = None) -> int:
+    """Reset the decoder (of the engine with ``tensor_core_keys=tc``) and prefill ``prompt``; returns the first
+    root."""
+    dec, pre, _ = engine(preset, tensor_core_keys=tc)
     dec.reset()
     return pre.prefill(prompt)
 
@@ -117,14 +133,15 @@ def test_every_slot_matches_its_path(preset, length, seed, budget):
     check_slots(preset, length, seed, budget)
 
 
-def check_slots(preset: str, length: int, seed: int, budget: int) -> None:
-    """Every slot of a random tree against the Reference along its path; then a commit against its state."""
-    dec, pre, ver = engine(preset)
+def check_slots(preset: str, length: int, seed: int, budget: int, tc: int | None = None) -> None:
+    """Every slot of a random tree against the Reference along its path; then a commit against its state. ``tc``:
+    the verifier's tensor_core_keys."""
+    dec, pre, ver = engine(preset, tensor_core_keys=tc)
     ref = reference(preset)
     rng = np.random.default_rng(seed)
     vocab = dec.config.vocab_size
     prompt = rng.integers(0, vocab, length)
-    root = start(preset, prompt)
+    root = start(preset, prompt, tc)
     state = ref.new_state(dec.max_context)
     ref.forward(prompt, state, logits="none")
     tree = random_tree(rng, vocab, budget)
@@ -160,6 +177,17 @@ def check_slots(preset: str, length: int, seed: int, budget: int) -> None:
     worst = state_errors(dec.download_state(), state, dec.kv_format)
     bad = {k: v for k, v in worst.items() if v[0] > state_tol}
     assert not bad, f"states off after the commit (relative error, layer): {bad}"
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(preset=st.sampled_from(["tiny", "tiny-gqa"]), length=st.integers(1, 300), seed=st.integers(0, 2**16),
+       budget=st.integers(0, BUDGET))
+@example(preset="tiny-gqa", length=600, seed=7, budget=BUDGET)  # two key ranges of tree_attention_mma
+@example(preset="tiny", length=1, seed=3, budget=BUDGET)  # the root's one committed key, the rest the tree's
+def test_every_slot_matches_its_path_on_tensor_cores(preset, length, seed, budget):
+    """The same check with every slot on tree_attention_mma (tensor_core_keys=1)."""
+    needs_tensor_cores(preset)
+    check_slots(preset, length, seed, budget, tc=1)
 
 
 def test_commit_replays_the_pass_bit_for_bit():
@@ -212,7 +240,7 @@ def test_mixers_leave_their_outputs_magnitudes():
         layer = [l for l in dec.layout.layers if l.kind == kind][-1]
         with d.alloc(S * width // 8) as amax:
             d.memset(amax)
-            assert ver._mix(S)(layer, S, amax.ptr)
+            assert ver._mix(S, ver.attention_launch.bodies(S, dec.position))(layer, S, amax.ptr)
             ver.stream.synchronize()
             out = d.download(ver.acts.mix, np.uint16, (S * width,)).view(np.float16).reshape(S, width // 16, 16)
             want = np.abs(out).max(axis=-1).view(np.uint16)
@@ -255,26 +283,29 @@ def test_verify_rejects_bad_requests():
     assert dec.position == 3, "a refused request changes nothing"
 
 
-def run_spec(preset: str, prompt, n: int, drafter, *, tree: bool) -> tuple[list[int], float]:
-    ver = engine(preset)[2]
-    start(preset, prompt)
+def run_spec(preset: str, prompt, n: int, drafter, *, tree: bool, tc: int | None = None) -> tuple[list[int], float]:
+    ver = engine(preset, tensor_core_keys=tc)[2]
+    start(preset, prompt, tc)
     spec = SpecDecoder(ver, drafter, tree=tree)
     out = spec.generate(n)
     return out, spec.stats.acceptance_length
 
 
 @functools.cache
-def baseline(preset: str, seed: int, length: int, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def baseline(preset: str, seed: int, length: int, n: int,
+             tc: int | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(prompt, greedy tokens through one-slot trees)."""
-    dec, _, ver = engine(preset)
+    dec, _, ver = engine(preset, tensor_core_keys=tc)
     prompt = np.random.default_rng(seed).integers(0, dec.config.vocab_size, length)
-    start(preset, prompt)
+    start(preset, prompt, tc)
     return tuple(int(t) for t in prompt), tuple(ver.greedy(n))
 
 
-def check_lossless(preset: str, seed: int, length: int, n: int, corrupt: frozenset[int]) -> dict:
-    dec = engine(preset)[0]
-    prompt, want = baseline(preset, seed, length, n)
+def check_lossless(preset: str, seed: int, length: int, n: int, corrupt: frozenset[int], tc: int | None = None) -> dict:
+    """Greedy against speculative decoding through one verifier (``tc``: its tensor_core_keys) with the random, the
+    oracle and the corrupted oracle drafters, chain and tree verify: token for token."""
+    dec = engine(preset, tensor_core_keys=tc)[0]
+    prompt, want = baseline(preset, seed, length, n, tc)
     vocab, report = dec.config.vocab_size, {}
     drafters = {
         "random": lambda: RandomDrafter(vocab, depth=15, k=4, seed=seed),
@@ -283,7 +314,7 @@ def check_lossless(preset: str, seed: int, length: int, n: int, corrupt: frozens
     }
     for name, make in drafters.items():
         for tree in (False, True):
-            got, al = run_spec(preset, prompt, n, make(), tree=tree)
+            got, al = run_spec(preset, prompt, n, make(), tree=tree, tc=tc)
             report[f"{name}/{'tree' if tree else 'chain'}"] = round(al, 2)
             assert got == list(want), (name, tree, next(i for i, (a, b) in enumerate(zip(got, want)) if a != b))
     # the oracle's drafts are the truth: whole blocks are accepted (commit of up to 15 nodes per step)
@@ -296,6 +327,31 @@ def check_lossless(preset: str, seed: int, length: int, n: int, corrupt: frozens
        corrupt=st.frozensets(st.integers(1, 95), max_size=12))
 def test_spec_decoding_is_lossless(preset, seed, length, corrupt):
     print(preset, check_lossless(preset, seed, length, 96, corrupt))
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(preset=st.sampled_from(["tiny", "tiny-gqa"]), seed=st.integers(0, 2**16), length=st.integers(1, 200),
+       cross=st.integers(1, 60), corrupt=st.frozensets(st.integers(1, 95), max_size=12))
+def test_spec_decoding_is_lossless_across_the_tensor_core_bound(preset, seed, length, cross, corrupt):
+    """Lossless where the run crosses tensor_core_keys ``cross`` tokens after the prompt: passes on either body and
+    passes whose slots take both (a slot's body by its key count alone, so its bits are those of the greedy pass at
+    its position)."""
+    needs_tensor_cores(preset)
+    print(preset, check_lossless(preset, seed, length, 96, corrupt, tc=length + cross))
+
+
+def test_device_decode_crosses_the_tensor_core_bound():
+    """decode (every step queued on the device, one graph per attention body) against greedy through one-slot trees,
+    over a run that crosses tensor_core_keys."""
+    needs_tensor_cores("tiny-gqa")
+    tc = 60
+    dec, _, ver = engine("tiny-gqa", tensor_core_keys=tc)
+    prompt = np.random.default_rng(11).integers(0, dec.config.vocab_size, 37)
+    start("tiny-gqa", prompt, tc)
+    want = ver.greedy(48)
+    pos = dec.position
+    start("tiny-gqa", prompt, tc)
+    assert ver.decode(48) == want and dec.position == pos
 
 
 @pytest.mark.skipif(not os.environ.get("LUCEGEN_08B_DIR"), reason="set LUCEGEN_08B_DIR to a 0.8B checkpoint")
