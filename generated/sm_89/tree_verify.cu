@@ -814,8 +814,12 @@ tree_attention_mma(const bf16_t* __restrict__ q_ws, const float* __restrict__ pr
     return n >= mma_keys ? n : 0;
   };
   const int n_keys = keys_of(s);  // this warp's slot's keys
-  int block_keys = 0;
-  for (int w = 0; w < TA_SLOTS; ++w) block_keys = max(block_keys, keys_of(slot0 + w));
+  int block_keys = 0, ends_first = 0;  // bit w: slot slot0 + w has all its keys in range 0
+  for (int w = 0; w < TA_SLOTS; ++w) {
+    const int n = keys_of(slot0 + w);
+    block_keys = max(block_keys, n);
+    ends_first |= (n > 0 && n <= range_keys) << w;
+  }
   if ((int)blockIdx.y * range_keys >= block_keys) return;
   const size_t k_head = (size_t)g * max_context, v_head = (size_t)(TV_NKV + g) * max_context;
   const KvReader reader = kv_reader(kv, max_context);
@@ -956,7 +960,7 @@ tree_attention_mma(const bf16_t* __restrict__ q_ws, const float* __restrict__ pr
     }
     // a slot of one range (z = 0, 0 < n <= range_keys) ends here: its normalised rows go through the (now free) K/V
     // stages, [TA_SLOTS][GROUP][HD] floats, and the block writes every such slot's output, a warp 32 dims of a head
-    const bool ends_here = z == 0 && n_keys > 0 && n_keys <= range_keys;
+    const bool ends_here = z == 0 && (ends_first >> warp & 1);
     if (key_begin < n_keys) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -990,24 +994,24 @@ tree_attention_mma(const bf16_t* __restrict__ q_ws, const float* __restrict__ pr
     }
     if (z != 0) continue;  // (uniform: every warp walks the same ranges)
     __syncthreads();
-    constexpr int PER = 8, ALL = TA_SLOTS * TV_GROUP * TV_HD;  // values a thread a round; the block's
+    constexpr int PER = 16;  // values a thread a round
     static_assert(TV_HD % 32 == 0, "a warp's 32 dims are one head's");
+    const int all = min(TA_SLOTS, n_slots - slot0) * TV_GROUP * TV_HD;  // the block's slots' values
     const float* rows = reinterpret_cast<const float*>(sk);
 #pragma unroll 1
-    for (int base = 0; base < ALL; base += PER * TA_THREADS) {
+    for (int base = 0; base < all; base += PER * TA_THREADS) {
       float gates[PER];  // loaded together, so that their latencies overlap
 #pragma unroll
       for (int k = 0; k < PER; ++k) {
-        const int i = base + threadIdx.x + k * TA_THREADS, w = i / (TV_GROUP * TV_HD);
-        const int h = g * TV_GROUP + i / TV_HD % TV_GROUP, n = i < ALL ? keys_of(slot0 + w) : 0;
-        gates[k] = n > 0 && n <= range_keys
-                       ? proj[(size_t)(slot0 + w) * TV_NIN_AT + h * 2 * TV_HD + TV_HD + i % TV_HD] : 0.0f;
+        const int i = min(base + threadIdx.x + k * TA_THREADS, all - 1), w = i / (TV_GROUP * TV_HD);
+        const int h = g * TV_GROUP + i / TV_HD % TV_GROUP;
+        gates[k] = proj[(size_t)(slot0 + w) * TV_NIN_AT + h * 2 * TV_HD + TV_HD + i % TV_HD];
       }
 #pragma unroll
       for (int k = 0; k < PER; ++k) {
         const int i = base + threadIdx.x + k * TA_THREADS, w = i / (TV_GROUP * TV_HD);
-        const int h = g * TV_GROUP + i / TV_HD % TV_GROUP, n = i < ALL ? keys_of(slot0 + w) : 0;
-        if (n > 0 && n <= range_keys)  // uniform in a warp: its 32 dims are one head's
+        const int h = g * TV_GROUP + i / TV_HD % TV_GROUP;
+        if (i < all && (ends_first >> w & 1))  // uniform in a warp: its 32 dims are one head's
           tv_attention_out(rows[i], i % TV_HD, gates[k], out + (size_t)(slot0 + w) * TV_NH * TV_HD + h * TV_HD,
                            amax_out, slot0 + w, h);
       }

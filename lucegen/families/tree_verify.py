@@ -34,7 +34,7 @@ def attention_heads(pf: dict) -> int:
 ATTENTION_SLOTS = 4
 #: tree_attention_mma's keys a range, at least (tuning choice): a slot's keys go in ranges of a multiple of this many,
 #: one block each, fixed by the key index so that a slot's sums do not depend on the tree.
-ATTENTION_RANGE = 512
+ATTENTION_RANGE = 256
 #: tree_attention_mma's key ranges a slot, at most (tuning choice): ranges of ATTENTION_RANGE keys up to this many
 #: times as many keys, longer ranges beyond.
 MMA_MAX_RANGES = 64

@@ -182,7 +182,7 @@ def check_slots(preset: str, length: int, seed: int, budget: int, tc: int | None
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(preset=st.sampled_from(["tiny", "tiny-gqa"]), length=st.integers(1, 300), seed=st.integers(0, 2**16),
        budget=st.integers(0, BUDGET))
-@example(preset="tiny-gqa", length=600, seed=7, budget=BUDGET)  # two key ranges of tree_attention_mma
+@example(preset="tiny-gqa", length=600, seed=7, budget=BUDGET)  # three key ranges of tree_attention_mma
 @example(preset="tiny", length=1, seed=3, budget=BUDGET)  # the root's one committed key, the rest the tree's
 def test_every_slot_matches_its_path_on_tensor_cores(preset, length, seed, budget):
     """The same check with every slot on tree_attention_mma (tensor_core_keys=1)."""
