@@ -1,10 +1,11 @@
 """Time the verify pass's attention (lucegen/runtime/tree_attention.py) alone at a model's attention shape, over the
 context and the slot count: one layer's launches on a KV cache of random rows, the slots a chain (slot s at depth s),
 and the GB/s that reading the layer's committed K/V once would take in that time. ``--bodies`` times each body for
-every slot (fma, mma) or the descriptor's choice by key count (auto).
+every slot (fma, mma) or the descriptor's choice by key count (auto). The cache has ``--max-context`` positions
+(0: each context's own plus the most slots, as an engine opened for that context).
 
     python3 tools/attention_bench.py [--preset qwen3.5-27b] [--contexts 32,4096,16384] [--slots 1,23]
-                                     [--kv fp16,q4_0] [--bodies auto,fma,mma]
+                                     [--kv fp16,q4_0] [--bodies auto,fma,mma] [--max-context N]
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main() -> None:
     ap.add_argument("--slots", default="1,23")
     ap.add_argument("--kv", default="fp16")
     ap.add_argument("--bodies", default="auto")
+    ap.add_argument("--max-context", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
     dev = Device.open()
@@ -47,8 +49,7 @@ def main() -> None:
         fmt = kv_cache.kv_format(kv_name)
         pf = dict(prefill_params(config, t), **fmt.template_params())
         module = load_module(dev, t, pf)
-        max_context = max(contexts) + max(slot_counts)
-        attention = TreeAttention(module, t, pf, max(slot_counts), max_context, BODIES[body])
+        max_context = args.max_context or max(contexts) + max(slot_counts)
         row_bytes = fmt.row_bytes(pf["HD"])
         kv = dev.upload(rng.integers(0, 256, 2 * pf["NKV"] * max_context * row_bytes, dtype=np.uint8)
                         if fmt.quantised else
@@ -65,6 +66,8 @@ def main() -> None:
             depth, anc = lay.ptr + 4 * S, lay.ptr + 8 * S
             for ctx in contexts:
                 pos0 = dev.upload(np.array([ctx], np.int32))
+                attention = TreeAttention(module, t, pf, max(slot_counts), args.max_context or ctx + max(slot_counts),
+                                          BODIES[body])
                 bodies = attention.bodies(S, ctx)
 
                 def launch(stream):
