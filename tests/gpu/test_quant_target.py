@@ -107,6 +107,18 @@ def test_spec_decoding_is_lossless_27b():
 
 
 @pytest.mark.skipif(not os.environ.get("LUCEGEN_27B_GGUF"), reason="set LUCEGEN_27B_GGUF to a Qwen3.5-27B Q4_K_M GGUF")
+def test_spec_decoding_is_lossless_27b_across_the_tensor_core_bound():
+    """The same over a run that crosses the descriptor's [ddtree] tensor_core_attention_keys 16 tokens after its
+    prompt: the 27B's attention (6 query heads a kv head, head_dim 256) on both tree_attention bodies, and passes whose
+    slots take both."""
+    dec, _, ver = engine("27b")
+    bound = ver.attention_launch.mma_keys
+    if bound is None or not 16 < bound < dec.max_context - 64:
+        pytest.skip(f"{dec.target.name}: no tensor-core bound inside this engine's context ({bound})")
+    print(check_lossless("27b", 5, bound - 16, 40, frozenset({2, 9, 10, 23})))
+
+
+@pytest.mark.skipif(not os.environ.get("LUCEGEN_27B_GGUF"), reason="set LUCEGEN_27B_GGUF to a Qwen3.5-27B Q4_K_M GGUF")
 @pytest.mark.parametrize("kv", ["q4_0", "tq3_0"])
 def test_spec_decoding_is_lossless_27b_quantised_kv(kv):
     """The same with the KV cache in q4_0 / tq3_0 (head_dim 256: eight values a lane in the tree attention)."""

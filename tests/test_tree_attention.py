@@ -1,0 +1,81 @@
+"""The verify attention's choices on the host (lucegen/families/tree_verify.py, lucegen/runtime/tree_attention.py):
+which chips render the tensor-core body, how a slot's keys split into ranges, and which bodies a pass launches. The
+kernels themselves are the device's tests (tests/gpu/test_tree_verify.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lucegen.errors import LucegenError
+from lucegen.families.tree_verify import (ATTENTION_MAX_RANGES, MMA_MAX_RANGES, attention_ranges, attention_tiling,
+                                          mma_range_keys, partial_ranges)
+from lucegen.model import kv_cache
+from lucegen.model.config import ModelConfig
+from lucegen.runtime.prefill.params import prefill_params
+from lucegen.runtime.tree_attention import NEVER, TreeAttention
+from lucegen.target import load_target
+
+
+def params_27b(chip: str, kv: str = "fp16") -> tuple[dict, object]:
+    t = load_target(chip)
+    t = t.quantised_target() if t.quant is not None else t
+    return dict(prefill_params(ModelConfig.preset("qwen3.5-27b"), t), **kv_cache.kv_format(kv).template_params()), t
+
+
+class Module:
+    """What TreeAttention asks of a loaded module: its functions by name (no launches here)."""
+
+    class Function:
+        def set_max_dynamic_smem(self, n: int) -> None:
+            self.smem = n
+
+    def function(self, name: str, programmatic: bool = False):
+        return self.Function()
+
+
+def test_which_chips_render_the_tensor_core_body():
+    pf, t = params_27b("sm_90")
+    assert attention_tiling(pf, t) == {"ta_mma": True, "ta_bkv": 64, "ta_mma_keys": 256}
+    assert not attention_tiling(*params_27b("sm_90", "q4_0"))["ta_mma"]  # a quantised cache keeps the FMA body
+    assert not attention_tiling(*params_27b("gfx1100"))["ta_mma"]  # no tensor-core MMA in its descriptor
+    no_bound = dataclasses.replace(t, ddtree=dataclasses.replace(t.ddtree, tensor_core_attention_keys=0))
+    assert not attention_tiling(pf, no_bound)["ta_mma"]  # the descriptor sets no bound: FMA always
+    assert partial_ranges(pf, t) == MMA_MAX_RANGES and partial_ranges(pf, no_bound) == ATTENTION_MAX_RANGES
+
+
+@given(st.integers(1, 1 << 20))
+def test_ranges_cover_the_context_in_whole_tiles(max_context):
+    keys = mma_range_keys(max_context)
+    assert keys % 64 == 0 and -(-max_context // keys) <= MMA_MAX_RANGES
+    assert keys == 256 or -(-max_context // (keys - 256)) > MMA_MAX_RANGES  # the least such multiple
+    assert attention_ranges(max_context) <= ATTENTION_MAX_RANGES
+
+
+def test_a_pass_launches_the_bodies_its_slots_need():
+    pf, t = params_27b("sm_90")
+    att = TreeAttention(Module(), t, pf, slots=23, max_context=4096)
+    assert att.mma_keys == 256 and att.fma_ranges == attention_ranges(255) == 1
+    # a pass at position p: slots of p + 1 .. p + S keys
+    assert att.bodies(1, 100) == (True, False)
+    assert att.bodies(1, 255) == (False, True)  # the slot's 256th key is its own
+    assert att.bodies(23, 240) == (True, True)
+    assert att.bodies(23, 232) == (True, False) and att.bodies(23, 233) == (True, True)
+    assert att.bodies(23, 3000) == (False, True)
+    # the bound past the context: the FMA body alone, over the whole context
+    short = TreeAttention(Module(), t, pf, slots=23, max_context=200)
+    assert short.mma_keys is None and short.bodies(23, 150) == (True, False) and short.fma_ranges == 1
+    fma = TreeAttention(Module(), t, pf, slots=23, max_context=4096, tensor_core_keys=NEVER)
+    assert fma.mma_keys is None and fma.fma_ranges == attention_ranges(4096)
+
+
+def test_bad_tensor_core_bounds_are_refused():
+    pf, t = params_27b("sm_90")
+    with pytest.raises(LucegenError, match="positive integer"):
+        TreeAttention(Module(), t, pf, slots=23, max_context=4096, tensor_core_keys=0)
+    pf_q4, t = params_27b("sm_90", "q4_0")
+    with pytest.raises(LucegenError, match="no tensor-core tree_attention"):
+        TreeAttention(Module(), t, pf_q4, slots=23, max_context=4096, tensor_core_keys=512)
