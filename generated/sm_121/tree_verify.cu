@@ -736,12 +736,12 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
 //   o = softmax_j(q . k_j * attn_scale) v_j;  out[s, h] = o * sigmoid(gate[s, h])  (amax_out as tree_gated_norm's).
 // It takes the slots of mma_keys keys or more (tree_attention, the FMA body, the others: a slot's body depends on its
 // key count alone). Keys go in ranges of range_keys (a multiple of TA_BKV fixed for the engine), range z = keys
-// [z range_keys, (z + 1) range_keys): block (x, y, g) takes ranges
-// z = y, y + gridDim.y, .. of slots x TA_SLOTS .. + TA_SLOTS - 1 of kv head g, a warp a slot: its GROUP query heads
-// are the rows of one m16 tile. The range's keys go through shared memory in tiles of TA_BKV (the committed rows, shared by the block's
-// slots, and the S slots' own rows once); a lane's ldmatrix row addresses pick, key by key, the committed row or the
-// path's. Per tile: S = Q K^T (f32), keys >= n masked, online softmax in base 2, O += P V with P rounded to
-// bf16. A slot with one range stores its result; otherwise each range leaves (O, m, l) in `partial`
+// [z range_keys, (z + 1) range_keys): block (x, y, g) takes ranges z = y, y + gridDim.y, .. of slots
+// x TA_SLOTS .. + TA_SLOTS - 1 of kv head g, a warp a slot: its GROUP query heads are the rows of one m16 tile. The
+// range's keys go through shared memory in tiles of TA_BKV (the committed rows, shared by the block's slots, and the
+// S slots' own rows once); a lane's ldmatrix row addresses pick, key by key, the committed row or the path's. Per
+// tile: S = Q K^T (f32), keys >= n masked, online softmax in base 2, O += P V with P rounded to bf16. The
+// block writes the result of its slots of one range; otherwise each range leaves (O, m, l) in `partial`
 // ([S][NH][max_ranges][HD + 2]) and tree_attention_merge joins the ranges in order. Range bounds, tiles and the
 // order of every sum depend only on the key index, and a row's MMA arithmetic not on the other rows', so a slot's
 // result is the same in any tree (and in a one-slot pass at the same position).
