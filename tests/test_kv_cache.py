@@ -174,8 +174,8 @@ def test_decode_layers_reads_the_documented_layout(fmt):
     np.testing.assert_array_equal(kv_cache.decode_layers(f, raw, n_layers, nkv, hd, ctx), kv_cache.stored(f, x))
 
 
-# (module, template, its params beyond the shapes: the tree kernels' tiling for the model of pf)
-CACHE_KERNELS = (("prefill_attention", "prefill/attention.cu.j2", lambda pf: {}),
+# (module, template, its params beyond the shapes: the tree kernels' tiling for the model of pf on the target)
+CACHE_KERNELS = (("prefill_attention", "prefill/attention.cu.j2", lambda pf, target: {}),
                  ("tree_verify", "dflash/tree_verify.cu.j2", tree_verify_family.template_params))
 
 
@@ -191,7 +191,7 @@ def test_cache_kernels_compile_in_every_format(name, tmp_path, monkeypatch):
     for fmt in ("q8_0", "q4_0", "tq3_0"):
         pf.update(kv_cache.kv_format(fmt).template_params())
         for module, template, params in CACHE_KERNELS:
-            source = codegen.render(t, template, pf=pf, **params(pf))
+            source = codegen.render(t, template, pf=pf, **params(pf, t))
             assert "kv_store_group" in source and "kv_scales" in source
             compiled = compile_source(t, module, source, template=template)
             assert {"prefill_attention_prepare", "tree_attention", "tree_commit_kv"} & {k.name for k in compiled.kernels}
