@@ -784,6 +784,84 @@ __device__ __forceinline__ void attn_load_kv_tile(fp16_t* dst, const KvReader& r
   attn_load_tile<HD, STRIDE, THREADS>(dst, reader.rows + head_row * HD, row0, rows, row_end);
 }
 
+// One K/V tile of FlashAttention-2 for a warp's 16 query rows, keys key0 .. key0 + BKV - 1 (needs mma.cuh):
+//   S = Q K^T * scale_log2 (f32; A fragments from q_frag, this lane's ldmatrix row address of the Q tile);
+//   keys where hidden(key, half) (half 0: the lane's row qd, 1: row qd + 8) set to -inf, tested only when `masked`;
+//   online softmax in base 2 over (m, l) (every row must have a finite maximum after the tile);
+//   O += P V with P rounded to the compute type (P's accumulator fragments are the A fragments of the next MMA).
+// k_addr(nn): this lane's row of key block nn as ldmatrix x4 addresses it (keys nn*16 + (lane/16)*8 + lane%8);
+// v_addr(kc): its row of value block kc, transposed (keys kc*16 + ((lane/8)%2)*8 + lane%8). Fragments: s[n][0..1]
+// row qd, s[n][2..3] row qd + 8, keys key0 + n*8 + 2*ql + (0|1).
+template <int HD, int BKV, typename KAddr, typename VAddr, typename Hidden>
+__device__ __forceinline__ void attn_tile_step(const fp16_t* q_frag, KAddr k_addr, VAddr v_addr, float scale_log2,
+                                               int key0, bool masked, Hidden hidden, float (&o)[HD / 8][4],
+                                               float (&m)[2], float (&l)[2]) {
+  const int lane = threadIdx.x % 32, ql = lane % 4;
+  float s[BKV / 8][4];
+#pragma unroll
+  for (int n = 0; n < BKV / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    unsigned a[4];
+    lg_ldmatrix_x4(a, q_frag + kk * 16);
+#pragma unroll
+    for (int nn = 0; nn < BKV / 16; ++nn) {
+      unsigned b[4];  // keys nn*16 + (0..7 | 8..15) x dims kk*16 + (0..7 | 8..15)
+      lg_ldmatrix_x4(b, k_addr(nn) + kk * 16 + ((lane / 8) % 2) * 8);
+      lg_mma_k16(s[2 * nn], a, b[0], b[1]);
+      lg_mma_k16(s[2 * nn + 1], a, b[2], b[3]);
+    }
+  }
+  float row_max[2] = {m[0], m[1]};
+#pragma unroll
+  for (int n = 0; n < BKV / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[n][e] * scale_log2;
+      if (masked && hidden(key0 + n * 8 + 2 * ql + (e & 1), e / 2)) x = lg_neg_inf();
+      s[n][e] = x;
+      row_max[e / 2] = fmaxf(row_max[e / 2], x);
+    }
+  }
+  float corr[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 1));
+    row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 2));
+    corr[i] = exp2f(m[i] - row_max[i]);
+    m[i] = row_max[i];
+    l[i] *= corr[i];
+  }
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+    o[n][0] *= corr[0];
+    o[n][1] *= corr[0];
+    o[n][2] *= corr[1];
+    o[n][3] *= corr[1];
+  }
+#pragma unroll
+  for (int n = 0; n < BKV / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(s[n][e] - m[e / 2]);
+      s[n][e] = p;
+      l[e / 2] += p;
+    }
+  }
+#pragma unroll
+  for (int kc = 0; kc < BKV / 16; ++kc) {
+    const unsigned a[4] = {attn_pack2(s[2 * kc][0], s[2 * kc][1]), attn_pack2(s[2 * kc][2], s[2 * kc][3]),
+                           attn_pack2(s[2 * kc + 1][0], s[2 * kc + 1][1]), attn_pack2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+    for (int dn = 0; dn < HD / 16; ++dn) {
+      unsigned b[4];  // transposed: keys kc*16 + (0..7 | 8..15) x dims dn*16 + (0..7 | 8..15)
+      lg_ldmatrix_x4_trans(b, v_addr(kc) + dn * 16 + (lane / 16) * 8);
+      lg_mma_k16(o[2 * dn], a, b[0], b[1]);
+      lg_mma_k16(o[2 * dn + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 // The shared row of slot s's key key0 + r: the committed tile's row r, the path's row, or (a key past the slot's n:
 // masked) the tile's row r, zero-filled past the committed keys.
 __device__ __forceinline__ const fp16_t* ta_key_row(const fp16_t* tile, const fp16_t* own, const int* anc_s, int key0,
@@ -889,74 +967,10 @@ tree_attention_mma(const fp16_t* __restrict__ q_ws, const float* __restrict__ pr
           k_row[nn] = ta_key_row(ks, own_k, anc_s, key0, nn * 16 + (lane / 16) * 8 + lane % 8, pos0, n_keys);
           v_row[nn] = ta_key_row(vs, own_v, anc_s, key0, nn * 16 + ((lane / 8) % 2) * 8 + lane % 8, pos0, n_keys);
         }
-        float sc[TA_BKV / 8][4];
-#pragma unroll
-        for (int n = 0; n < TA_BKV / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < TV_HD / 16; ++kk) {
-          unsigned a[4];
-          lg_ldmatrix_x4(a, q_frag_base + kk * 16);
-#pragma unroll
-          for (int nn = 0; nn < TA_BKV / 16; ++nn) {
-            unsigned b[4];  // keys nn*16 + (0..7 | 8..15) x dims kk*16 + (0..7 | 8..15)
-            lg_ldmatrix_x4(b, k_row[nn] + kk * 16 + ((lane / 8) % 2) * 8);
-            lg_mma_k16(sc[2 * nn], a, b[0], b[1]);
-            lg_mma_k16(sc[2 * nn + 1], a, b[2], b[3]);
-          }
-        }
-        // keys >= n_keys masked; online softmax (base 2). Fragment: sc[n][0..1] row qd, sc[n][2..3] row qd + 8,
-        // keys key0 + n*8 + 2*ql + (0|1)
-        const bool masked = key0 + TA_BKV > n_keys;
-        float row_max[2] = {m[0], m[1]};
-#pragma unroll
-        for (int n = 0; n < TA_BKV / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float x = sc[n][e] * TA_SCALE_LOG2;
-            if (masked && key0 + n * 8 + 2 * ql + (e & 1) >= n_keys) x = lg_neg_inf();
-            sc[n][e] = x;
-            row_max[e / 2] = fmaxf(row_max[e / 2], x);
-          }
-        }
-        float corr[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 1));
-          row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 2));
-          corr[i] = exp2f(m[i] - row_max[i]);  // key0 < n_keys: row_max is finite
-          m[i] = row_max[i];
-          l[i] *= corr[i];
-        }
-#pragma unroll
-        for (int n = 0; n < TV_HD / 8; ++n) {
-          o[n][0] *= corr[0];
-          o[n][1] *= corr[0];
-          o[n][2] *= corr[1];
-          o[n][3] *= corr[1];
-        }
-#pragma unroll
-        for (int n = 0; n < TA_BKV / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float p = exp2f(sc[n][e] - m[e / 2]);
-            sc[n][e] = p;
-            l[e / 2] += p;
-          }
-        }
-        // O += P V: P's accumulator fragments are the A fragments of the next MMA (keys kc*16 .. kc*16 + 15)
-#pragma unroll
-        for (int kc = 0; kc < TA_BKV / 16; ++kc) {
-          const unsigned a[4] = {attn_pack2(sc[2 * kc][0], sc[2 * kc][1]), attn_pack2(sc[2 * kc][2], sc[2 * kc][3]),
-                                 attn_pack2(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
-                                 attn_pack2(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
-#pragma unroll
-          for (int dn = 0; dn < TV_HD / 16; ++dn) {
-            unsigned b[4];  // transposed: keys kc*16 + (0..7 | 8..15) x dims dn*16 + (0..7 | 8..15)
-            lg_ldmatrix_x4_trans(b, v_row[kc] + dn * 16 + (lane / 16) * 8);
-            lg_mma_k16(o[2 * dn], a, b[0], b[1]);
-            lg_mma_k16(o[2 * dn + 1], a, b[2], b[3]);
-          }
-        }
+        // keys >= n_keys hidden (key0 < n_keys: the maxima are finite)
+        attn_tile_step<TV_HD, TA_BKV>(q_frag_base, [&](int nn) { return k_row[nn]; }, [&](int kc) { return v_row[kc]; },
+                                      TA_SCALE_LOG2, key0, key0 + TA_BKV > n_keys,
+                                      [&](int key, int) { return key >= n_keys; }, o, m, l);
       }
       __syncthreads();  // this stage is free for the next fill
     }
