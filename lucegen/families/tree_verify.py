@@ -38,6 +38,8 @@ ATTENTION_RANGE = 256
 #: tree_attention_mma's key ranges a slot, at most (tuning choice): ranges of ATTENTION_RANGE keys up to this many
 #: times as many keys, longer ranges beyond.
 MMA_MAX_RANGES = 64
+#: tree_attention_mma's grid, at most this many waves of the chip (tuning choice): the ranges beyond loop in a block.
+MMA_WAVES = 8
 
 
 def attention_ranges(keys: int) -> int:

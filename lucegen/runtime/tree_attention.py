@@ -20,12 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import LucegenError
-from ..families.tree_verify import (ATTENTION_SLOTS, ATTENTION_WARPS, THREADS, attention_ranges, attention_smem,
-                                    attention_tiling, mma_range_keys, partial_ranges)
+from ..families.tree_verify import (ATTENTION_SLOTS, ATTENTION_WARPS, MMA_WAVES, THREADS, attention_ranges,
+                                    attention_smem, attention_tiling, mma_range_keys, partial_ranges)
 from .device import address
 
-#: tree_attention_mma's grid, at most this many waves of the chip (tuning choice): the ranges beyond loop in a block.
-MMA_WAVES = 8
 #: mma_keys for "never": past any context.
 NEVER = np.iinfo(np.int32).max
 
@@ -59,6 +57,7 @@ class TreeAttention:
         self.mma_fn = module.function("tree_attention_mma", programmatic=True)
         self.merge_fn = module.function("tree_attention_merge", programmatic=True)
         self.block_kv, self.range_keys = tiling["ta_bkv"], mma_range_keys(max_context)
+        self._mma_grids: dict[int, tuple] = {}  # S -> (grid, smem): _mma_grid
         self.mma_ranges = -(-max_context // self.range_keys)
         optin = target.smem_per_block_optin
         two = target.features.cp_async and attention_smem(pf, self.block_kv, 2, slots) <= optin
@@ -69,6 +68,18 @@ class TreeAttention:
                                f"{slots} slots, over {target.name}'s smem_per_block_optin {optin}")
         if need > target.smem_per_block:
             self.mma_fn.set_max_dynamic_smem(need)
+
+    def _mma_grid(self, S: int) -> tuple[tuple[int, int, int], int]:
+        """tree_attention_mma's grid and dynamic shared memory for S slots, worked out once per S (an occupancy
+        query): blocks of (ATTENTION_SLOTS slots, key ranges, kv head), the ranges' blocks up to MMA_WAVES waves."""
+        if S not in self._mma_grids:
+            pf = self.pf
+            smem, groups = attention_smem(pf, self.block_kv, self.stages, S), -(-S // ATTENTION_SLOTS)
+            per_cu = self.mma_fn.max_active_blocks_per_cu(ATTENTION_SLOTS * self.target.warp_size, smem)
+            per_range = max(1, min(self.mma_ranges, MMA_WAVES * self.target.compute_units * per_cu
+                                   // (groups * pf["NKV"])))
+            self._mma_grids[S] = ((groups, per_range, pf["NKV"]), smem)
+        return self._mma_grids[S]
 
     def bodies(self, S: int, position: int) -> tuple[bool, bool]:
         """(FMA, tensor cores): whether an S-slot pass at ``position`` has slots for each body (its slots have
@@ -93,10 +104,8 @@ class TreeAttention:
                                common + (address(arrived), mma_keys), stream=stream)
         if not mma:
             return
-        smem, groups = attention_smem(pf, self.block_kv, self.stages, S), -(-S // ATTENTION_SLOTS)
-        resident = self.target.compute_units * self.mma_fn.max_active_blocks_per_cu(ATTENTION_SLOTS * warp, smem)
-        per_range = max(1, min(self.mma_ranges, MMA_WAVES * resident // (groups * pf["NKV"])))
-        self.mma_fn.launch((groups, per_range, pf["NKV"]), ATTENTION_SLOTS * warp,
+        grid, smem = self._mma_grid(S)
+        self.mma_fn.launch(grid, ATTENTION_SLOTS * warp,
                            common + (np.int32(self.partial_ranges), mma_keys, np.int32(self.range_keys),
                                      np.int32(self.stages)), smem=smem, stream=stream)
         if self.mma_ranges > 1:  # some slot may have keys in more than one range

@@ -136,7 +136,7 @@ class TreeVerifier:
 
         self.conv_fn, self.rule_fn = waits_first("tree_conv_prepare"), waits_first("tree_delta_rule")
         self.norm_fn = waits_first("tree_gated_norm")
-        self.attention_launch = TreeAttention(self.module, t, pf, self.slots, decoder.max_context, tensor_core_keys)
+        self.tree_attention = TreeAttention(self.module, t, pf, self.slots, decoder.max_context, tensor_core_keys)
         self.argmax_fn = waits_first("rows_argmax")
         self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
         self.advance_fn = fn("tree_greedy_advance")
@@ -218,7 +218,7 @@ class TreeVerifier:
                                        k_norm=wvec(l.k_norm), inv_freq=wvec(dec.layout.inv_freq), kv=kv,
                                        max_context=dec.max_context, workspace=self.q_ws.ptr, depth=depth,
                                        pos0_at=self.pos0.ptr, stream=st)
-                self.attention_launch.enqueue(S, bodies, q_ws=self.q_ws.ptr, proj=acts.proj.ptr, kv=kv, anc=anc,
+                self.tree_attention.enqueue(S, bodies, q_ws=self.q_ws.ptr, proj=acts.proj.ptr, kv=kv, anc=anc,
                                               depth=depth, out=acts.mix.ptr, pos0_at=self.pos0.ptr, amax=amax,
                                               partial=self.att_partial.ptr, arrived=self.att_arrived.ptr, stream=st)
             return True
@@ -259,7 +259,7 @@ class TreeVerifier:
         graph.launch(self.stream)
 
     def _run_pass(self, S: int) -> None:
-        bodies = self.attention_launch.bodies(S, self.dec.position)
+        bodies = self.tree_attention.bodies(S, self.dec.position)
         self._replay(self._graphs, (S, bodies), lambda: self._enqueue_pass(S, bodies))
 
     def verify(self, tree: ddtree.Tree, root_token: int, *, logits: bool = False):
@@ -371,7 +371,7 @@ class TreeVerifier:
         self.device.upload_async(step_inputs(dec.position, np.array([dec.next_token]), root, self.slots),
                                  self.step_in, self.stream)
         for position in range(dec.position, dec.position + n - 1):  # the step's pos0, advanced on the device
-            bodies = self.attention_launch.bodies(1, position)
+            bodies = self.tree_attention.bodies(1, position)
             self._replay(self._decode_graphs, bodies, lambda: self._enqueue_decode_step(bodies))
         self.stream.synchronize()
         out = [dec.next_token]

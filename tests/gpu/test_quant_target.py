@@ -112,7 +112,7 @@ def test_spec_decoding_is_lossless_27b_across_the_tensor_core_bound():
     prompt: the 27B's attention (6 query heads a kv head, head_dim 256) on both tree_attention bodies, and passes whose
     slots take both."""
     dec, _, ver = engine("27b")
-    bound = ver.attention_launch.mma_keys
+    bound = ver.tree_attention.mma_keys
     if bound is None or not 16 < bound < dec.max_context - 64:
         pytest.skip(f"{dec.target.name}: no tensor-core bound inside this engine's context ({bound})")
     print(check_lossless("27b", 5, bound - 16, 40, frozenset({2, 9, 10, 23})))

@@ -240,7 +240,7 @@ def test_mixers_leave_their_outputs_magnitudes():
         layer = [l for l in dec.layout.layers if l.kind == kind][-1]
         with d.alloc(S * width // 8) as amax:
             d.memset(amax)
-            assert ver._mix(S, ver.attention_launch.bodies(S, dec.position))(layer, S, amax.ptr)
+            assert ver._mix(S, ver.tree_attention.bodies(S, dec.position))(layer, S, amax.ptr)
             ver.stream.synchronize()
             out = d.download(ver.acts.mix, np.uint16, (S * width,)).view(np.float16).reshape(S, width // 16, 16)
             want = np.abs(out).max(axis=-1).view(np.uint16)
