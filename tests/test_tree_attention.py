@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lucegen.errors import LucegenError
 from lucegen.families.tree_verify import (ATTENTION_MAX_RANGES, MMA_MAX_RANGES, attention_ranges, attention_tiling,
-                                          mma_range_keys, partial_ranges)
+                                          kv_raw_chunks, mma_range_keys, partial_ranges)
 from lucegen.model import kv_cache
 from lucegen.model.config import ModelConfig
 from lucegen.runtime.prefill.params import prefill_params
@@ -40,7 +40,8 @@ class Module:
 def test_which_chips_render_the_tensor_core_body():
     pf, t = params_27b("sm_90")
     assert attention_tiling(pf, t) == {"ta_mma": True, "ta_bkv": 64, "ta_mma_keys": 256}
-    assert not attention_tiling(*params_27b("sm_90", "q4_0"))["ta_mma"]  # a quantised cache keeps the FMA body
+    for kv in ("q8_0", "q4_0", "tq3_0"):  # a quantised cache's tiles are dequantised in shared memory
+        assert attention_tiling(*params_27b("sm_90", kv)) == {"ta_mma": True, "ta_bkv": 64, "ta_mma_keys": 256}
     assert not attention_tiling(*params_27b("gfx1100"))["ta_mma"]  # no tensor-core MMA in its descriptor
     no_bound = dataclasses.replace(t, ddtree=dataclasses.replace(t.ddtree, tensor_core_attention_keys=0))
     assert not attention_tiling(pf, no_bound)["ta_mma"]  # the descriptor sets no bound: FMA always
@@ -76,6 +77,26 @@ def test_bad_tensor_core_bounds_are_refused():
     pf, t = params_27b("sm_90")
     with pytest.raises(LucegenError, match="positive integer"):
         TreeAttention(Module(), t, pf, slots=23, max_context=4096, tensor_core_keys=0)
-    pf_q4, t = params_27b("sm_90", "q4_0")
+    pf_odd = dict(pf, HD=96, **kv_cache.kv_format("q4_0").template_params())  # 6 bytes of scales a row
     with pytest.raises(LucegenError, match="no tensor-core tree_attention"):
-        TreeAttention(Module(), t, pf_q4, slots=23, max_context=4096, tensor_core_keys=512)
+        TreeAttention(Module(), t, pf_odd, slots=23, max_context=4096, tensor_core_keys=512)
+
+
+@pytest.mark.parametrize("kv, head_dim, chunks", [
+    ("fp16", 256, None), ("q8_0", 256, (16, 16)), ("q4_0", 256, (16, 16)), ("tq3_0", 256, (16, 16)),
+    ("q4_0", 64, (16, 4)), ("tq3_0", 64, (4, 4)), ("q8_0", 128, (16, 4)), ("q4_0", 96, None),
+])
+def test_raw_tiles_copy_in_pieces_the_layout_aligns(kv, head_dim, chunks):
+    """A quantised cache's committed tiles reach shared memory as the cache holds them: codes rows of head_dim bits / 8
+    bytes, then the fp16 scales (head_dim / 32 a row) after every code; each copy's source must be aligned to its size
+    for any max_context, so a row's bytes (and, for the scales' 16-byte copies, the codes' end) decide the width."""
+    pf = dict(params_27b("sm_90")[0], HD=head_dim, **kv_cache.kv_format(kv).template_params())
+    assert kv_raw_chunks(pf) == chunks
+    if chunks:
+        codes, scales = chunks
+        code_bytes, scale_bytes = head_dim * pf["kv_bits"] // 8, head_dim // 16
+        for max_context in (1, 7, 640, 4099):
+            scales_at = 2 * pf["NKV"] * max_context * code_bytes
+            for row in (0, 1, 16, max_context - 1):  # a tile starts at head * max_context + a multiple of 16
+                assert (row * code_bytes) % codes == 0
+                assert (scales_at + row * scale_bytes) % scales == 0

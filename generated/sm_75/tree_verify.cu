@@ -199,6 +199,7 @@ __device__ __forceinline__ KvReader kv_reader(const kv_elem_t* kv, int max_conte
   return {kv};
 }
 
+
 // x[i] = value d0 + i of cache row `row`, i < N (N divides 32, d0 a multiple of N: one quantised block).
 template <int N>
 __device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int d0, float (&x)[N]) {

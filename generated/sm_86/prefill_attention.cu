@@ -210,6 +210,7 @@ __device__ __forceinline__ KvReader kv_reader(const kv_elem_t* kv, int max_conte
   return {kv};
 }
 
+
 // x[i] = value d0 + i of cache row `row`, i < N (N divides 32, d0 a multiple of N: one quantised block).
 template <int N>
 __device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int d0, float (&x)[N]) {
@@ -358,6 +359,7 @@ __device__ __forceinline__ void attn_load_kv_tile(bf16_t* dst, const KvReader& r
                                                   int rows, int row_end) {
   attn_load_tile<HD, STRIDE, THREADS>(dst, reader.rows + head_row * HD, row0, rows, row_end);
 }
+
 
 // One K/V tile of FlashAttention-2 for a warp's 16 query rows, keys key0 .. key0 + BKV - 1 (needs mma.cuh):
 //   S = Q K^T * scale_log2 (f32; A fragments from q_frag, this lane's ldmatrix row address of the Q tile);

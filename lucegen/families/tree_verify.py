@@ -62,24 +62,44 @@ def partial_ranges(pf: dict, target) -> int:
     return max(ATTENTION_MAX_RANGES, MMA_MAX_RANGES if attention_tiling(pf, target)["ta_mma"] else 0)
 
 
+def kv_raw_chunks(pf: dict) -> tuple[int, int] | None:
+    """The copies (bytes: 16 or 4) that move a quantised cache's committed tile into shared memory as the cache holds
+    it, (codes, scales): the widest whose every source address the layout aligns (rows of head_dim bits / 8 code
+    bytes; the fp16 scales, head_dim / 32 a row, after all the codes). None for a float cache and where a row's
+    scales are not whole 4-byte words (head_dim an odd multiple of 32)."""
+    if not pf["kv_quantised"]:
+        return None
+    code_bytes, scale_bytes = pf["HD"] * pf["kv_bits"] // 8, pf["HD"] // 16
+    if code_bytes % 4 or scale_bytes % 4:
+        return None
+    codes = 16 if code_bytes % 16 == 0 else 4
+    scales = 16 if scale_bytes % 16 == 0 and code_bytes % 8 == 0 else 4  # the scales start 2 NKV max_context rows on
+    return codes, scales
+
+
 def attention_smem(pf: dict, block_kv: int, stages: int, slots: int) -> int:
     """Dynamic shared memory of the tensor-core tree_attention: its slots' query tile, ``stages`` K and V tiles of
-    ``block_kv`` keys and the ``slots`` slots' own K and V rows, rows of head_dim + 8 two-byte values."""
-    return (16 * ATTENTION_SLOTS + 2 * stages * block_kv + 2 * slots) * (pf["HD"] + 8) * 2
+    ``block_kv`` keys and the ``slots`` slots' own K and V rows, rows of head_dim + 8 two-byte values. A quantised
+    cache: one K and V tile, and ``stages`` raw K and V tiles (codes and scales) that are dequantised into it."""
+    row_bytes = (pf["HD"] + 8) * 2
+    if not pf["kv_quantised"]:
+        return (16 * ATTENTION_SLOTS + 2 * stages * block_kv + 2 * slots) * row_bytes
+    raw_row = pf["HD"] * pf["kv_bits"] // 8 + pf["HD"] // 16
+    return (16 * ATTENTION_SLOTS + 2 * block_kv + 2 * slots) * row_bytes + stages * 2 * block_kv * raw_row
 
 
 def attention_tiling(pf: dict, target) -> dict:
     """tree_attention's bodies for the model of ``pf`` on ``target``: the FMA body always; tree_attention_mma
     (``ta_mma``, for the slots of at least ``ta_mma_keys`` keys: the descriptor's [ddtree] tensor_core_attention_keys)
     with the largest K/V tile of 64 keys, halved down to 16, whose one stage fits the opt-in shared memory beside the
-    rows of the descriptor's tree budget (and holds the block's results: GROUP x head_dim floats a slot). No
-    tensor-core body where the descriptor sets no key count, the chip has no tensor-core MMA or no tile fits, and for
-    a quantised KV cache (whose tiles it would dequantise through registers, a load at a time: slower than the FMA
-    body up to ~16K keys on the H100). The choice depends on the descriptor and the KV format alone, not on a
-    verifier's budget, so that every verifier of a chip computes a slot alike."""
+    rows of the descriptor's tree budget (and holds the block's results: GROUP x head_dim floats a slot). A quantised
+    KV cache's tiles come through shared memory as the cache holds them and are dequantised there (kv_raw_chunks:
+    not for head_dims whose rows of scales are not whole words). No tensor-core body where the descriptor sets no key
+    count, the chip has no tensor-core MMA or no tile fits. The choice depends on the descriptor and the KV format
+    alone, not on a verifier's budget, so that every verifier of a chip computes a slot alike."""
     slots, group = target.ddtree.budget + 1, pf["NH"] // pf["NKV"]
     keys = target.ddtree.tensor_core_attention_keys
-    if keys and pf["instruction"] != "simt" and group <= 16 and not pf["kv_quantised"]:
+    if keys and pf["instruction"] != "simt" and group <= 16 and (not pf["kv_quantised"] or kv_raw_chunks(pf)):
         block_kv = 64
         while block_kv >= 16:
             stage_bytes = 2 * block_kv * (pf["HD"] + 8) * 2  # a K and a V tile
@@ -95,6 +115,7 @@ def template_params(pf: dict, target) -> dict:
     runtime's own render alike."""
     return {"tv_threads": THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP, "tv_at_warps": ATTENTION_WARPS,
             "tv_at_key_chunk": ATTENTION_KEY_CHUNK, "tv_at_heads": attention_heads(pf), "ta_slots": ATTENTION_SLOTS,
+            "kv_code_chunk": (kv_raw_chunks(pf) or (0, 0))[0], "kv_scale_chunk": (kv_raw_chunks(pf) or (0, 0))[1],
             **attention_tiling(pf, target)}
 
 

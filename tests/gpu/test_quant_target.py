@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lucegen.errors import CheckpointError
 
 from gpu_models import gguf_file, gpu_device  # tests/gpu/gpu_models.py
-from test_tree_verify import BUDGET, check_lossless, check_slots, engine, start
+from test_tree_verify import BUDGET, check_lossless, check_slots, engine, needs_tensor_cores, start
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("gguf", reason="writing the test GGUF needs the gguf package")
@@ -53,6 +53,27 @@ def test_quantised_kv_cache_slots_match_their_paths(kv, length, seed, budget):
        corrupt=st.frozensets(st.integers(1, 95), max_size=12))
 def test_spec_decoding_is_lossless_with_a_quantised_kv_cache(kv, seed, length, corrupt):
     print(kv, check_lossless(f"tiny-q/{kv}", seed, length, 96, corrupt))
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kv=st.sampled_from(["q8_0", "q4_0", "tq3_0"]), length=st.integers(1, 300), seed=st.integers(0, 2**16),
+       budget=st.integers(0, BUDGET))
+@example(kv="q4_0", length=600, seed=5, budget=BUDGET)  # three key ranges of tree_attention_mma
+@example(kv="tq3_0", length=1, seed=3, budget=BUDGET)  # the root's one committed key, the rest the tree's
+def test_quantised_kv_cache_slots_match_their_paths_on_tensor_cores(kv, length, seed, budget):
+    """The same check with every slot on tree_attention_mma (tensor_core_keys=1), whose committed tiles come through
+    shared memory as the cache holds them and are dequantised there."""
+    needs_tensor_cores(f"tiny-q/{kv}")
+    check_slots(f"tiny-q/{kv}", length, seed, budget, tc=1)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kv=st.sampled_from(["q8_0", "q4_0", "tq3_0"]), seed=st.integers(0, 2**16), length=st.integers(1, 200),
+       cross=st.integers(1, 60), corrupt=st.frozensets(st.integers(1, 95), max_size=12))
+def test_spec_decoding_is_lossless_with_a_quantised_kv_cache_across_the_tensor_core_bound(kv, seed, length, cross,
+                                                                                         corrupt):
+    needs_tensor_cores(f"tiny-q/{kv}")
+    print(kv, check_lossless(f"tiny-q/{kv}", seed, length, 96, corrupt, tc=length + cross))
 
 
 def test_memory_plan_matches_what_the_engine_allocates():

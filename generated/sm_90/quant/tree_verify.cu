@@ -214,6 +214,7 @@ __device__ __forceinline__ KvReader kv_reader(const kv_elem_t* kv, int max_conte
   return {kv};
 }
 
+
 // x[i] = value d0 + i of cache row `row`, i < N (N divides 32, d0 a multiple of N: one quantised block).
 template <int N>
 __device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int d0, float (&x)[N]) {
@@ -746,7 +747,9 @@ tree_attention(const fp16_t* __restrict__ q_ws, const float* __restrict__ proj, 
 // order of every sum depend only on the key index, and a row's MMA arithmetic not on the other rows', so a slot's
 // result is the same in any tree (and in a one-slot pass at the same position).
 // Shared memory (dynamic, `stages` 1 or 2 buffers): Q [TA_SLOTS 16][ROW], stages x (K, V) [TA_BKV][ROW], the
-// slots' own K and V rows [S][ROW] (ROW = HD + 8 elements: conflict-free ldmatrix).
+// slots' own K and V rows [S][ROW] (ROW = HD + 8 elements: conflict-free ldmatrix). A quantised cache's committed
+// tiles go through `stages` raw stages instead (K and V codes and scales as the cache holds them: attention_tiles.cuh),
+// each dequantised into one (K, V) tile when it is used (families/tree_verify.py attention_smem).
 #define TA_SLOTS 4
 #define TA_BKV 64
 #define TA_ROW (TV_HD + 8)
@@ -783,6 +786,7 @@ __device__ __forceinline__ void attn_load_kv_tile(fp16_t* dst, const KvReader& r
                                                   int rows, int row_end) {
   attn_load_tile<HD, STRIDE, THREADS>(dst, reader.rows + head_row * HD, row0, rows, row_end);
 }
+
 
 // One K/V tile of FlashAttention-2 for a warp's 16 query rows, keys key0 .. key0 + BKV - 1 (needs mma.cuh):
 //   S = Q K^T * scale_log2 (f32; A fragments from q_frag, this lane's ldmatrix row address of the Q tile);
@@ -955,9 +959,10 @@ tree_attention_mma(const fp16_t* __restrict__ q_ws, const float* __restrict__ pr
         lg_cp_async_wait<0>();
       }
       __syncthreads();
+      const int tile = stage;
       if (key0 < n_keys) {  // this warp's slot has keys in the tile
-        const fp16_t* ks = sk + stage * TA_BKV * TA_ROW;
-        const fp16_t* vs = sv + stage * TA_BKV * TA_ROW;
+        const fp16_t* ks = sk + tile * TA_BKV * TA_ROW;
+        const fp16_t* vs = sv + tile * TA_BKV * TA_ROW;
         // the rows this lane addresses: keys nn*16 + (lane/16)*8 + lane%8 of S's B fragments (K), and
         // kc*16 + ((lane/8)%2)*8 + lane%8 of P V's transposed B fragments (V)
         const fp16_t* k_row[TA_BKV / 16];
