@@ -194,4 +194,7 @@ def test_cache_kernels_compile_in_every_format(name, tmp_path, monkeypatch):
             source = codegen.render(t, template, pf=pf, **params(pf, t))
             assert "kv_store_group" in source and "kv_scales" in source
             compiled = compile_source(t, module, source, template=template)
-            assert {"prefill_attention_prepare", "tree_attention", "tree_commit_kv"} & {k.name for k in compiled.kernels}
+            names = {k.name for k in compiled.kernels}
+            assert {"prefill_attention_prepare", "tree_attention", "tree_commit_kv"} & names
+            if module == "tree_verify" and tree_verify_family.attention_tiling(pf, t)["ta_mma"]:
+                assert "tree_attention_mma" in names  # its tiles dequantised in shared memory
