@@ -341,6 +341,10 @@ __device__ __forceinline__ unsigned attn_pack2(float lo, float hi) {
   return (unsigned)*reinterpret_cast<const unsigned short*>(&a) |
          ((unsigned)*reinterpret_cast<const unsigned short*>(&b) << 16);
 }
+// 8 values as one 16-byte run of a compute-type tile row
+__device__ __forceinline__ uint4 attn_pack8(const float (&x)[8]) {
+  return make_uint4(attn_pack2(x[0], x[1]), attn_pack2(x[2], x[3]), attn_pack2(x[4], x[5]), attn_pack2(x[6], x[7]));
+}
 
 // rows [row0, row0 + rows) of a [*, HD] matrix into shared [rows][STRIDE]; rows >= row_end are zero-filled
 template <int HD, int STRIDE, int THREADS, typename E>

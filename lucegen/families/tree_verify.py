@@ -81,11 +81,10 @@ def attention_smem(pf: dict, block_kv: int, stages: int, slots: int) -> int:
     """Dynamic shared memory of the tensor-core tree_attention: its slots' query tile, ``stages`` K and V tiles of
     ``block_kv`` keys and the ``slots`` slots' own K and V rows, rows of head_dim + 8 two-byte values. A quantised
     cache: one K and V tile, and ``stages`` raw K and V tiles (codes and scales) that are dequantised into it."""
+    quantised = pf["kv_quantised"]
+    tiles, raw_row = (1, pf["HD"] * pf["kv_bits"] // 8 + pf["HD"] // 16) if quantised else (stages, 0)
     row_bytes = (pf["HD"] + 8) * 2
-    if not pf["kv_quantised"]:
-        return (16 * ATTENTION_SLOTS + 2 * stages * block_kv + 2 * slots) * row_bytes
-    raw_row = pf["HD"] * pf["kv_bits"] // 8 + pf["HD"] // 16
-    return (16 * ATTENTION_SLOTS + 2 * block_kv + 2 * slots) * row_bytes + stages * 2 * block_kv * raw_row
+    return (16 * ATTENTION_SLOTS + 2 * tiles * block_kv + 2 * slots) * row_bytes + stages * 2 * block_kv * raw_row
 
 
 def attention_tiling(pf: dict, target) -> dict:

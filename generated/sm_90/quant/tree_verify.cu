@@ -766,6 +766,10 @@ __device__ __forceinline__ unsigned attn_pack2(float lo, float hi) {
   return (unsigned)*reinterpret_cast<const unsigned short*>(&a) |
          ((unsigned)*reinterpret_cast<const unsigned short*>(&b) << 16);
 }
+// 8 values as one 16-byte run of a compute-type tile row
+__device__ __forceinline__ uint4 attn_pack8(const float (&x)[8]) {
+  return make_uint4(attn_pack2(x[0], x[1]), attn_pack2(x[2], x[3]), attn_pack2(x[4], x[5]), attn_pack2(x[6], x[7]));
+}
 
 // rows [row0, row0 + rows) of a [*, HD] matrix into shared [rows][STRIDE]; rows >= row_end are zero-filled
 template <int HD, int STRIDE, int THREADS, typename E>
@@ -885,9 +889,11 @@ tree_attention_mma(const fp16_t* __restrict__ q_ws, const float* __restrict__ pr
   static_assert(TA_SLOTS * TV_GROUP * TV_HD * 4 <= 2 * TA_BKV * TA_ROW * 2, "the results fit one K/V stage");
   extern __shared__ __align__(16) unsigned char ta_smem[];
   fp16_t* sq = reinterpret_cast<fp16_t*>(ta_smem);
-  fp16_t* sk = sq + TA_SLOTS * 16 * TA_ROW;  // [stages][BKV][ROW]
-  fp16_t* sv = sk + stages * TA_BKV * TA_ROW;
-  fp16_t* own_k = sv + stages * TA_BKV * TA_ROW;  // [S][ROW]: cache rows pos0 .. pos0 + S - 1
+  // the compute-type K/V tiles: one a stage, or one for a quantised cache (each raw stage dequantised into it)
+  const int tiles = stages;
+  fp16_t* sk = sq + TA_SLOTS * 16 * TA_ROW;  // [tiles][BKV][ROW]
+  fp16_t* sv = sk + tiles * TA_BKV * TA_ROW;
+  fp16_t* own_k = sv + tiles * TA_BKV * TA_ROW;  // [S][ROW]: cache rows pos0 .. pos0 + S - 1
   fp16_t* own_v = own_k + n_slots * TA_ROW;
   lg_dependent_start();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, qd = lane / 4, ql = lane % 4;
@@ -959,7 +965,7 @@ tree_attention_mma(const fp16_t* __restrict__ q_ws, const float* __restrict__ pr
         lg_cp_async_wait<0>();
       }
       __syncthreads();
-      const int tile = stage;
+      const int tile = tiles == 1 ? 0 : stage;
       if (key0 < n_keys) {  // this warp's slot has keys in the tile
         const fp16_t* ks = sk + tile * TA_BKV * TA_ROW;
         const fp16_t* vs = sv + tile * TA_BKV * TA_ROW;
