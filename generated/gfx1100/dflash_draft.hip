@@ -108,6 +108,9 @@ template <typename T> __device__ __forceinline__ unsigned lg_bits16(T x) { retur
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) {
   __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+__device__ __forceinline__ int lg_atomic_add_block(int* p, int v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+}
 // a * b and a + b each rounded to nearest, never contracted into one fused multiply-add
 __device__ __forceinline__ float lg_mul_rn(float a, float b) {
 #pragma clang fp contract(off)

@@ -108,6 +108,9 @@ template <typename T> __device__ __forceinline__ unsigned lg_bits16(T x) { retur
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) {
   __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+__device__ __forceinline__ int lg_atomic_add_block(int* p, int v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+}
 // a * b and a + b each rounded to nearest, never contracted into one fused multiply-add
 __device__ __forceinline__ float lg_mul_rn(float a, float b) {
 #pragma clang fp contract(off)
@@ -385,10 +388,13 @@ constexpr int N_DN = 18, N_AT = 6;
 // ---- launch shape (descriptor) ----
 constexpr int THREADS = 512, WARP = LG_WARP_SIZE, NW = THREADS / WARP;
 constexpr int BLOCKS = 96;
-constexpr int SMEM_FLOATS = 7328;
+constexpr int SMEM_FLOATS = 9915;
 // Shared-memory carve-up (floats) for the matvec phases: x vector, raw inputs, reductions, per-head values, partials.
 constexpr int XS_MAX = 3584, SM_RAW = XS_MAX, SM_RED = 2 * XS_MAX, SM_HEADS = SM_RED + 64;
 constexpr int SM_PART = SM_HEADS + 32;
+// the screened lm_head (runtime/lm_screen.py): a block's rows' upper ends, then their count and candidates
+constexpr int SM_SCREEN = 7328, SM_SCREEN_LIST = 3584, SCREEN_ROWS = 2587;
+constexpr float SCREEN_NORM_SLACK = 0.000244140625f, SCREEN_MARGIN_REL = 3.814697265625e-06f;
 constexpr float Q_SCALE = 0.0883883461356163f;     // 1 / sqrt(linear_key_head_dim)
 constexpr float ATTN_SCALE = 0.0625f;  // head_dim ** -0.5
 // ---- work split ----
@@ -477,6 +483,9 @@ struct DecodeArgs {
   const int* tokens_in;             // forced tokens (prompt / teacher forcing)
   int* tokens_out;                  // [n_steps] greedy argmax of each step
   float* logits;                    // [n_steps][V] or null
+  const signed char* lm_codes;      // the lm_head's int8 copy [V][H] or null (lm_head_screen_phase)
+  const float2* lm_rows;            // [V] (scale s_r, bound c_r) of the copy
+  unsigned long long* screen_floor;  // [2] the screen's floor keys, by step parity
   unsigned long long* profile;      // [n_steps][PHASES][BLOCKS][4] globaltimer stamps or null (profile_mark)
   int max_context, start_pos, n_steps, n_forced;
   unsigned epoch_base;              // epochs of this launch: epoch_base + step * PHASES + phase + 1
@@ -565,17 +574,32 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return t;
 }
 
+__device__ __forceinline__ float block_max(float v, float* red) {
+  const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
+  v = lg_warp_max(v);
+  __syncthreads();  // red may still be read by a previous reduction
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = red[0];
+#pragma unroll
+  for (int w = 1; w < mk::NW; ++w) t = fmaxf(t, red[w]);
+  return t;
+}
+
 // Rows [begin, end) of n split evenly over the grid.
 __device__ __forceinline__ void block_range(int n, int& begin, int& end) {
   begin = (int)((long long)blockIdx.x * n / mk::BLOCKS);
   end = (int)((long long)(blockIdx.x + 1) * n / mk::BLOCKS);
 }
 
-// The rows of each matrix this block multiplies: every matvec phase splits its rows evenly over the grid.
-struct MatSlice {
-  const wt_t* w;  // the row-major matrix
-  int r0, r1;     // this block's rows [r0, r1)
+// The rows of each matrix this block multiplies: every matvec phase splits its rows evenly over the grid. E: the
+// element type (wt_t, or the int8 codes of the lm_head screen).
+template <typename E>
+struct MatSliceOf {
+  const E* w;  // the row-major matrix
+  int r0, r1;  // this block's rows [r0, r1)
 };
+using MatSlice = MatSliceOf<wt_t>;
 __device__ __forceinline__ MatSlice rows_slice(const wt_t* w, int rows) {
   MatSlice s{w, 0, 0};
   block_range(rows, s.r0, s.r1);
@@ -610,44 +634,63 @@ __device__ __forceinline__ float dot8(const uint4& w, const mk_float4& lo, const
   mk_unpack8<wt_t>(w, f);
   return f[0] * lo.x + f[1] * lo.y + f[2] * lo.z + f[3] * lo.w + f[4] * hi.x + f[5] * hi.y + f[6] * hi.z + f[7] * hi.w;
 }
+// 16 int8 codes (elements 16c .. 16c + 15: the xs chunks 2c and 2c + 1) times x.
+__device__ __forceinline__ float dot16_codes(const uint4& w, const mk_float4* x4, int c, int cols) {
+  const unsigned word[4] = {w.x, w.y, w.z, w.w};
+  float a = 0.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // chunk 2c + h: its low four elements in the low half of xs, the high four above
+    const mk_float4 lo = x4[2 * c + h], hi = x4[cols / 8 + 2 * c + h];
+    const unsigned u0 = word[2 * h], u1 = word[2 * h + 1];
+    a += (float)(signed char)u0 * lo.x + (float)(signed char)(u0 >> 8) * lo.y +
+         (float)(signed char)(u0 >> 16) * lo.z + (float)(signed char)(u0 >> 24) * lo.w +
+         (float)(signed char)u1 * hi.x + (float)(signed char)(u1 >> 8) * hi.y +
+         (float)(signed char)(u1 >> 16) * hi.z + (float)(signed char)(u1 >> 24) * hi.w;
+  }
+  return a;
+}
 
 // The weight slice of R consecutive rows (row stride COLS, columns c0 .. c0+SEG) that one warp holds in registers:
-// lane l holds 16-byte chunks l, l+WARP, ... of each row. Rows >= nvalid load nothing (zeros).
-template <int SEG>
+// lane l holds 16-byte chunks l, l+WARP, ... of each row (8 wt_t or 16 int8 elements a chunk). Rows >= nvalid load
+// nothing (zeros).
+template <int SEG, typename E = wt_t>
 struct MkChunks {
-  static constexpr int CHUNKS = SEG / 8, ITERS = (CHUNKS + mk::WARP - 1) / mk::WARP;
+  static constexpr int PER = 16 / sizeof(E), CHUNKS = SEG / PER, ITERS = (CHUNKS + mk::WARP - 1) / mk::WARP;
 };
 
-template <int COLS, int SEG, int R>
-__device__ __forceinline__ void warp_load_rows(const wt_t* __restrict__ w, int nvalid, int c0,
-                                               uint4 (&v)[R][MkChunks<SEG>::ITERS]) {
-  constexpr int CHUNKS = MkChunks<SEG>::CHUNKS, ITERS = MkChunks<SEG>::ITERS;
+template <int COLS, int SEG, int R, typename E>
+__device__ __forceinline__ void warp_load_rows(const E* __restrict__ w, int nvalid, int c0,
+                                               uint4 (&v)[R][MkChunks<SEG, E>::ITERS]) {
+  using C = MkChunks<SEG, E>;
   const int lane = lg_lane_id();
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
+    for (int i = 0; i < C::ITERS; ++i) {
       const int c = i * mk::WARP + lane;
       v[r][i] = uint4{0u, 0u, 0u, 0u};  // defined on every path: no value carried between calls
-      if (r < nvalid && (CHUNKS % mk::WARP == 0 || c < CHUNKS))
-        v[r][i] = mk_load_weight16(w + (size_t)r * COLS + c0 + c * 8);
+      if (r < nvalid && (C::CHUNKS % mk::WARP == 0 || c < C::CHUNKS))
+        v[r][i] = mk_load_weight16(w + (size_t)r * COLS + c0 + c * C::PER);
     }
 }
 
 // acc[r] = dot(row r, x[c0 .. c0+SEG)) from the registers warp_load_rows filled; every lane gets every acc[r].
-template <int COLS, int SEG, int R>
-__device__ __forceinline__ void warp_dot_loaded(const uint4 (&v)[R][MkChunks<SEG>::ITERS], int c0, const float* xs,
+template <int COLS, int SEG, int R, typename E = wt_t>
+__device__ __forceinline__ void warp_dot_loaded(const uint4 (&v)[R][MkChunks<SEG, E>::ITERS], int c0, const float* xs,
                                                 float (&acc)[R]) {
-  constexpr int CHUNKS = MkChunks<SEG>::CHUNKS, ITERS = MkChunks<SEG>::ITERS;
+  using C = MkChunks<SEG, E>;
   const int lane = lg_lane_id();
   const mk_float4* x4 = reinterpret_cast<const mk_float4*>(xs);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     float a = 0.f;
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
+    for (int i = 0; i < C::ITERS; ++i) {
       const int c = i * mk::WARP + lane;
-      if (CHUNKS % mk::WARP == 0 || c < CHUNKS) a += dot8(v[r][i], x4[c0 / 8 + c], x4[COLS / 8 + c0 / 8 + c]);
+      if (C::CHUNKS % mk::WARP == 0 || c < C::CHUNKS) {
+        if constexpr (C::PER == 8) a += dot8(v[r][i], x4[c0 / 8 + c], x4[COLS / 8 + c0 / 8 + c]);
+        else a += dot16_codes(v[r][i], x4, c0 / 16 + c, COLS);
+      }
     }
     acc[r] = a;
   }
@@ -661,10 +704,11 @@ __device__ __forceinline__ void warp_dot_loaded(const uint4 (&v)[R][MkChunks<SEG
 // double-buffered. pre(row) runs on lane r for row base + r once its
 // batch's loads are issued (to fetch epilogue inputs early); epi(row, r, acc) runs on lane r for row base + r
 // (acc[r] is its result; acc holds the batch's).
-template <int COLS, int R, bool PIPELINE, class Prologue, class Pre, class Epi>
-__device__ __forceinline__ void block_matvec_rows(MatSlice sl, const float* xs, Prologue prologue, Pre pre, Epi epi) {
-  constexpr int ITERS = MkChunks<COLS>::ITERS;
-  const wt_t* __restrict__ W = sl.w;
+template <int COLS, int R, bool PIPELINE, typename E, class Prologue, class Pre, class Epi>
+__device__ __forceinline__ void block_matvec_rows(MatSliceOf<E> sl, const float* xs, Prologue prologue, Pre pre,
+                                                  Epi epi) {
+  constexpr int ITERS = MkChunks<COLS, E>::ITERS;
+  const E* __restrict__ W = sl.w;
   const int u0 = sl.r0, u1 = sl.r1;
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   int base = u0 + warp * R;
@@ -680,13 +724,13 @@ __device__ __forceinline__ void block_matvec_rows(MatSlice sl, const float* xs, 
     if constexpr (PIPELINE) {  // next batch in flight while this one is reduced (long phases: lm_head)
       uint4 next[R][ITERS];
       warp_load_rows<COLS, COLS, R>(W + (size_t)nbase * COLS, u1 - nbase, 0, next);
-      warp_dot_loaded<COLS, COLS, R>(cur, 0, xs, acc);
+      warp_dot_loaded<COLS, COLS, R, E>(cur, 0, xs, acc);
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int i = 0; i < ITERS; ++i) cur[r][i] = next[r][i];
     } else {
-      warp_dot_loaded<COLS, COLS, R>(cur, 0, xs, acc);
+      warp_dot_loaded<COLS, COLS, R, E>(cur, 0, xs, acc);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -1241,20 +1285,10 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
   return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned)index);
 }
 
-__device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float* smem, unsigned epoch) {
+// The block's best key (each lane's, over the rows it finished) into the step's argmax: one atomicMax per block.
+__device__ __forceinline__ void block_argmax(const DecodeArgs& a, int step, unsigned long long best, float* smem) {
   using namespace mk;
-  float* xs = smem;
-  unsigned long long best = 0ull;
-  float* logits = a.logits ? a.logits + (size_t)step * V : nullptr;
   const int lane = lg_lane_id(), warp = threadIdx.x / WARP;
-  block_matvec_rows<H, ROWS_LM, true>(lm_head_slice(a), xs,
-      [&] { stage_rmsnorm(a, a.wvec + FINAL_NORM, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
-      [](int) {},
-      [&](int r, int k, const float* acc) {
-        const unsigned long long key = argmax_key(acc[k], r);
-        best = key > best ? key : best;
-        if (logits) logits[r] = acc[k];
-      });
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem + SM_PART);
   __syncthreads();
   if (lane < ROWS_LM) keys[warp * ROWS_LM + lane] = best;
@@ -1266,21 +1300,99 @@ __device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float*
   }
 }
 
+// ------------------------------------------------------------------------------------------ lm_head, screened
+// lm_head_phase's token from the lm_head's int8 copy (lucegen/runtime/lm_screen.py states the bound; its
+// screened_argmax is this phase over every row at once):
+//   A_r = s_r (q_r · xs) for the block's rows, margin m_r = c_r ||xs|| + 2^-18 |A_r|;
+//   T = max over the grid of A_r - m_r (an atomicMax, then a grid barrier);
+//   the rows with A_r + m_r >= T (NaN included) take lm_head_phase's own dot of the exact row, and the argmax over
+//   them is lm_head_phase's, bit for bit. The floor keys are double-buffered by step parity like the argmax's.
+__device__ __forceinline__ float key_value(unsigned long long key) {  // argmax_key's float (0: NaN)
+  const unsigned u = (unsigned)(key >> 32);
+  return mk_bits_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
+__device__ __noinline__ void lm_head_screen_phase(const DecodeArgs& a, int step, float* smem, unsigned epoch) {
+  using namespace mk;
+  float* xs = smem;
+  float* upper = smem + SM_SCREEN;                                      // [the block's rows] A_r + m_r
+  int* found = reinterpret_cast<int*>(smem + SM_SCREEN_LIST);  // [1 + rows]: count, candidates (row - r0)
+  const int lane = lg_lane_id(), warp = threadIdx.x / WARP;
+  MatSliceOf<signed char> sl{a.lm_codes, 0, 0};
+  block_range(V, sl.r0, sl.r1);
+  float xnorm = 0.f, lower = lg_neg_inf();  // xnorm >= ||xs||_2; the largest A_r - m_r of the block
+  float2 row_scale;                          // (s_r, c_r) of the row this lane finishes next
+  block_matvec_rows<H, ROWS_LM, true>(sl, xs,
+      [&] {
+        stage_rmsnorm(a, a.wvec + FINAL_NORM, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED);
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < H; i += THREADS) ss += xs[i] * xs[i];
+        ss = block_sum(ss, smem + SM_RED);
+        // ss rsqrt(ss), not sqrtf: the precise root's slow-path call would cost the other phases registers
+        xnorm = (ss > 0.f ? ss * rsqrtf(ss) : 0.f) * (1.f + SCREEN_NORM_SLACK);
+        if (threadIdx.x == 0) found[0] = 0;
+      },
+      [&](int r) { row_scale = a.lm_rows[r]; },
+      [&](int r, int k, const float* acc) {
+        const float approx = row_scale.x * acc[k];
+        const float margin = row_scale.y * xnorm + SCREEN_MARGIN_REL * fabsf(approx);
+        upper[r - sl.r0] = approx + margin;
+        lower = fmaxf(lower, approx - margin);
+      });
+  lower = block_max(lower, smem + SM_RED);
+  if (threadIdx.x == 0) mk_atomic_max_u64(a.screen_floor + (step & 1), argmax_key(lower, 0));
+  grid_sync(a.barrier);
+  const float t = key_value(mk_load_shared_u64(a.screen_floor + (step & 1)));
+  for (int i = threadIdx.x; i < sl.r1 - sl.r0; i += THREADS)
+    if (!(upper[i] < t)) found[1 + lg_atomic_add_block(found, 1)] = i;
+  __syncthreads();
+  unsigned long long best = 0ull;
+  for (int j = warp; j < found[0]; j += NW) {  // a warp a candidate row, lm_head_phase's dot
+    const int r = sl.r0 + found[1 + j];
+    uint4 v[1][MkChunks<H>::ITERS];
+    warp_load_rows<H, H, 1>(a.wmat + LM_HEAD + (size_t)r * H, 1, 0, v);
+    float acc[1];
+    warp_dot_loaded<H, H, 1>(v, 0, xs, acc);
+    const unsigned long long key = argmax_key(acc[0], r);
+    best = key > best ? key : best;
+  }
+  block_argmax(a, step, best, smem);
+}
+
+__device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float* smem, unsigned epoch) {
+  using namespace mk;
+  if (a.lm_codes && !a.logits) return lm_head_screen_phase(a, step, smem, epoch);  // a greedy step
+  float* xs = smem;
+  unsigned long long best = 0ull;
+  float* logits = a.logits ? a.logits + (size_t)step * V : nullptr;
+  block_matvec_rows<H, ROWS_LM, true>(lm_head_slice(a), xs,
+      [&] { stage_rmsnorm(a, a.wvec + FINAL_NORM, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
+      [](int) {},
+      [&](int r, int k, const float* acc) {
+        const unsigned long long key = argmax_key(acc[k], r);
+        best = key > best ? key : best;
+        if (logits) logits[r] = acc[k];
+      });
+  block_argmax(a, step, best, smem);
+}
+
 // ------------------------------------------------------------------------------------------ the kernel
 // Per step: token → for each layer 5 phases (A in-projections, B token mixing, C out-projection + residual,
-// D gate/up + SiLU, E down + residual) → lm_head + argmax → one grid barrier. The phases hand over through epoch-
-// tagged words (see the handover above). The argmax keys are double-buffered by step parity and come zeroed from
-// the host: block 0 zeroes the next step's before the barrier, after every block has read it as its token.
+// D gate/up + SiLU, E down + residual) → lm_head + argmax (or the screened lm_head, a grid barrier of its own) →
+// one grid barrier. The phases hand over through epoch-tagged words (see the handover above). The argmax and screen
+// floor keys are double-buffered by step parity and come zeroed from the host: block 0 zeroes the next step's before
+// the barrier, after every block has read them.
 // The register budget that keeps blocks_per_cu blocks resident: NVIDIA's launch bounds say it; clang's AMDGPU
 // backend takes it as the waves each SIMD must hold (its launch bounds only cap the block size).
 extern "C" __global__ void __launch_bounds__(512)
 __attribute__((amdgpu_waves_per_eu(8)))
 qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* recurrent, kv_t* kv_cache,
     unsigned long long* scratch, unsigned* barrier, unsigned long long* argmax, const int* tokens_in, int* tokens_out,
-    float* logits, unsigned long long* profile, int max_context, int start_pos, int n_steps, int n_forced,
-    unsigned epoch_base) {
+    float* logits, const signed char* lm_codes, const float2* lm_rows, unsigned long long* screen_floor,
+    unsigned long long* profile, int max_context, int start_pos, int n_steps, int n_forced, unsigned epoch_base) {
   const DecodeArgs a{wmat, wvec, conv_state, recurrent, kv_cache, scratch, barrier, argmax, tokens_in, tokens_out,
-                     logits, profile, max_context, start_pos, n_steps, n_forced, epoch_base};
+                     logits, lm_codes, lm_rows, screen_floor, profile, max_context, start_pos, n_steps, n_forced,
+                     epoch_base};
   __shared__ __attribute__((aligned(16))) float smem[mk::SMEM_FLOATS];
   for (int step = 0; step < a.n_steps; ++step) {
     const int pos = a.start_pos + step;
@@ -1308,7 +1420,10 @@ qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* rec
     lm_head_phase(a, step, smem, step_epoch + mk::PHASES);
     // the next step's keys (read by every block as its token at the start of this step: all have, since this
     // block's lm_head needed every block's residual rows)
-    if (blockIdx.x == 0 && threadIdx.x == 0) a.argmax[(step + 1) & 1] = 0ull;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      a.argmax[(step + 1) & 1] = 0ull;
+      if (a.screen_floor) a.screen_floor[(step + 1) & 1] = 0ull;
+    }
     grid_sync(a.barrier);
   }
   if (blockIdx.x == 0 && threadIdx.x == 0 && a.n_steps > 0) {

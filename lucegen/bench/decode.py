@@ -116,8 +116,32 @@ def profile_summary(stamps: np.ndarray, layer_kinds: list[int]) -> dict:
     return out
 
 
+def _time_greedy(dec, prompt, gen_tokens: int, repeats: int):
+    """tg-N launches of ``dec`` after ``prompt``, each replayed from the same state: (launch ms list, the last
+    launch's tokens, wall seconds of the timed launches)."""
+    dec.reset()
+    dec.prefill(prompt)
+    first = dec.next_token
+    snap = dec.snapshot()
+    start, end = dec.device.event(), dec.device.event()
+    dec.launch([first], gen_tokens)  # warm-up launch (module load, first-touch)
+    dec.collect()
+    times, tokens = [], None
+    w0 = time.perf_counter()
+    for _ in range(repeats):
+        dec.restore(snap)
+        start.record()
+        dec.launch([first], gen_tokens)
+        end.record()
+        times.append(start.elapsed_ms(end))
+        tokens = dec.collect().tokens
+    return times, tokens, time.perf_counter() - w0
+
+
 def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repeats: int = 10,
                      max_context: int | None = None, profile: bool = False, target=None, seed: int = 0) -> dict:
+    """tg-N of the megakernel: greedy steps with the lm_head screened where the kernel renders the screen
+    (runtime/lm_screen.py), and, in the same run, the same launches reading the whole lm_head ("whole_lm_head")."""
     from ..runtime.megakernel import MegakernelDecoder
 
     max_context = max_context or prompt_tokens + gen_tokens + 1
@@ -126,27 +150,9 @@ def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, r
     load_s = time.perf_counter() - t0
     cfg = dec.config
     prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).astype(np.int32)
-    dec.reset()
-    dec.prefill(prompt)
-    first = dec.next_token
-    snap = dec.snapshot()
-    start, end = dec.device.event(), dec.device.event()
-    # warm-up launch (module load, first-touch)
-    dec.launch([first], gen_tokens)
-    dec.collect()
-    times = []
     nvml = _nvml()
     e0 = _energy_mj(nvml)
-    w0 = time.perf_counter()
-    tokens = None
-    for _ in range(repeats):
-        dec.restore(snap)
-        start.record()
-        dec.launch([first], gen_tokens)
-        end.record()
-        times.append(start.elapsed_ms(end))
-        tokens = dec.collect().tokens
-    wall = time.perf_counter() - w0
+    times, tokens, wall = _time_greedy(dec, prompt, gen_tokens, repeats)
     e1 = _energy_mj(nvml)
     ms = statistics.median(times)
     t = dec.device.target
@@ -158,6 +164,7 @@ def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, r
         "prompt_tokens": prompt_tokens,
         "gen_tokens": gen_tokens, "repeats": repeats, "blocks": dec.blocks, "threads": dec.threads,
         "registers": dec.compiled.kernels[0].registers, "load_s": round(load_s, 2),
+        "lm_screen": dec.lm_screen,
         "ms_per_launch_median": ms, "ms_per_launch_min": min(times), "ms_per_token": ms / gen_tokens,
         "tok_s": tok_s, "tok_s_best": gen_tokens / (min(times) / 1e3),
         "bytes_per_token": bytes_per_token, "achieved_gbs": bytes_per_token * tok_s / 1e9,
@@ -173,12 +180,22 @@ def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, r
     else:
         result["tok_per_j"] = None
     dec.close()
+    if result["lm_screen"]:
+        whole = MegakernelDecoder(model, target=target, max_context=max_context, device=dec.device, lm_screen=False)
+        w_times, w_tokens, _ = _time_greedy(whole, prompt, gen_tokens, repeats)
+        w_ms = statistics.median(w_times)
+        result["whole_lm_head"] = {
+            "tok_s": gen_tokens / (w_ms / 1e3), "tok_s_best": gen_tokens / (min(w_times) / 1e3),
+            "ms_per_token": w_ms / gen_tokens, "bytes_per_token": whole.bytes_per_token(),
+            "barriers_per_token": whole.barriers_per_step, "tokens_equal": bool(np.array_equal(w_tokens, tokens)),
+        }
+        whole.close()
     if profile:
         pdec = MegakernelDecoder(model, target=target, max_context=max_context, profile=True,
                                  device=dec.device)
         pdec.reset()
         pdec.prefill(prompt)
-        pdec.launch([first], gen_tokens)
+        pdec.launch([pdec.next_token], gen_tokens)
         stamps = pdec.collect().profile
         result.update(profile_report(stamps, [l.kind for l in pdec.layout.layers]))
         pdec.close()
@@ -226,9 +243,16 @@ def format_table(r: dict) -> str:
         ("achieved bandwidth", f"{r['achieved_gbs']:.0f} GB/s = {100 * r['bandwidth_fraction']:.1f}% of the "
                                f"descriptor's {r['descriptor_gbs']:.0f} GB/s"),
         ("grid barriers / token", str(r["barriers_per_token"])),
+        ("lm_head", "int8 screen + exact candidate rows (greedy)" if r.get("lm_screen") else "whole"),
         ("tok/J (NVML)", "n/a (NVML unavailable)" if not r.get("tok_per_j") else
          f"{r['tok_per_j']:.1f}  ({r['avg_power_w']:.0f} W average)"),
     ]
+    whole = r.get("whole_lm_head")
+    if whole:
+        rows.append(("whole lm_head, same run", f"{whole['tok_s']:.0f} tok/s  (best {whole['tok_s_best']:.0f}), "
+                     f"{whole['ms_per_token']:.4f} ms / token, {whole['bytes_per_token'] / 1e9:.3f} GB / token; "
+                     f"tokens {'equal' if whole['tokens_equal'] else 'DIFFER'}"))
+        rows.append(("screen speed-up", f"{r['tok_s'] / whole['tok_s']:.3f}x"))
     if "hf_tok_s" in r:
         rows.append(("HF transformers tok/s", f"{r['hf_tok_s']:.1f}  (transformers {r['hf_version']}, BF16)"))
         rows.append(("speed-up vs HF", f"{r['tok_s'] / r['hf_tok_s']:.1f}x"))

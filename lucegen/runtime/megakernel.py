@@ -23,7 +23,7 @@ from ..model import kv_cache
 from ..model.config import ModelConfig
 from ..model.kv_cache import KvFormat
 from ..target import Target
-from . import packing
+from . import lm_screen, packing
 from .device import Buffer, Device
 
 TEMPLATE = "megakernel/decode.cu.j2"
@@ -125,7 +125,8 @@ class MegakernelDecoder(SequenceState):
     token_buffers = 2  # tokens_in, tokens_out
 
     def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None,
-                 profile: bool = False, tuning: dict | None = None, params: dict | None = None):
+                 profile: bool = False, tuning: dict | None = None, params: dict | None = None,
+                 lm_screen: bool = True):
         from ..compile import compile_source
         from ..model.checkpoint import Checkpoint, load_checkpoint
 
@@ -166,6 +167,8 @@ class MegakernelDecoder(SequenceState):
                               f"static + {self.dynamic_smem} B dynamic shared memory) fit on one SM; the grid barrier "
                               "needs every block resident: lower blocks_per_cu or threads in the descriptor")
         self.layout = packing.plan_layout(self.config)
+        # greedy steps without logits read the lm_head through its int8 screen (lm_screen.py) where it is rendered
+        self.lm_screen = bool(lm_screen and self.params.get("lm_screen"))
         self._allocate()
         self._upload_weights()
         self.reset()
@@ -185,6 +188,12 @@ class MegakernelDecoder(SequenceState):
         self.tokens_out = d.alloc(4 * self.max_context)
         self._logits: Buffer | None = None
         self._profile: Buffer | None = None
+        self.lm_codes = self.lm_rows = self.screen_floor = None
+        if self.lm_screen:
+            c = self.config
+            self.lm_codes = d.alloc(c.vocab_size * c.hidden_size)
+            self.lm_rows = d.alloc(c.vocab_size * 8)
+            self.screen_floor = d.alloc(16)
         for b in (self.wmat, self.wvec, self.barrier, self.argmax):
             d.memset(b)
 
@@ -194,6 +203,11 @@ class MegakernelDecoder(SequenceState):
         for buffer, offset, array in packing.pack_pieces(self.layout, self.checkpoint, dtype):
             if buffer == "wmat":
                 self.device.upload(array, _sub(self.wmat, offset * 2))
+                if self.lm_screen and offset == self.layout.lm_head:
+                    name = "embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+                    codes, rows = lm_screen.screen_tables(array, dtype, name)
+                    self.device.upload(codes, self.lm_codes)
+                    self.device.upload(rows, self.lm_rows)
             else:
                 self.device.upload(array, _sub(self.wvec, offset * 4))
             self.weight_bytes += array.nbytes
@@ -223,7 +237,7 @@ class MegakernelDecoder(SequenceState):
 
     def close(self) -> None:
         for name in ("wmat", "wvec", "conv", "recurrent", "kv", "scratch", "barrier", "argmax", "tokens_in",
-                     "tokens_out", "_logits", "_profile"):
+                     "tokens_out", "_logits", "_profile", "lm_codes", "lm_rows", "screen_floor"):
             b = getattr(self, name, None)
             if b is not None:
                 b.free()
@@ -264,8 +278,11 @@ class MegakernelDecoder(SequenceState):
             self.device.memset_async(self.scratch.ptr, self.scratch.nbytes, stream)
             self.epoch_base = 0
         self.device.memset_async(self.argmax.ptr, self.argmax.nbytes, stream)  # step 0's keys start at zero
+        screen = (self.lm_codes, self.lm_rows, self.screen_floor) if self.lm_screen else (np.uint64(0),) * 3
+        if self.lm_screen:
+            self.device.memset_async(self.screen_floor.ptr, self.screen_floor.nbytes, stream)
         args = (self.wmat, self.wvec, self.conv, self.recurrent, self.kv, self.scratch, self.barrier, self.argmax,
-                self.tokens_in, self.tokens_out, logits_ptr, profile_ptr, np.int32(self.max_context),
+                self.tokens_in, self.tokens_out, logits_ptr, *screen, profile_ptr, np.int32(self.max_context),
                 np.int32(self.position), np.int32(n_steps), np.int32(n_forced), np.uint32(self.epoch_base))
         self.function.launch(self.blocks, self.threads, args, smem=self.dynamic_smem, stream=stream)
         self.position += n_steps
@@ -318,14 +335,20 @@ class MegakernelDecoder(SequenceState):
         return out[:n]
 
     # ------------------------------------------------------------------------------------------ facts
-    def bytes_per_token(self) -> int:
-        """Bytes the kernel must read per decode step: every packed weight once (the tied embedding serves as
-        lm_head) plus the DeltaNet state read and written; the KV cache read is context-dependent and small."""
+    def bytes_per_token(self, screened: bool | None = None) -> int:
+        """Bytes the kernel must read per greedy decode step: every packed weight once (the tied embedding serves
+        as lm_head) plus the DeltaNet state read and written; the KV cache read is context-dependent and small.
+        Screened (default: whether this decoder screens): the lm_head's int8 copy and its row table instead of the
+        lm_head (the few candidate rows read besides are not counted)."""
         c, lay = self.config, self.layout
         weights = 2 * lay.wmat_elems - (0 if c.tie_word_embeddings else 2 * c.vocab_size * c.hidden_size)
+        if self.lm_screen if screened is None else screened:
+            weights -= c.vocab_size * c.hidden_size  # 1 byte a weight instead of 2
+            weights += c.vocab_size * 8
         state = 2 * lay.recurrent_floats() * 4
         return weights + state
 
     @property
     def barriers_per_step(self) -> int:
-        return packing.barriers_per_step(self.config)
+        """Grid barriers of a greedy step (without logits)."""
+        return packing.barriers_per_step(self.config, self.lm_screen)

@@ -28,6 +28,7 @@ from ..errors import CheckpointError
 from ..model.config import FULL, ModelConfig
 from ..model.dtypes import bf16_bits_to_f32
 from ..target import DTYPES, Target
+from . import lm_screen as lm_screen_bound
 
 KERNEL_NAME = "qwen35_decode"
 MAT_ALIGN = 128  # elements (256 bytes for 2-byte types)
@@ -233,6 +234,15 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     if 4 * smem_floats > target.smem_per_block:
         raise CheckpointError(f"model {c.name}: the decode megakernel's shared memory ({4 * smem_floats} bytes) "
                               f"does not fit {target.name}'s smem_per_block {target.smem_per_block}")
+    # the screened lm_head (lm_screen.py): a block's rows' upper ends after the matvec carve-up, and a count and the
+    # candidates where the staging's raw inputs were (or after the upper ends); rendered where it fits
+    screen_rows = math.ceil(c.vocab_size / blocks)
+    list_in_raw = screen_rows + 1 <= xs_max
+    screen_list = xs_max if list_in_raw else matvec_floats + screen_rows  # SM_RAW = xs_max
+    screen_floats = matvec_floats + screen_rows + (0 if list_in_raw else screen_rows + 1)
+    lm_screen = 4 * screen_floats <= target.smem_per_block
+    if lm_screen:
+        smem_floats = max(smem_floats, screen_floats)
     return {
         "kernel_name": KERNEL_NAME,
         "model_name": c.name,
@@ -256,6 +266,10 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         "segs_c_dn": segs_c_dn, "segs_c_at": segs_c_at, "segs_e": segs_e,
         "rows_a": rows_a, "pairs_d": pairs_d, "rows_lm": rows_lm,
         "pipeline_a": pipeline_a,
+        "lm_screen": lm_screen, "sm_screen": matvec_floats, "sm_screen_list": screen_list,
+        "screen_rows": screen_rows,
+        "screen_norm_slack": f32_literal(lm_screen_bound.NORM_SLACK),
+        "screen_margin_rel": f32_literal(lm_screen_bound.MARGIN_REL),
         "profile": profile,
         "kv_dtype": target.kv_cache_type,
         "kv_ctype": DTYPES[target.kv_cache_type][0],
@@ -265,9 +279,10 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     }
 
 
-def barriers_per_step(config: ModelConfig) -> int:
-    """Grid barriers per decode step: one, after the lm_head (the phases hand over through epoch-tagged words)."""
-    return 1
+def barriers_per_step(config: ModelConfig, screened: bool = False) -> int:
+    """Grid barriers per decode step: one after the lm_head (the phases hand over through epoch-tagged words), and
+    one inside it when the lm_head is screened (lm_screen.py: every block needs the grid's floor)."""
+    return 2 if screened else 1
 
 
 def phases_per_step(config: ModelConfig) -> int:

@@ -163,6 +163,55 @@ def test_chunked_launches_equal_one_launch():
     assert np.array_equal(np.concatenate(parts), whole)
 
 
+@pytest.mark.parametrize("preset", ["tiny", "tiny-gqa"])
+def test_screened_lm_head_picks_the_whole_lm_heads_token(preset):
+    """A greedy step reads the lm_head through its int8 screen (lucegen/runtime/lm_screen.py); a step that returns
+    logits reads it whole. Over the same forced tokens both must choose the same token, numpy's argmax of the
+    logits (lowest index on ties)."""
+    dec, _ = decoder(preset)
+    assert dec.lm_screen and dec.barriers_per_step == 2
+    tokens = np.random.default_rng(9).integers(0, dec.config.vocab_size, 64).astype(np.int32)
+    dec.reset()
+    whole = dec.run(tokens, logits=True)
+    dec.reset()
+    screened = dec.run(tokens)
+    assert np.array_equal(whole.tokens, whole.logits.argmax(-1))
+    assert np.array_equal(screened.tokens, whole.tokens)
+
+
+def test_screened_lm_head_breaks_ties_like_the_whole():
+    """Every lm_head row repeated half the vocabulary on: each step's largest logit is held by two rows, and both
+    paths must pick the lower."""
+    import copy
+
+    from lucegen.runtime.megakernel import MegakernelDecoder
+
+    ckpt = load_checkpoint(checkpoint_dir("tiny"))
+    name = "embed_tokens.weight" if ckpt.config.tie_word_embeddings else "lm_head.weight"
+    twin = copy.copy(ckpt)
+
+    def twinned(read):
+        def rows(tensor):
+            a = read(tensor)
+            if tensor == name:
+                a = a.copy()
+                half = a.shape[0] // 2
+                a[half : 2 * half] = a[:half]
+            return a
+        return rows
+
+    twin.bf16, twin.f32 = twinned(ckpt.bf16), twinned(ckpt.f32)
+    dec = MegakernelDecoder(twin, device=gpu_device(), max_context=96)
+    half = dec.config.vocab_size // 2
+    tokens = np.random.default_rng(4).integers(0, half, 48).astype(np.int32)
+    whole = dec.run(tokens, logits=True)
+    dec.reset()
+    screened = dec.run(tokens)
+    dec.close()
+    assert np.array_equal(whole.tokens, whole.logits.argmax(-1)) and whole.tokens.max() < half
+    assert np.array_equal(screened.tokens, whole.tokens)
+
+
 def test_refuses_context_overflow_before_launch():
     dec, _ = decoder("tiny")
     dec.reset()
@@ -200,8 +249,12 @@ def test_teacher_forced_08b():
         for name, a, b in pairs:
             m[f"state_rel_{name}"] = max(m.get(f"state_rel_{name}", 0.0),
                                          float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)))
+    dec.reset()
+    screened = dec.run(tokens)  # greedy steps read the lm_head through its screen
+    m["screened_tokens_equal"] = bool(np.array_equal(screened.tokens, result.tokens))
     report("teacher_forced[qwen3.5-0.8b]", m)
     dec.close()
+    assert m["screened_tokens_equal"]
     assert not m["nan"]
     assert m["rel"] <= TOL_REL, m
     assert m["min_cos"] >= COS_MIN, m
