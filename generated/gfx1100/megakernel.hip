@@ -394,6 +394,7 @@ constexpr int XS_MAX = 3584, SM_RAW = XS_MAX, SM_RED = 2 * XS_MAX, SM_HEADS = SM
 constexpr int SM_PART = SM_HEADS + 32;
 // the screened lm_head (runtime/lm_screen.py): a block's rows' upper ends, then their count and candidates
 constexpr int SM_SCREEN = 7328, SM_SCREEN_LIST = 3584, SCREEN_ROWS = 2587;
+constexpr int ROWS_SCREEN = 2;  // int8 rows a warp at a time
 constexpr float SCREEN_NORM_SLACK = 0.000244140625f, SCREEN_MARGIN_REL = 3.814697265625e-06f;
 constexpr float Q_SCALE = 0.0883883461356163f;     // 1 / sqrt(linear_key_head_dim)
 constexpr float ATTN_SCALE = 0.0625f;  // head_dim ** -0.5
@@ -1304,7 +1305,9 @@ __device__ __forceinline__ void block_argmax(const DecodeArgs& a, int step, unsi
 // lm_head_phase's token from the lm_head's int8 copy (lucegen/runtime/lm_screen.py states the bound; its
 // screened_argmax is this phase over every row at once):
 //   A_r = s_r (q_r · xs) for the block's rows, margin m_r = c_r ||xs|| + 2^-18 |A_r|;
-//   T = max over the grid of A_r - m_r (an atomicMax, then a grid barrier);
+//   T = the largest A_r - m_r the grid has published when the block reads it (an atomicMax, then a load; no grid
+//       barrier): at least the block's own, never above the whole grid's, so a block that finishes early keeps a
+//       few more rows but never loses the argmax's;
 //   the rows with A_r + m_r >= T (NaN included) take lm_head_phase's own dot of the exact row, and the argmax over
 //   them is lm_head_phase's, bit for bit. The floor keys are double-buffered by step parity like the argmax's.
 __device__ __forceinline__ float key_value(unsigned long long key) {  // argmax_key's float (0: NaN)
@@ -1322,7 +1325,7 @@ __device__ __noinline__ void lm_head_screen_phase(const DecodeArgs& a, int step,
   block_range(V, sl.r0, sl.r1);
   float xnorm = 0.f, lower = lg_neg_inf();  // xnorm >= ||xs||_2; the largest A_r - m_r of the block
   float2 row_scale;                          // (s_r, c_r) of the row this lane finishes next
-  block_matvec_rows<H, ROWS_LM, true>(sl, xs,
+  block_matvec_rows<H, ROWS_SCREEN, true>(sl, xs,
       [&] {
         stage_rmsnorm(a, a.wvec + FINAL_NORM, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED);
         float ss = 0.f;
@@ -1340,9 +1343,15 @@ __device__ __noinline__ void lm_head_screen_phase(const DecodeArgs& a, int step,
         lower = fmaxf(lower, approx - margin);
       });
   lower = block_max(lower, smem + SM_RED);
-  if (threadIdx.x == 0) mk_atomic_max_u64(a.screen_floor + (step & 1), argmax_key(lower, 0));
-  grid_sync(a.barrier);
-  const float t = key_value(mk_load_shared_u64(a.screen_floor + (step & 1)));
+  float* floor_seen = smem + SM_RED + NW;  // the grid's floor as thread 0 read it
+  if (threadIdx.x == 0) {
+    const unsigned long long mine = argmax_key(lower, 0);
+    mk_atomic_max_u64(a.screen_floor + (step & 1), mine);
+    const unsigned long long seen = mk_load_shared_u64(a.screen_floor + (step & 1));
+    *floor_seen = key_value(seen > mine ? seen : mine);
+  }
+  __syncthreads();
+  const float t = *floor_seen;
   for (int i = threadIdx.x; i < sl.r1 - sl.r0; i += THREADS)
     if (!(upper[i] < t)) found[1 + lg_atomic_add_block(found, 1)] = i;
   __syncthreads();
@@ -1378,8 +1387,7 @@ __device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float*
 
 // ------------------------------------------------------------------------------------------ the kernel
 // Per step: token → for each layer 5 phases (A in-projections, B token mixing, C out-projection + residual,
-// D gate/up + SiLU, E down + residual) → lm_head + argmax (or the screened lm_head, a grid barrier of its own) →
-// one grid barrier. The phases hand over through epoch-tagged words (see the handover above). The argmax and screen
+// D gate/up + SiLU, E down + residual) → lm_head + argmax (whole, or screened) → one grid barrier. The phases hand over through epoch-tagged words (see the handover above). The argmax and screen
 // floor keys are double-buffered by step parity and come zeroed from the host: block 0 zeroes the next step's before
 // the barrier, after every block has read them.
 // The register budget that keeps blocks_per_cu blocks resident: NVIDIA's launch bounds say it; clang's AMDGPU

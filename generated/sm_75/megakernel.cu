@@ -1261,8 +1261,7 @@ __device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float*
 
 // ------------------------------------------------------------------------------------------ the kernel
 // Per step: token → for each layer 5 phases (A in-projections, B token mixing, C out-projection + residual,
-// D gate/up + SiLU, E down + residual) → lm_head + argmax (or the screened lm_head, a grid barrier of its own) →
-// one grid barrier. The phases hand over through epoch-tagged words (see the handover above). The argmax and screen
+// D gate/up + SiLU, E down + residual) → lm_head + argmax (whole, or screened) → one grid barrier. The phases hand over through epoch-tagged words (see the handover above). The argmax and screen
 // floor keys are double-buffered by step parity and come zeroed from the host: block 0 zeroes the next step's before
 // the barrier, after every block has read them.
 // The register budget that keeps blocks_per_cu blocks resident: NVIDIA's launch bounds say it; clang's AMDGPU

@@ -350,5 +350,4 @@ class MegakernelDecoder(SequenceState):
 
     @property
     def barriers_per_step(self) -> int:
-        """Grid barriers of a greedy step (without logits)."""
-        return packing.barriers_per_step(self.config, self.lm_screen)
+        return packing.barriers_per_step(self.config)

@@ -209,7 +209,8 @@ def check_supported(config: ModelConfig, target: Target) -> None:
 
 
 def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False, pipeline_a: bool = True,
-                  rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2, att_keys_per_warp: int | None = None) -> dict:
+                  rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2, rows_screen: int = 2,
+                  att_keys_per_warp: int | None = None) -> dict:
     """The ``mk`` dict the template renders with (plus the descriptor's own params). Tuning knobs: ``pipeline_a``
     (double-buffer the in-projection), rows per warp of the row-split matvecs, cached keys per warp per batch of the
     attention (its split over blocks follows: a head's keys are cut into ranges of at most that many per block)."""
@@ -264,7 +265,7 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         "xs_max": xs_max,
         "heads_max": heads_max,
         "segs_c_dn": segs_c_dn, "segs_c_at": segs_c_at, "segs_e": segs_e,
-        "rows_a": rows_a, "pairs_d": pairs_d, "rows_lm": rows_lm,
+        "rows_a": rows_a, "pairs_d": pairs_d, "rows_lm": rows_lm, "rows_screen": rows_screen,
         "pipeline_a": pipeline_a,
         "lm_screen": lm_screen, "sm_screen": matvec_floats, "sm_screen_list": screen_list,
         "screen_rows": screen_rows,
@@ -279,10 +280,10 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     }
 
 
-def barriers_per_step(config: ModelConfig, screened: bool = False) -> int:
-    """Grid barriers per decode step: one after the lm_head (the phases hand over through epoch-tagged words), and
-    one inside it when the lm_head is screened (lm_screen.py: every block needs the grid's floor)."""
-    return 2 if screened else 1
+def barriers_per_step(config: ModelConfig) -> int:
+    """Grid barriers per decode step: one, after the lm_head (the phases hand over through epoch-tagged words; the
+    screened lm_head's floor through an atomic)."""
+    return 1
 
 
 def phases_per_step(config: ModelConfig) -> int:
