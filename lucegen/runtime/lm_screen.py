@@ -29,8 +29,6 @@ from ..model.dtypes import bf16_bits_to_f32
 
 #: Relative rounding the kernel allows for A_r's last multiply and for A_r +- m_r (the |A_r| term of the margin).
 MARGIN_REL = 2.0 ** -18
-#: Relative slack on ||x||_2 as the kernel computes it (a float32 block sum times its approximate reciprocal root).
-NORM_SLACK = 2.0 ** -12
 ROWS_PER_CHUNK = 8192  # rows converted at a time (host memory)
 
 
@@ -38,6 +36,12 @@ def gamma(hidden: int) -> float:
     """Bound on a float32 dot product's rounding error of ``hidden`` terms, relative to the sum of its terms'
     magnitudes, whatever the summation order (n u / (1 - n u) <= 2 n u for n u < 1/2, u = 2^-24)."""
     return 2.0 * hidden * 2.0 ** -24
+
+
+def norm_slack(hidden: int) -> float:
+    """Relative slack on ||x||_2 as the kernel computes it: a float32 sum of ``hidden`` squares (relative error at
+    most gamma(hidden)), times its approximate reciprocal root (a few ulp), and the products' roundings."""
+    return max(2.0 ** -12, 2 * gamma(hidden))
 
 
 def _values(bits: np.ndarray, dtype: str) -> np.ndarray:
@@ -77,7 +81,7 @@ def screened_argmax(codes: np.ndarray, rows: np.ndarray, w: np.ndarray, x: np.nd
     """The kernel's screen over every row at once (float32 like the kernel; ``w`` the exact rows as float32, ``x``
     the staged hidden state): the greedy token and the candidate rows whose exact logits were computed."""
     x = np.asarray(x, np.float32)
-    xnorm = np.float32(np.sqrt(np.sum(x.astype(np.float64) ** 2)) * (1 + NORM_SLACK))
+    xnorm = np.float32(np.sqrt(np.sum(x.astype(np.float64) ** 2)) * (1 + norm_slack(x.size)))
     approx = rows[:, 0] * (codes.astype(np.float32) @ x)
     margin = rows[:, 1] * xnorm + np.float32(MARGIN_REL) * np.abs(approx)
     floor = np.max(approx - margin)
