@@ -349,7 +349,8 @@ constexpr int SMEM_FLOATS = 10357;
 constexpr int XS_MAX = 3584, SM_RAW = XS_MAX, SM_RED = 2 * XS_MAX, SM_HEADS = SM_RED + 64;
 constexpr int SM_PART = SM_HEADS + 32;
 // the screened lm_head (runtime/lm_screen.py): a block's rows' upper ends, then their count and candidates
-constexpr int SM_SCREEN = 7328, SM_SCREEN_LIST = 3584, SCREEN_ROWS = 3029;
+constexpr int SM_SCREEN = 7328, SCREEN_ROWS = 3029;
+constexpr int SM_SCREEN_LIST = SM_RAW;
 constexpr int ROWS_SCREEN = 2;  // int8 rows a warp at a time
 constexpr float SCREEN_NORM_SLACK = 0.000244140625f, SCREEN_MARGIN_REL = 3.814697265625e-06f;
 constexpr float Q_SCALE = 0.0883883461356163f;     // 1 / sqrt(linear_key_head_dim)
@@ -1299,6 +1300,7 @@ __device__ __noinline__ void lm_head_screen_phase(const DecodeArgs& a, int step,
         lower = fmaxf(lower, approx - margin);
       });
   lower = block_max(lower, smem + SM_RED);
+  static_assert(NW < SM_HEADS - SM_RED, "the floor's word after the block reduction's");
   float* floor_seen = smem + SM_RED + NW;  // the grid's floor as thread 0 read it
   if (threadIdx.x == 0) {
     const unsigned long long mine = argmax_key(lower, 0);

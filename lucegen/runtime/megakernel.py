@@ -24,7 +24,7 @@ from ..model.config import ModelConfig
 from ..model.kv_cache import KvFormat
 from ..target import Target
 from . import lm_screen, packing
-from .device import Buffer, Device
+from .device import Buffer, Device, address
 
 TEMPLATE = "megakernel/decode.cu.j2"
 
@@ -183,17 +183,16 @@ class MegakernelDecoder(SequenceState):
         self.kv = d.alloc(self.kv_bytes())
         self.scratch = d.alloc(lay.scratch_floats * 8)  # tagged words: (epoch << 32) | float bits
         self.barrier = d.alloc(256)
-        self.argmax = d.alloc(16)
+        self.argmax = d.alloc(32)  # [2] argmax keys, then [2] screen floor keys (both by step parity)
         self.tokens_in = d.alloc(4 * self.max_context)
         self.tokens_out = d.alloc(4 * self.max_context)
         self._logits: Buffer | None = None
         self._profile: Buffer | None = None
-        self.lm_codes = self.lm_rows = self.screen_floor = None
+        self.lm_codes = self.lm_rows = None
         if self.lm_screen:
             c = self.config
             self.lm_codes = d.alloc(c.vocab_size * c.hidden_size)
             self.lm_rows = d.alloc(c.vocab_size * 8)
-            self.screen_floor = d.alloc(16)
         for b in (self.wmat, self.wvec, self.barrier, self.argmax):
             d.memset(b)
 
@@ -237,7 +236,7 @@ class MegakernelDecoder(SequenceState):
 
     def close(self) -> None:
         for name in ("wmat", "wvec", "conv", "recurrent", "kv", "scratch", "barrier", "argmax", "tokens_in",
-                     "tokens_out", "_logits", "_profile", "lm_codes", "lm_rows", "screen_floor"):
+                     "tokens_out", "_logits", "_profile", "lm_codes", "lm_rows"):
             b = getattr(self, name, None)
             if b is not None:
                 b.free()
@@ -278,9 +277,8 @@ class MegakernelDecoder(SequenceState):
             self.device.memset_async(self.scratch.ptr, self.scratch.nbytes, stream)
             self.epoch_base = 0
         self.device.memset_async(self.argmax.ptr, self.argmax.nbytes, stream)  # step 0's keys start at zero
-        screen = (self.lm_codes, self.lm_rows, self.screen_floor) if self.lm_screen else (np.uint64(0),) * 3
-        if self.lm_screen:
-            self.device.memset_async(self.screen_floor.ptr, self.screen_floor.nbytes, stream)
+        screen = ((self.lm_codes, self.lm_rows, address(self.argmax.ptr + 16)) if self.lm_screen else
+                  (np.uint64(0),) * 3)
         args = (self.wmat, self.wvec, self.conv, self.recurrent, self.kv, self.scratch, self.barrier, self.argmax,
                 self.tokens_in, self.tokens_out, logits_ptr, *screen, profile_ptr, np.int32(self.max_context),
                 np.int32(self.position), np.int32(n_steps), np.int32(n_forced), np.uint32(self.epoch_base))

@@ -239,7 +239,6 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     # candidates where the staging's raw inputs were (or after the upper ends); rendered where it fits
     screen_rows = math.ceil(c.vocab_size / blocks)
     list_in_raw = screen_rows + 1 <= xs_max
-    screen_list = xs_max if list_in_raw else matvec_floats + screen_rows  # SM_RAW = xs_max
     screen_floats = matvec_floats + screen_rows + (0 if list_in_raw else screen_rows + 1)
     lm_screen = 4 * screen_floats <= target.smem_per_block
     if lm_screen:
@@ -267,7 +266,7 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         "segs_c_dn": segs_c_dn, "segs_c_at": segs_c_at, "segs_e": segs_e,
         "rows_a": rows_a, "pairs_d": pairs_d, "rows_lm": rows_lm, "rows_screen": rows_screen,
         "pipeline_a": pipeline_a,
-        "lm_screen": lm_screen, "sm_screen": matvec_floats, "sm_screen_list": screen_list,
+        "lm_screen": lm_screen, "sm_screen": matvec_floats, "screen_list_in_raw": list_in_raw,
         "screen_rows": screen_rows,
         "screen_norm_slack": f32_literal(lm_screen_bound.norm_slack(h)),
         "screen_margin_rel": f32_literal(lm_screen_bound.MARGIN_REL),
