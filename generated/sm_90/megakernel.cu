@@ -214,6 +214,10 @@ __device__ __forceinline__ uint4 mk_load_weight16(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+// Byte k of w under the exponent byte of 2^23: the float 2^23 + byte (one permute, no conversion instruction).
+__device__ __forceinline__ float mk_byte_over_2p23(unsigned w, int k) {
+  return __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7540 | k));
+}
 // 16 bytes written by other blocks in an earlier step (the KV cache): read at L2 (never a stale L1 line).
 __device__ __forceinline__ uint4 mk_load_shared_act16(const void* p) {
   uint4 v;
@@ -596,18 +600,21 @@ __device__ __forceinline__ float dot8(const uint4& w, const mk_float4& lo, const
   mk_unpack8<wt_t>(w, f);
   return f[0] * lo.x + f[1] * lo.y + f[2] * lo.z + f[3] * lo.w + f[4] * hi.x + f[5] * hi.y + f[6] * hi.z + f[7] * hi.w;
 }
+// Code q of byte k as a float with full-rate instructions: q ^ 0x80 = q + 128 is the float 2^23 + 128 + q under
+// the exponent byte of 2^23, and subtracting 2^23 + 128 is exact (an int8-to-float conversion is a quarter-rate op).
+__device__ __forceinline__ float code_value(unsigned flipped, int k) {
+  return mk_byte_over_2p23(flipped, k) - 8388736.f;
+}
 // 16 int8 codes (elements 16c .. 16c + 15: the xs chunks 2c and 2c + 1) times x.
 __device__ __forceinline__ float dot16_codes(const uint4& w, const mk_float4* x4, int c, int cols) {
-  const unsigned word[4] = {w.x, w.y, w.z, w.w};
+  const unsigned word[4] = {w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u};
   float a = 0.f;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // chunk 2c + h: its low four elements in the low half of xs, the high four above
     const mk_float4 lo = x4[2 * c + h], hi = x4[cols / 8 + 2 * c + h];
     const unsigned u0 = word[2 * h], u1 = word[2 * h + 1];
-    a += (float)(signed char)u0 * lo.x + (float)(signed char)(u0 >> 8) * lo.y +
-         (float)(signed char)(u0 >> 16) * lo.z + (float)(signed char)(u0 >> 24) * lo.w +
-         (float)(signed char)u1 * hi.x + (float)(signed char)(u1 >> 8) * hi.y +
-         (float)(signed char)(u1 >> 16) * hi.z + (float)(signed char)(u1 >> 24) * hi.w;
+    a += code_value(u0, 0) * lo.x + code_value(u0, 1) * lo.y + code_value(u0, 2) * lo.z + code_value(u0, 3) * lo.w +
+         code_value(u1, 0) * hi.x + code_value(u1, 1) * hi.y + code_value(u1, 2) * hi.z + code_value(u1, 3) * hi.w;
   }
   return a;
 }
