@@ -567,28 +567,24 @@ __device__ __forceinline__ void await_strided(const unsigned long long* base, un
 }
 
 // ------------------------------------------------------------------------------------------ block helpers
-__device__ __forceinline__ float block_sum(float v, float* red) {
+// v over the block: each warp's reduction (warp_op), then the warps' in order (op); every thread gets the result.
+template <class WarpOp, class Op>
+__device__ __forceinline__ float block_reduce(float v, float* red, WarpOp warp_op, Op op) {
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
-  v = lg_warp_sum(v);
-  __syncthreads();  // red may still be read by a previous reduction
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float t = 0.f;
-#pragma unroll
-  for (int w = 0; w < mk::NW; ++w) t += red[w];
-  return t;
-}
-
-__device__ __forceinline__ float block_max(float v, float* red) {
-  const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
-  v = lg_warp_max(v);
+  v = warp_op(v);
   __syncthreads();  // red may still be read by a previous reduction
   if (lane == 0) red[warp] = v;
   __syncthreads();
   float t = red[0];
 #pragma unroll
-  for (int w = 1; w < mk::NW; ++w) t = fmaxf(t, red[w]);
+  for (int w = 1; w < mk::NW; ++w) t = op(t, red[w]);
   return t;
+}
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  return block_reduce(v, red, [](float x) { return lg_warp_sum(x); }, [](float a, float b) { return a + b; });
+}
+__device__ __forceinline__ float block_max(float v, float* red) {
+  return block_reduce(v, red, [](float x) { return lg_warp_max(x); }, [](float a, float b) { return fmaxf(a, b); });
 }
 
 // Rows [begin, end) of n split evenly over the grid.

@@ -45,7 +45,7 @@ __device__ __forceinline__ unsigned lg_float_bits(float v) { return __float_as_u
 __device__ __forceinline__ unsigned lg_bits16(fp16_t x) { return __half_as_ushort(x); }
 __device__ __forceinline__ unsigned lg_bits16(bf16_t x) { return __bfloat16_as_ushort(x); }
 __device__ __forceinline__ void lg_atomic_max_u64(unsigned long long* p, unsigned long long v) { atomicMax(p, v); }
-// A counter in shared memory that the block's threads bump: the value before
+// A counter in shared memory that the block's threads bump: returns its value before the add
 __device__ __forceinline__ int lg_atomic_add_block(int* p, int v) { return atomicAdd(p, v); }
 // a * b and a + b each rounded to nearest, never contracted into one fused multiply-add
 __device__ __forceinline__ float lg_mul_rn(float a, float b) { return __fmul_rn(a, b); }

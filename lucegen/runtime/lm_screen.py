@@ -13,8 +13,8 @@ relative to the sum of the terms' magnitudes; 2^-18 |A_r| the rounding of the fi
 margin). So with T = max_r (A_r - m_r), m_r that margin, the largest E_r (lowest index on ties) lies among the rows
 with A_r + m_r >= T: every such row's exact logit is computed by the same dot as the whole lm_head's, and the
 argmax over them is the argmax over all rows, bit for bit. Any T' <= T (the kernel's blocks take the largest lower
-end published when they look, at least their own) keeps more rows and the same argmax. On the 0.8B's random weights a step keeps a handful of
-its 248,320 rows; the copy is half the lm_head's bytes.
+end published when they look, at least their own) keeps more rows and the same argmax. On the 0.8B's random weights
+a step keeps a handful of its 248,320 rows; the copy is half the lm_head's bytes.
 
     codes, rows = screen_tables(lm_head_bits, "bf16")      # int8 [V, H], float32 [V, 2] = (s_r, c_r)
     token, candidates = screened_argmax(codes, rows, w, x)  # the numpy statement the kernel must match
