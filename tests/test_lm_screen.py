@@ -37,7 +37,8 @@ def _hidden(rng, hidden: int) -> np.ndarray:
 def test_the_margin_holds_for_every_row(seed, hidden):
     rng = np.random.default_rng(seed)
     bits, w = _lm_head(rng, 600, hidden)
-    codes, rows = lm_screen.screen_tables(bits, "bf16")
+    packed, rows = lm_screen.screen_tables(bits, "bf16")
+    codes = lm_screen.unpack_codes(packed)
     x = _hidden(rng, hidden)
     # the worst case for row 0: x along its codes' error
     err0 = w[0].astype(np.float64) - rows[0, 0] * codes[0].astype(np.float64)
@@ -77,14 +78,48 @@ def test_fp16_rows_and_their_values():
     rng = np.random.default_rng(2)
     w16 = (rng.standard_normal((300, 64)) * 0.05).astype(np.float16)
     codes, rows = lm_screen.screen_tables(w16.view(np.uint16), "fp16")
-    assert codes.dtype == np.int8 and np.abs(codes).max() == 127
+    assert codes.dtype == np.uint8 and codes.shape == (300, 48)
+    assert np.abs(lm_screen.unpack_codes(codes)).max() == lm_screen.LEVELS
     x = _hidden(rng, 64)
     token, _ = lm_screen.screened_argmax(codes, rows, w16.astype(np.float32), x)
     assert token == int(np.argmax(w16.astype(np.float32) @ x))
 
 
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 9), chunks=st.integers(1, 6))
+def test_codes_pack_six_bits_each_and_back(seed, rows, chunks):
+    q = np.random.default_rng(seed).integers(-lm_screen.LEVELS, lm_screen.LEVELS + 1, (rows, 64 * chunks))
+    packed = lm_screen.pack_codes(q.astype(np.int8))
+    assert packed.dtype == np.uint8 and packed.shape == (rows, 48 * chunks)
+    np.testing.assert_array_equal(lm_screen.unpack_codes(packed), q)
+
+
+def test_codes_layout_is_the_kernels():
+    """The kernel's reading of a chunk (RowFormat<code6_t>::dot): nibble word j, pair word j / 2 shifted by
+    4 - 2 (2 (j & 1)) or 4 - 2 (2 (j & 1) + 1), masked, and each byte minus 32."""
+    H = 128
+    q = np.random.default_rng(3).integers(-31, 32, (1, H)).astype(np.int8)
+    row = lm_screen.pack_codes(q)[0]
+    for c in range(H // 32):
+        nib = np.frombuffer(row[16 * c : 16 * c + 16].tobytes(), "<u4")
+        pairs = np.frombuffer(row[H // 2 + 8 * c : H // 2 + 8 * c + 8].tobytes(), "<u4")
+        for j in range(4):
+            u, n = int(pairs[j >> 1]), int(nib[j])
+            lo = (n & 0x0F0F0F0F) | ((u if j & 1 else u << 4) & 0x30303030)
+            hi = ((n >> 4) & 0x0F0F0F0F) | ((u >> 2 if j & 1 else u << 2) & 0x30303030)
+            for k in range(4):
+                assert ((lo >> 8 * k) & 255) - 32 == q[0, 32 * c + 8 * j + k]
+                assert ((hi >> 8 * k) & 255) - 32 == q[0, 32 * c + 8 * j + 4 + k]
+
+
+def test_refuses_a_row_length_it_cannot_pack():
+    bits = f32_to_bf16_bits(np.ones((4, 96), np.float32)).reshape(4, 96)
+    with pytest.raises(CheckpointError, match="lm_head: the screen packs rows of a multiple of 64 weights, not 96"):
+        lm_screen.screen_tables(bits, "bf16")
+
+
 def test_refuses_a_non_finite_weight():
-    bits = f32_to_bf16_bits(np.ones((20, 32), np.float32)).reshape(20, 32)
+    bits = f32_to_bf16_bits(np.ones((20, 64), np.float32)).reshape(20, 64)
     bits[13, 3] = 0x7F80  # +inf
     with pytest.raises(CheckpointError, match="lm_head.weight: row 13 holds a non-finite weight"):
         lm_screen.screen_tables(bits, "bf16", "lm_head.weight")

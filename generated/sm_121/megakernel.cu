@@ -214,6 +214,11 @@ __device__ __forceinline__ uint4 mk_load_weight16(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+__device__ __forceinline__ uint2 mk_load_weight8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 { %0, %1 }, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
 // Byte k of w under the exponent byte of 2^23: the float 2^23 + byte (one permute, no conversion instruction).
 __device__ __forceinline__ float mk_byte_over_2p23(unsigned w, int k) {
   return __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7540 | k));
@@ -336,6 +341,9 @@ __device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD],
 
 typedef bf16_t wt_t;   // weight element (bf16)
 typedef bf16_t kv_t;     // KV-cache element (bf16)
+struct code6_t {                    // a byte of the lm_head screen's 6-bit codes (RowFormat<code6_t>)
+  unsigned char byte;
+};
 
 namespace mk {
 // ---- model shape (qwen3.5-0.8b) ----
@@ -444,7 +452,7 @@ struct DecodeArgs {
   const int* tokens_in;             // forced tokens (prompt / teacher forcing)
   int* tokens_out;                  // [n_steps] greedy argmax of each step
   float* logits;                    // [n_steps][V] or null
-  const signed char* lm_codes;      // the lm_head's int8 copy [V][H] or null (lm_head_screen_phase)
+  const code6_t* lm_codes;          // the lm_head's 6-bit copy [V][3H/4 bytes] or null (lm_head_screen_phase)
   const float2* lm_rows;            // [V] (scale s_r, bound c_r) of the copy
   unsigned long long* screen_floor;  // [2] the screen's floor keys, by step parity
   unsigned long long* profile;      // [n_steps][PHASES][BLOCKS][4] globaltimer stamps or null (profile_mark)
@@ -550,7 +558,7 @@ __device__ __forceinline__ void block_range(int n, int& begin, int& end) {
 }
 
 // The rows of each matrix this block multiplies: every matvec phase splits its rows evenly over the grid. E: the
-// element type (wt_t, or the int8 codes of the lm_head screen).
+// element type (wt_t, or the 6-bit codes of the lm_head screen: RowFormat).
 template <typename E>
 struct MatSliceOf {
   const E* w;  // the row-major matrix
@@ -591,53 +599,92 @@ __device__ __forceinline__ float dot8(const uint4& w, const mk_float4& lo, const
   mk_unpack8<wt_t>(w, f);
   return f[0] * lo.x + f[1] * lo.y + f[2] * lo.z + f[3] * lo.w + f[4] * hi.x + f[5] * hi.y + f[6] * hi.z + f[7] * hi.w;
 }
-// Code q of byte k as a float with full-rate instructions: q ^ 0x80 = q + 128 is the float 2^23 + 128 + q under
-// the exponent byte of 2^23, and subtracting 2^23 + 128 is exact (an int8-to-float conversion is a quarter-rate op).
-__device__ __forceinline__ float code_value(unsigned flipped, int k) {
-  return mk_byte_over_2p23(flipped, k) - 8388736.f;
-}
-// 16 int8 codes (elements 16c .. 16c + 15: the xs chunks 2c and 2c + 1) times x.
-__device__ __forceinline__ float dot16_codes(const uint4& w, const mk_float4* x4, int c, int cols) {
-  const unsigned word[4] = {w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u};
-  float a = 0.f;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  // chunk 2c + h: its low four elements in the low half of xs, the high four above
-    const mk_float4 lo = x4[2 * c + h], hi = x4[cols / 8 + 2 * c + h];
-    const unsigned u0 = word[2 * h], u1 = word[2 * h + 1];
-    a += code_value(u0, 0) * lo.x + code_value(u0, 1) * lo.y + code_value(u0, 2) * lo.z + code_value(u0, 3) * lo.w +
-         code_value(u1, 0) * hi.x + code_value(u1, 1) * hi.y + code_value(u1, 2) * hi.z + code_value(u1, 3) * hi.w;
+// How a warp holds rows of element type E: lane l takes chunks l, l + WARP, ... of each row, PER elements a chunk
+// (Chunk: the registers of one), and multiplies a chunk by its elements of the staged x. Rows of wt_t: 8 values, one
+// 16-byte load, a chunk.
+template <typename E>
+struct RowFormat {
+  static constexpr int PER = 8;
+  using Chunk = uint4;
+  // row r of a matrix of `cols` columns
+  static __device__ __forceinline__ const E* row(const E* w, int cols, int r) { return w + (size_t)r * cols; }
+  static __device__ __forceinline__ Chunk load(const E* row, int, int c0, int c) {
+    return mk_load_weight16(row + c0 + c * PER);
   }
-  return a;
-}
-
-// The weight slice of R consecutive rows (row stride COLS, columns c0 .. c0+SEG) that one warp holds in registers:
-// lane l holds 16-byte chunks l, l+WARP, ... of each row (8 wt_t or 16 int8 elements a chunk). Rows >= nvalid load
-// nothing (zeros).
-template <int SEG, typename E = wt_t>
-struct MkChunks {
-  static constexpr int PER = 16 / sizeof(E), CHUNKS = SEG / PER, ITERS = (CHUNKS + mk::WARP - 1) / mk::WARP;
+  static __device__ __forceinline__ float dot(const Chunk& v, const mk_float4* x4, int c0, int c, int cols) {
+    return dot8(v, x4[c0 / 8 + c], x4[cols / 8 + c0 / 8 + c]);
+  }
 };
 
+// The lm_head screen's 6-bit codes (code6_t, lucegen/runtime/lm_screen.py: pack_codes): a row is its nibble plane
+// (cols / 2 bytes), then its plane of top bit pairs (cols / 4 bytes); a chunk is 32 codes, 16 nibble bytes and 8
+// pair bytes.
+struct Code6Chunk {
+  uint4 nibbles;
+  uint2 pairs;
+};
+// Byte k of w, a code + 32, as the code's float: the float 2^23 + 32 + q under the exponent byte of 2^23, minus
+// 2^23 + 32 (exact; an int-to-float conversion is a quarter-rate instruction).
+__device__ __forceinline__ float code6_value(unsigned w, int k) { return mk_byte_over_2p23(w, k) - 8388640.f; }
+template <>
+struct RowFormat<code6_t> {
+  static constexpr int PER = 32;
+  using Chunk = Code6Chunk;
+  static __device__ __forceinline__ const code6_t* row(const code6_t* w, int cols, int r) {
+    return w + (size_t)r * (cols / 4 * 3);
+  }
+  static __device__ __forceinline__ Chunk load(const code6_t* row, int cols, int, int c) {
+    return Chunk{mk_load_weight16(row + 16 * c), mk_load_weight8(row + cols / 2 + 8 * c)};
+  }
+  // Chunk c (elements 32c .. 32c + 31: the xs chunks 4c .. 4c + 3) times x. Nibble word j holds elements 8j + k (low
+  // nibble of byte k) and 8j + 4 + k (high); their top bits are bit pairs 2 (j & 1) and 2 (j & 1) + 1 of byte k of
+  // pair word j / 2. A shift and a mask put four top bit pairs under four nibbles: four codes + 32, a byte each.
+  static __device__ __forceinline__ float dot(const Chunk& v, const mk_float4* x4, int, int c, int cols) {
+    const unsigned nib[4] = {v.nibbles.x, v.nibbles.y, v.nibbles.z, v.nibbles.w}, pairs[2] = {v.pairs.x, v.pairs.y};
+    float a = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned u = pairs[j >> 1];
+      const unsigned lo = (nib[j] & 0x0F0F0F0Fu) | (((j & 1) ? u : u << 4) & 0x30303030u);
+      const unsigned hi = ((nib[j] >> 4) & 0x0F0F0F0Fu) | (((j & 1) ? u >> 2 : u << 2) & 0x30303030u);
+      const mk_float4 xl = x4[4 * c + j], xh = x4[cols / 8 + 4 * c + j];
+      a += code6_value(lo, 0) * xl.x + code6_value(lo, 1) * xl.y + code6_value(lo, 2) * xl.z +
+           code6_value(lo, 3) * xl.w + code6_value(hi, 0) * xh.x + code6_value(hi, 1) * xh.y +
+           code6_value(hi, 2) * xh.z + code6_value(hi, 3) * xh.w;
+    }
+    return a;
+  }
+};
+
+// The weight slice of R consecutive rows (columns c0 .. c0+SEG) that one warp holds in registers (RowFormat<E>).
+// Rows >= nvalid load nothing (zeros).
+template <int SEG, typename E = wt_t>
+struct MkChunks {
+  static constexpr int PER = RowFormat<E>::PER, CHUNKS = SEG / PER, ITERS = (CHUNKS + mk::WARP - 1) / mk::WARP;
+};
+
+// w: the slice's first row
 template <int COLS, int SEG, int R, typename E>
 __device__ __forceinline__ void warp_load_rows(const E* __restrict__ w, int nvalid, int c0,
-                                               uint4 (&v)[R][MkChunks<SEG, E>::ITERS]) {
+                                               typename RowFormat<E>::Chunk (&v)[R][MkChunks<SEG, E>::ITERS]) {
   using C = MkChunks<SEG, E>;
+  using F = RowFormat<E>;
   const int lane = lg_lane_id();
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int i = 0; i < C::ITERS; ++i) {
       const int c = i * mk::WARP + lane;
-      v[r][i] = uint4{0u, 0u, 0u, 0u};  // defined on every path: no value carried between calls
+      v[r][i] = typename F::Chunk{};  // defined on every path: no value carried between calls
       if (r < nvalid && (C::CHUNKS % mk::WARP == 0 || c < C::CHUNKS))
-        v[r][i] = mk_load_weight16(w + (size_t)r * COLS + c0 + c * C::PER);
+        v[r][i] = F::load(F::row(w, COLS, r), COLS, c0, c);
     }
 }
 
 // acc[r] = dot(row r, x[c0 .. c0+SEG)) from the registers warp_load_rows filled; every lane gets every acc[r].
 template <int COLS, int SEG, int R, typename E = wt_t>
-__device__ __forceinline__ void warp_dot_loaded(const uint4 (&v)[R][MkChunks<SEG, E>::ITERS], int c0, const float* xs,
-                                                float (&acc)[R]) {
+__device__ __forceinline__ void warp_dot_loaded(const typename RowFormat<E>::Chunk (&v)[R][MkChunks<SEG, E>::ITERS],
+                                                int c0, const float* xs, float (&acc)[R]) {
   using C = MkChunks<SEG, E>;
   const int lane = lg_lane_id();
   const mk_float4* x4 = reinterpret_cast<const mk_float4*>(xs);
@@ -647,10 +694,7 @@ __device__ __forceinline__ void warp_dot_loaded(const uint4 (&v)[R][MkChunks<SEG
 #pragma unroll
     for (int i = 0; i < C::ITERS; ++i) {
       const int c = i * mk::WARP + lane;
-      if (C::CHUNKS % mk::WARP == 0 || c < C::CHUNKS) {
-        if constexpr (C::PER == 8) a += dot8(v[r][i], x4[c0 / 8 + c], x4[COLS / 8 + c0 / 8 + c]);
-        else a += dot16_codes(v[r][i], x4, c0 / 16 + c, COLS);
-      }
+      if (C::CHUNKS % mk::WARP == 0 || c < C::CHUNKS) a += RowFormat<E>::dot(v[r][i], x4, c0, c, COLS);
     }
     acc[r] = a;
   }
@@ -672,8 +716,8 @@ __device__ __forceinline__ void block_matvec_rows(MatSliceOf<E> sl, const float*
   const int u0 = sl.r0, u1 = sl.r1;
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   int base = u0 + warp * R;
-  uint4 cur[R][ITERS];
-  warp_load_rows<COLS, COLS, R>(W + (size_t)base * COLS, u1 - base, 0, cur);
+  typename RowFormat<E>::Chunk cur[R][ITERS];
+  warp_load_rows<COLS, COLS, R>(RowFormat<E>::row(W, COLS, base), u1 - base, 0, cur);
   if (lane < R && base + lane < u1) pre(base + lane);
   __syncthreads();  // every warp is done with the previous phase's shared memory (no grid barrier between phases)
   prologue();
@@ -682,8 +726,8 @@ __device__ __forceinline__ void block_matvec_rows(MatSliceOf<E> sl, const float*
     const int nbase = base + mk::NW * R;
     float acc[R];
     if constexpr (PIPELINE) {  // next batch in flight while this one is reduced (long phases: lm_head)
-      uint4 next[R][ITERS];
-      warp_load_rows<COLS, COLS, R>(W + (size_t)nbase * COLS, u1 - nbase, 0, next);
+      typename RowFormat<E>::Chunk next[R][ITERS];
+      warp_load_rows<COLS, COLS, R>(RowFormat<E>::row(W, COLS, nbase), u1 - nbase, 0, next);
       warp_dot_loaded<COLS, COLS, R, E>(cur, 0, xs, acc);
 #pragma unroll
       for (int r = 0; r < R; ++r)
@@ -697,7 +741,7 @@ __device__ __forceinline__ void block_matvec_rows(MatSliceOf<E> sl, const float*
       if (lane == r && base + r < u1) epi(base + r, r, acc);
     if (nbase >= u1) break;
     if (lane < R && nbase + lane < u1) pre(nbase + lane);
-    if constexpr (!PIPELINE) warp_load_rows<COLS, COLS, R>(W + (size_t)nbase * COLS, u1 - nbase, 0, cur);
+    if constexpr (!PIPELINE) warp_load_rows<COLS, COLS, R>(RowFormat<E>::row(W, COLS, nbase), u1 - nbase, 0, cur);
     base = nbase;
   }
 }
@@ -1287,7 +1331,7 @@ __device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float*
 extern "C" __global__ void __launch_bounds__(512, 1)
 qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* recurrent, kv_t* kv_cache,
     unsigned long long* scratch, unsigned* barrier, unsigned long long* argmax, const int* tokens_in, int* tokens_out,
-    float* logits, const signed char* lm_codes, const float2* lm_rows, unsigned long long* screen_floor,
+    float* logits, const code6_t* lm_codes, const float2* lm_rows, unsigned long long* screen_floor,
     unsigned long long* profile, int max_context, int start_pos, int n_steps, int n_forced, unsigned epoch_base) {
   const DecodeArgs a{wmat, wvec, conv_state, recurrent, kv_cache, scratch, barrier, argmax, tokens_in, tokens_out,
                      logits, lm_codes, lm_rows, screen_floor, profile, max_context, start_pos, n_steps, n_forced,

@@ -243,7 +243,7 @@ def format_table(r: dict) -> str:
         ("achieved bandwidth", f"{r['achieved_gbs']:.0f} GB/s = {100 * r['bandwidth_fraction']:.1f}% of the "
                                f"descriptor's {r['descriptor_gbs']:.0f} GB/s"),
         ("grid barriers / token", str(r["barriers_per_token"])),
-        ("lm_head", "int8 screen + exact candidate rows (greedy)" if r.get("lm_screen") else "whole"),
+        ("lm_head", "6-bit screen + exact candidate rows (greedy)" if r.get("lm_screen") else "whole"),
         ("tok/J (NVML)", "n/a (NVML unavailable)" if not r.get("tok_per_j") else
          f"{r['tok_per_j']:.1f}  ({r['avg_power_w']:.0f} W average)"),
     ]

@@ -167,7 +167,7 @@ class MegakernelDecoder(SequenceState):
                               f"static + {self.dynamic_smem} B dynamic shared memory) fit on one SM; the grid barrier "
                               "needs every block resident: lower blocks_per_cu or threads in the descriptor")
         self.layout = packing.plan_layout(self.config)
-        # greedy steps without logits read the lm_head through its int8 screen (lm_screen.py) where it is rendered
+        # greedy steps without logits read the lm_head through its 6-bit screen (lm_screen.py) where it is rendered
         self.lm_screen = bool(lm_screen and self.params.get("lm_screen"))
         self._allocate()
         self._upload_weights()
@@ -191,7 +191,7 @@ class MegakernelDecoder(SequenceState):
         self.lm_codes = self.lm_rows = None
         if self.lm_screen:
             c = self.config
-            self.lm_codes = d.alloc(c.vocab_size * c.hidden_size)
+            self.lm_codes = d.alloc(c.vocab_size * c.hidden_size * 3 // 4)  # 6-bit codes
             self.lm_rows = d.alloc(c.vocab_size * 8)
         for b in (self.wmat, self.wvec, self.barrier, self.argmax):
             d.memset(b)
@@ -336,12 +336,12 @@ class MegakernelDecoder(SequenceState):
     def bytes_per_token(self, screened: bool | None = None) -> int:
         """Bytes the kernel must read per greedy decode step: every packed weight once (the tied embedding serves
         as lm_head) plus the DeltaNet state read and written; the KV cache read is context-dependent and small.
-        Screened (default: whether this decoder screens): the lm_head's int8 copy and its row table instead of the
+        Screened (default: whether this decoder screens): the lm_head's 6-bit copy and its row table instead of the
         lm_head (the few candidate rows read besides are not counted)."""
         c, lay = self.config, self.layout
         weights = 2 * lay.wmat_elems - (0 if c.tie_word_embeddings else 2 * c.vocab_size * c.hidden_size)
         if self.lm_screen if screened is None else screened:
-            weights -= c.vocab_size * c.hidden_size  # 1 byte a weight instead of 2
+            weights -= c.vocab_size * c.hidden_size * 5 // 4  # 6 bits a weight instead of 16
             weights += c.vocab_size * 8
         state = 2 * lay.recurrent_floats() * 4
         return weights + state

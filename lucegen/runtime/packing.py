@@ -209,7 +209,7 @@ def check_supported(config: ModelConfig, target: Target) -> None:
 
 
 def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False, pipeline_a: bool = True,
-                  rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2, rows_screen: int = 2,
+                  rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2, rows_screen: int = 4,
                   att_keys_per_warp: int | None = None) -> dict:
     """The ``mk`` dict the template renders with (plus the descriptor's own params). Tuning knobs: ``pipeline_a``
     (double-buffer the in-projection), rows per warp of the row-split matvecs, cached keys per warp per batch of the
@@ -236,11 +236,12 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         raise CheckpointError(f"model {c.name}: the decode megakernel's shared memory ({4 * smem_floats} bytes) "
                               f"does not fit {target.name}'s smem_per_block {target.smem_per_block}")
     # the screened lm_head (lm_screen.py): a block's rows' upper ends after the matvec carve-up, and a count and the
-    # candidates where the staging's raw inputs were (or after the upper ends); rendered where it fits
+    # candidates where the staging's raw inputs were (or after the upper ends); rendered where it fits and the rows
+    # pack into 6-bit chunks (a multiple of 64 columns)
     screen_rows = math.ceil(c.vocab_size / blocks)
     list_in_raw = screen_rows + 1 <= xs_max
     screen_floats = matvec_floats + screen_rows + (0 if list_in_raw else screen_rows + 1)
-    lm_screen = 4 * screen_floats <= target.smem_per_block
+    lm_screen = 4 * screen_floats <= target.smem_per_block and h % (2 * lm_screen_bound.CHUNK) == 0
     if lm_screen:
         smem_floats = max(smem_floats, screen_floats)
     return {

@@ -165,7 +165,7 @@ def test_chunked_launches_equal_one_launch():
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-gqa"])
 def test_screened_lm_head_picks_the_whole_lm_heads_token(preset):
-    """A greedy step reads the lm_head through its int8 screen (lucegen/runtime/lm_screen.py); a step that returns
+    """A greedy step reads the lm_head through its 6-bit screen (lucegen/runtime/lm_screen.py); a step that returns
     logits reads it whole. Over the same forced tokens both must choose the same token, numpy's argmax of the
     logits (lowest index on ties)."""
     dec, _ = decoder(preset)
