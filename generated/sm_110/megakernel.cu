@@ -636,9 +636,9 @@ struct RowFormat<code6_t> {
   static __device__ __forceinline__ Chunk load(const code6_t* row, int cols, int, int c) {
     return Chunk{mk_load_weight16(row + 16 * c), mk_load_weight8(row + cols / 2 + 8 * c)};
   }
-  // Chunk c (elements 32c .. 32c + 31: the xs chunks 4c .. 4c + 3) times x. Nibble word j holds elements 8j + k (low
-  // nibble of byte k) and 8j + 4 + k (high); their top bits are bit pairs 2 (j & 1) and 2 (j & 1) + 1 of byte k of
-  // pair word j / 2. A shift and a mask put four top bit pairs under four nibbles: four codes + 32, a byte each.
+  // Chunk c (elements 32c .. 32c + 31, whole rows: c0 is 0; the xs chunks 4c .. 4c + 3) times x. Nibble word j holds
+  // elements 8j + k (low nibble of byte k) and 8j + 4 + k (high); their top bits are bit pairs 2 (j & 1) and
+  // 2 (j & 1) + 1 of byte k of pair word j / 2. A shift and a mask put four top bit pairs under four nibbles: four codes + 32, a byte each.
   static __device__ __forceinline__ float dot(const Chunk& v, const mk_float4* x4, int, int c, int cols) {
     const unsigned nib[4] = {v.nibbles.x, v.nibbles.y, v.nibbles.z, v.nibbles.w}, pairs[2] = {v.pairs.x, v.pairs.y};
     float a = 0.f;
