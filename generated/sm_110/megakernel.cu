@@ -565,8 +565,9 @@ struct MatSliceOf {
   int r0, r1;  // this block's rows [r0, r1)
 };
 using MatSlice = MatSliceOf<wt_t>;
-__device__ __forceinline__ MatSlice rows_slice(const wt_t* w, int rows) {
-  MatSlice s{w, 0, 0};
+template <typename E>
+__device__ __forceinline__ MatSliceOf<E> rows_slice(const E* w, int rows) {
+  MatSliceOf<E> s{w, 0, 0};
   block_range(rows, s.r0, s.r1);
   return s;
 }
@@ -1252,7 +1253,6 @@ __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& 
   using namespace mk;
   float* xs = smem;
   unsigned long long* s = a.scratch;
-  const int warp = threadIdx.x / WARP, lane = lg_lane_id();
   if (phase == 3) {
     block_matvec_rows<H, 2 * PAIRS_D, false>(gateup_slice(a, lw), xs,
         [&] { stage_rmsnorm(a, a.wvec + lw.post_norm, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },

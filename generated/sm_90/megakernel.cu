@@ -570,8 +570,9 @@ struct MatSliceOf {
   int r0, r1;  // this block's rows [r0, r1)
 };
 using MatSlice = MatSliceOf<wt_t>;
-__device__ __forceinline__ MatSlice rows_slice(const wt_t* w, int rows) {
-  MatSlice s{w, 0, 0};
+template <typename E>
+__device__ __forceinline__ MatSliceOf<E> rows_slice(const E* w, int rows) {
+  MatSliceOf<E> s{w, 0, 0};
   block_range(rows, s.r0, s.r1);
   return s;
 }
@@ -1257,7 +1258,6 @@ __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& 
   using namespace mk;
   float* xs = smem;
   unsigned long long* s = a.scratch;
-  const int warp = threadIdx.x / WARP, lane = lg_lane_id();
   if (phase == 3) {
     block_matvec_rows<H, 2 * PAIRS_D, false>(gateup_slice(a, lw), xs,
         [&] { stage_rmsnorm(a, a.wvec + lw.post_norm, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
@@ -1328,9 +1328,8 @@ __device__ __noinline__ void lm_head_screen_phase(const DecodeArgs& a, int step,
   float* xs = smem;
   float* upper = smem + SM_SCREEN;                                      // [the block's rows] A_r + m_r
   int* found = reinterpret_cast<int*>(smem + SM_SCREEN_LIST);  // [1 + rows]: count, candidates (row - r0)
-  const int lane = lg_lane_id(), warp = threadIdx.x / WARP;
-  MatSliceOf<code6_t> sl{a.lm_codes, 0, 0};
-  block_range(V, sl.r0, sl.r1);
+  const int warp = threadIdx.x / WARP;
+  const MatSliceOf<code6_t> sl = rows_slice(a.lm_codes, V);
   float xnorm = 0.f, lower = lg_neg_inf();  // xnorm >= ||xs||_2; the largest A_r - m_r of the block
   float2 row_scale;                          // (s_r, c_r) of the row this lane finishes next
   block_matvec_rows<H, ROWS_SCREEN, true>(sl, xs,

@@ -41,6 +41,11 @@ LEVELS = 31  # codes in [-LEVELS, LEVELS]
 CHUNK = 32  # codes a packed chunk; a row's length must be a multiple of 64 (16-byte aligned packed rows)
 
 
+def packed_row_bytes(hidden: int) -> int:
+    """Bytes of a row of ``hidden`` packed codes: 6 bits a code."""
+    return hidden * 3 // 4
+
+
 def pack_codes(q: np.ndarray) -> np.ndarray:
     """Codes q [V, H] in [-31, 31] as the kernel reads them (module docstring): uint8 [V, 3H/4]."""
     V, H = q.shape
@@ -56,7 +61,7 @@ def pack_codes(q: np.ndarray) -> np.ndarray:
 
 def unpack_codes(packed: np.ndarray) -> np.ndarray:
     """``pack_codes``' inverse: int8 [V, H]."""
-    V, H = packed.shape[0], packed.shape[1] * 4 // 3
+    V, H = packed.shape[0], packed.shape[1] * 4 // 3  # packed_row_bytes' inverse
     nib = packed[:, : H // 2].reshape(V, H // CHUNK, 4, 4)
     pairs = packed[:, H // 2 :].reshape(V, H // CHUNK, 2, 4)
     b = np.empty((V, H // CHUNK, 4, 2, 4), np.uint8)
@@ -93,7 +98,7 @@ def screen_tables(bits: np.ndarray, dtype: str, name: str = "lm_head") -> tuple[
     V, H = bits.shape
     if H % (2 * CHUNK):
         raise CheckpointError(f"{name}: the screen packs rows of a multiple of {2 * CHUNK} weights, not {H}")
-    codes = np.empty((V, 3 * H // 4), np.uint8)
+    codes = np.empty((V, packed_row_bytes(H)), np.uint8)
     rows = np.empty((V, 2), np.float32)
     g = gamma(H)
     for r0 in range(0, V, ROWS_PER_CHUNK):
@@ -104,7 +109,7 @@ def screen_tables(bits: np.ndarray, dtype: str, name: str = "lm_head") -> tuple[
         s = (np.abs(w).max(axis=1) / LEVELS).astype(np.float32)
         s64 = s.astype(np.float64)[:, None]
         q = np.clip(np.rint(np.divide(w, s64, out=np.zeros_like(w), where=s64 > 0)), -LEVELS, LEVELS)
-        err = np.linalg.norm(w - s64 * q, axis=1)  # exact operands: s q is a 24-bit by 8-bit product
+        err = np.linalg.norm(w - s64 * q, axis=1)  # exact operands: s q is a 24-bit by 6-bit product
         c = (err + g * (np.linalg.norm(w, axis=1) + s64[:, 0] * np.linalg.norm(q, axis=1))) * (1 + 2.0 ** -30)
         c32 = c.astype(np.float32)
         c32 = np.where(c32.astype(np.float64) < c, np.nextafter(c32, np.float32(np.inf)), c32)

@@ -191,7 +191,7 @@ class MegakernelDecoder(SequenceState):
         self.lm_codes = self.lm_rows = None
         if self.lm_screen:
             c = self.config
-            self.lm_codes = d.alloc(c.vocab_size * c.hidden_size * 3 // 4)  # 6-bit codes
+            self.lm_codes = d.alloc(c.vocab_size * lm_screen.packed_row_bytes(c.hidden_size))
             self.lm_rows = d.alloc(c.vocab_size * 8)
         for b in (self.wmat, self.wvec, self.barrier, self.argmax):
             d.memset(b)
@@ -341,8 +341,7 @@ class MegakernelDecoder(SequenceState):
         c, lay = self.config, self.layout
         weights = 2 * lay.wmat_elems - (0 if c.tie_word_embeddings else 2 * c.vocab_size * c.hidden_size)
         if self.lm_screen if screened is None else screened:
-            weights -= c.vocab_size * c.hidden_size * 5 // 4  # 6 bits a weight instead of 16
-            weights += c.vocab_size * 8
+            weights -= c.vocab_size * (2 * c.hidden_size - lm_screen.packed_row_bytes(c.hidden_size) - 8)
         state = 2 * lay.recurrent_floats() * 4
         return weights + state
 
