@@ -783,14 +783,12 @@ __device__ __forceinline__ void block_matvec_split(MatSlice sl, const float* xs,
 
 __device__ __forceinline__ float load_wt(const wt_t* p) { return lg_to_float(*p); }
 
-// xs = rms_norm_1p(x, w) = x * rsqrt(mean(x^2) + eps) * (1 + w), x from the residual stream once it carries
-// x_epoch, or for the first layer from the embedding row of `token` (then the block also hands on its owned residual
-// rows, epoch `epoch`).
-__device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, unsigned x_epoch, unsigned epoch,
-                              float* xs, float* raw, float* red) {
+// Thread t's elements t, t + THREADS, ... (< H) of x: from the residual stream once it carries x_epoch, or for the
+// first layer from the embedding row of `token` (then the block also hands on its owned residual rows, epoch `epoch`).
+__device__ __forceinline__ void residual_inputs(const DecodeArgs& a, int token, unsigned x_epoch, unsigned epoch,
+                                                float (&v)[Strided<mk::H>::K]) {
   constexpr int K = Strided<mk::H>::K;
   unsigned long long* x = a.scratch + mk::S_X;
-  float v[K];
   if (token >= 0) {
     int own0, own1;
     block_range(mk::H, own0, own1);
@@ -803,6 +801,14 @@ __device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, un
   } else {
     await_strided<mk::H>(x, x_epoch, v);
   }
+}
+
+// xs = rms_norm_1p(x, w) = x * rsqrt(mean(x^2) + eps) * (1 + w), x as residual_inputs brings it.
+__device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, unsigned x_epoch, unsigned epoch,
+                              float* xs, float* raw, float* red) {
+  constexpr int K = Strided<mk::H>::K;
+  float v[K];
+  residual_inputs(a, token, x_epoch, epoch, v);
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -815,6 +821,32 @@ __device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, un
   const float r = rsqrtf(block_sum(ss, red) / mk::H + mk::EPS);
   for (int i = threadIdx.x; i < mk::H; i += mk::THREADS) xs[xs_index<mk::H>(i)] = raw[i] * r * (1.f + w[i]);
   __syncthreads();
+}
+
+// The same norm with its scale left to the matvec: xs = x * (1 + w), and the result r = rsqrt(mean(x^2) + eps)
+// multiplies each row's dot (rms_norm_1p(x, w) . row = r (xs . row)), so one block barrier covers both xs and the
+// warps' sums of squares. red: NW floats, free until the next phase.
+__device__ float stage_rmsnorm_deferred(const DecodeArgs& a, const float* w, int token, unsigned x_epoch,
+                                        unsigned epoch, float* xs, float* red) {
+  constexpr int K = Strided<mk::H>::K;
+  float v[K];
+  residual_inputs(a, token, x_epoch, epoch, v);
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * mk::THREADS;
+    if (i < mk::H) {
+      xs[xs_index<mk::H>(i)] = v[k] * (1.f + w[i]);
+      ss += v[k] * v[k];
+    }
+  }
+  ss = lg_warp_sum(ss);
+  if (lg_lane_id() == 0) red[threadIdx.x / mk::WARP] = ss;
+  __syncthreads();
+  float t = red[0];
+#pragma unroll
+  for (int i = 1; i < mk::NW; ++i) t += red[i];
+  return rsqrtf(t / mk::H + mk::EPS);
 }
 
 // ------------------------------------------------------------------------------------------ Gated DeltaNet layer
@@ -839,8 +871,9 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
     const float* a_log = a.wvec + lw.a_log;
     const float* dt_bias = a.wvec + lw.dt_bias;
     float win[CK - 1], taps[CK];  // this lane's row: conv window and taps, fetched while the weights stream in
+    float rn = 0.f;               // the input norm's scale (stage_rmsnorm_deferred)
     block_matvec_rows<H, ROWS_A, true>(in_proj_slice(a, lw), xs,
-        [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, epoch - 1, epoch, xs, raw, red); },
+        [&] { rn = stage_rmsnorm_deferred(a, a.wvec + lw.in_norm, token, epoch - 1, epoch, xs, red); },
         [&](int r) {
           if (r < CONV_DIM) {
 #pragma unroll
@@ -853,7 +886,7 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
           }
         },
         [&](int r, int k, const float* acc) {
-          const float y = acc[k];
+          const float y = acc[k] * rn;
           if (r < CONV_DIM) {  // causal depthwise conv over (window, y), then SiLU; the window slides by one
             float out = taps[CK - 1] * y;
 #pragma unroll
@@ -935,25 +968,39 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
         [&] {  // xs = gated_rms_norm(o, z) per value head; o from the delta rule (epoch - 1), z from A (epoch - 2)
           constexpr int K = Strided<VD>::K;
           float o[K], z[K];
-          await_strided<VD>(s + S_DN_Z, epoch - 2, z);
-          await_strided<VD>(s + S_DN_O, epoch - 1, o);
-#pragma unroll
-          for (int k = 0; k < K; ++k) {
-            const int i = threadIdx.x + k * THREADS;
-            if (i < VD) {
-              raw[i] = o[k];
-              xs[xs_index<VD>(i)] = lg_silu(z[k]);
-            }
-          }
-          __syncthreads();
-          for (int h = warp; h < NV; h += NW) {
+          if constexpr (VD == THREADS * K && DV == WARP * K) {
+            // warp h takes head h, lane l its values l, l + WARP, ...: the head's norm is a warp sum, no barrier
+            const int i0 = warp * DV + lane;
+            await_words<K>(epoch - 2, [&](int k) { return s + S_DN_Z + i0 + k * WARP; }, z);
+            await_words<K>(epoch - 1, [&](int k) { return s + S_DN_O + i0 + k * WARP; }, o);
             float ss = 0.f;
-            for (int d = lane; d < DV; d += WARP) ss += raw[h * DV + d] * raw[h * DV + d];
-            ss = lg_warp_sum(ss);
-            if (lane == 0) heads[h] = rsqrtf(ss / DV + EPS);
+#pragma unroll
+            for (int k = 0; k < K; ++k) ss += o[k] * o[k];
+            const float r = rsqrtf(lg_warp_sum(ss) / DV + EPS);
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+              xs[xs_index<VD>(i0 + k * WARP)] = o[k] * r * gw[lane + k * WARP] * lg_silu(z[k]);
+          } else {  // a head's values over several warps: its sum of squares through shared memory
+            await_strided<VD>(s + S_DN_Z, epoch - 2, z);
+            await_strided<VD>(s + S_DN_O, epoch - 1, o);
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+              const int i = threadIdx.x + k * THREADS;
+              if (i < VD) {
+                raw[i] = o[k];
+                xs[xs_index<VD>(i)] = lg_silu(z[k]);
+              }
+            }
+            __syncthreads();
+            for (int h = warp; h < NV; h += NW) {
+              float ss = 0.f;
+              for (int d = lane; d < DV; d += WARP) ss += raw[h * DV + d] * raw[h * DV + d];
+              ss = lg_warp_sum(ss);
+              if (lane == 0) heads[h] = rsqrtf(ss / DV + EPS);
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < VD; i += THREADS) xs[xs_index<VD>(i)] *= raw[i] * heads[i / DV] * gw[i % DV];
           }
-          __syncthreads();
-          for (int i = threadIdx.x; i < VD; i += THREADS) xs[xs_index<VD>(i)] *= raw[i] * heads[i / DV] * gw[i % DV];
           __syncthreads();
         },
         [&](int r) { resid = own_value(x + r); }, [&](int r, float y) { publish(x + r, resid + y, epoch); });
@@ -1215,9 +1262,10 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
   const int warp = threadIdx.x / WARP, lane = lg_lane_id();
   if (phase == 0) {
     float* xs = smem;
+    float rn = 0.f;  // the input norm's scale (stage_rmsnorm_deferred)
     block_matvec_rows<H, ROWS_A, true>(in_proj_slice(a, lw), xs,
-        [&] { stage_rmsnorm(a, a.wvec + lw.in_norm, token, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
-        [](int) {}, [&](int r, int k, const float* acc) { publish(s + S_AT_IN + r, acc[k], epoch); });
+        [&] { rn = stage_rmsnorm_deferred(a, a.wvec + lw.in_norm, token, epoch - 1, epoch, xs, smem + SM_RED); },
+        [](int) {}, [&](int r, int k, const float* acc) { publish(s + S_AT_IN + r, acc[k] * rn, epoch); });
   } else if (phase == 1) {
     attention_mix(a, lw, pos, smem, epoch);
   } else {
@@ -1254,11 +1302,12 @@ __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& 
   float* xs = smem;
   unsigned long long* s = a.scratch;
   if (phase == 3) {
+    float rn = 0.f;  // the norm's scale (stage_rmsnorm_deferred)
     block_matvec_rows<H, 2 * PAIRS_D, false>(gateup_slice(a, lw), xs,
-        [&] { stage_rmsnorm(a, a.wvec + lw.post_norm, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
+        [&] { rn = stage_rmsnorm_deferred(a, a.wvec + lw.post_norm, -1, epoch - 1, epoch, xs, smem + SM_RED); },
         [](int) {},
         [&](int r, int k, const float* acc) {  // rows 2i, 2i+1 = gate i, up i
-          if ((r & 1) == 0) publish(s + S_ACT + r / 2, lg_silu(acc[k]) * acc[k + 1], epoch);
+          if ((r & 1) == 0) publish(s + S_ACT + r / 2, lg_silu(acc[k] * rn) * (acc[k + 1] * rn), epoch);
         });
   } else {
     unsigned long long* x = s + S_X;
