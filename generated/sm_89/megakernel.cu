@@ -260,6 +260,11 @@ template <> __device__ __forceinline__ void mk_unpack2<fp16_t>(unsigned w, float
 }
 __device__ __forceinline__ float mk_exp(float x) { return expf(x); }
 __device__ __forceinline__ void mk_sincos(float x, float* s, float* c) { sincosf(x, s, c); }
+// Named barriers: `threads` threads (whole warps) of the block meet at barrier `id` (1 .. 15; 0 is __syncthreads').
+constexpr bool MK_NAMED_BARRIERS = true;
+__device__ __forceinline__ void mk_warps_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
 // bf16 is the top half of a float32: widening is a shift (both vendors).
 template <> __device__ __forceinline__ void mk_unpack2<bf16_t>(unsigned w, float& lo, float& hi) {
   lo = mk_bits_float(w << 16);
@@ -750,13 +755,18 @@ __device__ __forceinline__ void block_matvec_rows(MatSliceOf<E> sl, const float*
   }
 }
 
-// y = W x for the block's rows with each row split into SEGS column segments (so that few rows still
-// occupy every warp). Each warp issues the loads of its first unit before prologue(); partial sums meet
-// in shared memory; thread t finishes row r0 + t with epi(row, y), after pre(row) fetched its inputs.
+// y = W x for the block's rows of an H-row matrix (out-projections, down) with each row split into SEGS column
+// segments (so that few rows still occupy every warp). Each warp issues the loads of its first unit before prologue();
+// row t's partial sums meet in shared memory and one thread finishes it with epi(row, y), after pre(row) fetched its
+// inputs. Where every unit is in the first round and the chip has named barriers, row t's SEGS warps meet at barrier
+// 1 + t alone and lane 0 of the first finishes it: a row is handed on once its own warps are done, with no block
+// barrier. Otherwise thread t finishes row t after a block barrier.
 template <int COLS, int SEGS, class Prologue, class Pre, class Epi>
 __device__ __forceinline__ void block_matvec_split(MatSlice sl, const float* xs, float* part, Prologue prologue,
                                                    Pre pre, Epi epi) {
   constexpr int SEG = COLS / SEGS, ITERS = MkChunks<SEG>::ITERS;
+  constexpr int ROWS_MAX = (mk::H + mk::BLOCKS - 1) / mk::BLOCKS;
+  constexpr bool BY_ROW = MK_NAMED_BARRIERS && ROWS_MAX * SEGS <= mk::NW && ROWS_MAX <= 15;
   const wt_t* __restrict__ W = sl.w;
   const int r0 = sl.r0, r1 = sl.r1;
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
@@ -764,10 +774,29 @@ __device__ __forceinline__ void block_matvec_split(MatSlice sl, const float* xs,
   uint4 v[1][ITERS];
   int u = warp;
   warp_load_rows<COLS, SEG, 1>(W + (size_t)(r0 + u / SEGS) * COLS, u < units ? 1 : 0, (u % SEGS) * SEG, v);
-  if ((int)threadIdx.x < r1 - r0) pre(r0 + threadIdx.x);
+  if constexpr (BY_ROW) {
+    if (lane == 0 && warp % SEGS == 0 && warp < units) pre(r0 + warp / SEGS);
+  } else {
+    if ((int)threadIdx.x < r1 - r0) pre(r0 + threadIdx.x);
+  }
   __syncthreads();  // every warp is done with the previous phase's shared memory
   prologue();
   profile_mark(2);
+  if constexpr (BY_ROW) {
+    if (warp >= units) return;
+    float acc[1];
+    warp_dot_loaded<COLS, SEG, 1>(v, (u % SEGS) * SEG, xs, acc);
+    if (lane == 0) part[u] = acc[0];
+    const int t = u / SEGS;
+    mk_warps_sync(1 + t, SEGS * mk::WARP);
+    if (lane == 0 && u % SEGS == 0) {
+      float y = 0.f;
+#pragma unroll
+      for (int s = 0; s < SEGS; ++s) y += part[t * SEGS + s];
+      epi(r0 + t, y);
+    }
+    return;
+  }
   for (; u < units; u += mk::NW) {
     if (u != warp) warp_load_rows<COLS, SEG, 1>(W + (size_t)(r0 + u / SEGS) * COLS, 1, (u % SEGS) * SEG, v);
     float acc[1];
