@@ -281,6 +281,9 @@ __device__ __forceinline__ unsigned long long mk_load_shared_u64(const unsigned 
 __device__ __forceinline__ void mk_atomic_max_u64(unsigned long long* p, unsigned long long v) {
   __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+__device__ __forceinline__ unsigned long long mk_atomic_max_fetch_u64(unsigned long long* p, unsigned long long v) {
+  return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 __device__ __forceinline__ void mk_store_tagged(unsigned long long* p, unsigned long long w) {
   __hip_atomic_store(p, w, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
@@ -722,7 +725,8 @@ __device__ __forceinline__ void warp_load_rows(const E* __restrict__ w, int nval
     }
 }
 
-// acc[r] = dot(row r, x[c0 .. c0+SEG)) from the registers warp_load_rows filled; every lane gets every acc[r].
+// acc[r] = this lane's part of dot(row r, x[c0 .. c0+SEG)) from the registers warp_load_rows filled (warp_sum_rows
+// or lg_warp_sum adds the lanes' parts).
 template <int COLS, int SEG, int R, typename E = wt_t>
 __device__ __forceinline__ void warp_dot_loaded(const typename RowFormat<E>::Chunk (&v)[R][MkChunks<SEG, E>::ITERS],
                                                 int c0, const float* xs, float (&acc)[R]) {
@@ -739,27 +743,65 @@ __device__ __forceinline__ void warp_dot_loaded(const typename RowFormat<E>::Chu
     }
     acc[r] = a;
   }
+}
+
+// The sums over a warp's lanes of R rows' parts, one row a lane group: lane l gets row l / SPAN's. R a power of two:
+// log2 R halving exchanges (at offset WARP / 2, WARP / 4, ..., each lane keeping the half of its rows its offset bit
+// selects), then the butterfly over the offsets below SPAN: R - 1 + log2 SPAN shuffles instead of R log2 WARP, and
+// each row's sum the butterfly's (lg_warp_sum), bit for bit. Otherwise R butterflies, lane r taking row r (SPAN 1).
+template <int R>
+struct RowLanes {
+  static constexpr bool POW2 = (R & (R - 1)) == 0 && R <= mk::WARP;
+  static constexpr int SPAN = POW2 ? mk::WARP / R : 1;
+};
+template <int R>
+__device__ __forceinline__ float warp_sum_rows(float (&acc)[R]) {
+  const int lane = lg_lane_id();
+  if constexpr (RowLanes<R>::POW2) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = lg_warp_sum(acc[r]);
+    for (int n = R, off = mk::WARP / 2; n > 1; n /= 2, off /= 2) {
+      const bool upper = lane & off;
+#pragma unroll
+      for (int i = 0; i < n / 2; ++i) {
+        const float keep = upper ? acc[i + n / 2] : acc[i], send = upper ? acc[i] : acc[i + n / 2];
+        acc[i] = keep + lg_shfl_xor(send, off);
+      }
+    }
+    float v = acc[0];
+#pragma unroll
+    for (int off = RowLanes<R>::SPAN / 2; off > 0; off /= 2) v += lg_shfl_xor(v, off);
+    return v;
+  } else {
+    float v = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float sum = lg_warp_sum(acc[r]);
+      if (lane == r) v = sum;
+    }
+    return v;
+  }
 }
 
 // y = W x for the block's rows of W (COLS columns), R rows per warp at a time. Weights do not depend on
 // activations, so each warp issues the loads of its first R rows first, then prologue() (awaits the phase's inputs
 // and stages x in shared memory, ends with __syncthreads) runs while they travel; with PIPELINE later batches are
-// double-buffered. pre(row) runs on lane r for row base + r once its
-// batch's loads are issued (to fetch epilogue inputs early); epi(row, r, acc) runs on lane r for row base + r
-// (acc[r] is its result; acc holds the batch's).
+// double-buffered. Row base + r is finished by lane r SPAN (warp_sum_rows): pre(row) runs there once its batch's loads
+// are issued (to fetch epilogue inputs early), and epi(row, y, y_pair) with y its result and y_pair that of row ^ 1
+// (a gate row's up row).
 template <int COLS, int R, bool PIPELINE, typename E, class Prologue, class Pre, class Epi>
 __device__ __forceinline__ void block_matvec_rows(MatSliceOf<E> sl, const float* xs, Prologue prologue, Pre pre,
                                                   Epi epi) {
   constexpr int ITERS = MkChunks<COLS, E>::ITERS;
   const E* __restrict__ W = sl.w;
   const int u0 = sl.r0, u1 = sl.r1;
+  constexpr int SPAN = RowLanes<R>::SPAN;
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
+  const int row = lane / SPAN;  // the batch's row this lane finishes, if it is a group's first (finisher)
+  const bool finisher = lane % SPAN == 0 && row < R;
   int base = u0 + warp * R;
   typename RowFormat<E>::Chunk cur[R][ITERS];
   warp_load_rows<COLS, COLS, R>(RowFormat<E>::row(W, COLS, base), u1 - base, 0, cur);
-  if (lane < R && base + lane < u1) pre(base + lane);
+  if (finisher && base + row < u1) pre(base + row);
   __syncthreads();  // every warp is done with the previous phase's shared memory (no grid barrier between phases)
   prologue();
   profile_mark(2);
@@ -777,11 +819,11 @@ __device__ __forceinline__ void block_matvec_rows(MatSliceOf<E> sl, const float*
     } else {
       warp_dot_loaded<COLS, COLS, R, E>(cur, 0, xs, acc);
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (lane == r && base + r < u1) epi(base + r, r, acc);
+    const float y = warp_sum_rows<R>(acc);
+    const float y_pair = R > 1 ? lg_shfl_xor(y, SPAN % mk::WARP) : y;
+    if (finisher && base + row < u1) epi(base + row, y, y_pair);
     if (nbase >= u1) break;
-    if (lane < R && nbase + lane < u1) pre(nbase + lane);
+    if (finisher && nbase + row < u1) pre(nbase + row);
     if constexpr (!PIPELINE) warp_load_rows<COLS, COLS, R>(RowFormat<E>::row(W, COLS, nbase), u1 - nbase, 0, cur);
     base = nbase;
   }
@@ -818,6 +860,7 @@ __device__ __forceinline__ void block_matvec_split(MatSlice sl, const float* xs,
     if (warp >= units) return;
     float acc[1];
     warp_dot_loaded<COLS, SEG, 1>(v, (u % SEGS) * SEG, xs, acc);
+    acc[0] = lg_warp_sum(acc[0]);
     if (lane == 0) part[u] = acc[0];
     const int t = u / SEGS;
     mk_warps_sync(1 + t, SEGS * mk::WARP);
@@ -833,6 +876,7 @@ __device__ __forceinline__ void block_matvec_split(MatSlice sl, const float* xs,
     if (u != warp) warp_load_rows<COLS, SEG, 1>(W + (size_t)(r0 + u / SEGS) * COLS, 1, (u % SEGS) * SEG, v);
     float acc[1];
     warp_dot_loaded<COLS, SEG, 1>(v, (u % SEGS) * SEG, xs, acc);
+    acc[0] = lg_warp_sum(acc[0]);
     if (lane == 0) part[u] = acc[0];
   }
   __syncthreads();
@@ -949,8 +993,8 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
             taps[1] = dt_bias[r - CONV_DIM - VD];
           }
         },
-        [&](int r, int k, const float* acc) {
-          const float y = acc[k] * rn;
+        [&](int r, float dot, float) {
+          const float y = dot * rn;
           if (r < CONV_DIM) {  // causal depthwise conv over (window, y), then SiLU; the window slides by one
             float out = taps[CK - 1] * y;
 #pragma unroll
@@ -989,38 +1033,33 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
                     : i == 2 * KPL + 1 ? S_DN_BETA + h
                                        : S_DN_IN + 2 * KD + h * DV + v);
       }, in);
-      float q[KPL], k[KPL];
-      float qq = 0.f, kk = 0.f;
-#pragma unroll
-      for (int e = 0; e < KPL; ++e) {
-        q[e] = in[e];
-        k[e] = in[KPL + e];
-        qq += q[e] * q[e];
-        kk += k[e] * k[e];
-      }
-      const float qscale = lg_l2norm_scale(lg_warp_sum(qq)) * Q_SCALE, kscale = lg_l2norm_scale(lg_warp_sum(kk));
-      const float decay = mk_exp(in[2 * KPL]), beta = in[2 * KPL + 1], value = in[2 * KPL + 2];
       S = a.recurrent + (((size_t)lw.slot * NV + h) * DV + v) * DK;
       if (col != c0 + warp)
 #pragma unroll
         for (int e = 0; e < KPL; ++e) st[e] = S[lane + e * WARP];
-      float kv = 0.f;
+      // Two levels of warp sums, not three: q.q, k.k and S^T k over the raw k go together (the scales and the decay
+      // are common factors: kv = decay kscale (S^T k)), then o = S'^T q.
+      float qq = 0.f, kk = 0.f, sk = 0.f;
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
-        k[e] *= kscale;
-        q[e] *= qscale;
-        st[e] *= decay;
-        kv += st[e] * k[e];
+        qq += in[e] * in[e];
+        kk += in[KPL + e] * in[KPL + e];
+        sk += st[e] * in[KPL + e];
       }
-      const float delta = (value - lg_warp_sum(kv)) * beta;
+      qq = lg_warp_sum(qq);
+      kk = lg_warp_sum(kk);
+      sk = lg_warp_sum(sk);
+      const float qscale = lg_l2norm_scale(qq) * Q_SCALE, kscale = lg_l2norm_scale(kk);
+      const float decay = mk_exp(in[2 * KPL]), beta = in[2 * KPL + 1], value = in[2 * KPL + 2];
+      const float delta = (value - decay * kscale * sk) * beta;
       float o = 0.f;
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
-        st[e] += k[e] * delta;
+        st[e] = decay * st[e] + kscale * in[KPL + e] * delta;
         S[lane + e * WARP] = st[e];
-        o += st[e] * q[e];
+        o += st[e] * in[e];
       }
-      o = lg_warp_sum(o);
+      o = lg_warp_sum(o) * qscale;
       if (lane == 0) publish(s + S_DN_O + col, o, epoch);
     }
   } else {
@@ -1329,7 +1368,7 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
     float rn = 0.f;  // the input norm's scale (stage_rmsnorm_deferred)
     block_matvec_rows<H, ROWS_A, true>(in_proj_slice(a, lw), xs,
         [&] { rn = stage_rmsnorm_deferred(a, a.wvec + lw.in_norm, token, epoch - 1, epoch, xs, smem + SM_RED); },
-        [](int) {}, [&](int r, int k, const float* acc) { publish(s + S_AT_IN + r, acc[k] * rn, epoch); });
+        [](int) {}, [&](int r, float y, float) { publish(s + S_AT_IN + r, y * rn, epoch); });
   } else if (phase == 1) {
     attention_mix(a, lw, pos, smem, epoch);
   } else {
@@ -1370,8 +1409,8 @@ __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& 
     block_matvec_rows<H, 2 * PAIRS_D, false>(gateup_slice(a, lw), xs,
         [&] { rn = stage_rmsnorm_deferred(a, a.wvec + lw.post_norm, -1, epoch - 1, epoch, xs, smem + SM_RED); },
         [](int) {},
-        [&](int r, int k, const float* acc) {  // rows 2i, 2i+1 = gate i, up i
-          if ((r & 1) == 0) publish(s + S_ACT + r / 2, lg_silu(acc[k] * rn) * (acc[k + 1] * rn), epoch);
+        [&](int r, float gate, float up) {  // rows 2i, 2i+1 = gate i, up i
+          if ((r & 1) == 0) publish(s + S_ACT + r / 2, lg_silu(gate * rn) * (up * rn), epoch);
         });
   } else {
     unsigned long long* x = s + S_X;
@@ -1402,13 +1441,15 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
   return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned)index);
 }
 
-// The block's best key (each lane's, over the rows it finished) into the step's argmax: one atomicMax per block.
+// The block's best key (each finishing lane's over the rows it finished, block_matvec_rows<ROWS_LM>; or the same in
+// every lane) into the step's argmax: one atomicMax per block.
 __device__ __forceinline__ void block_argmax(const DecodeArgs& a, int step, unsigned long long best, float* smem) {
   using namespace mk;
+  constexpr int SPAN = RowLanes<ROWS_LM>::SPAN;
   const int lane = lg_lane_id(), warp = threadIdx.x / WARP;
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem + SM_PART);
   __syncthreads();
-  if (lane < ROWS_LM) keys[warp * ROWS_LM + lane] = best;
+  if (lane % SPAN == 0 && lane / SPAN < ROWS_LM) keys[warp * ROWS_LM + lane / SPAN] = best;
   __syncthreads();
   if (threadIdx.x == 0) {
     best = 0ull;
@@ -1426,10 +1467,10 @@ __device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float*
   block_matvec_rows<H, ROWS_LM, true>(lm_head_slice(a), xs,
       [&] { stage_rmsnorm(a, a.wvec + FINAL_NORM, -1, epoch - 1, epoch, xs, smem + SM_RAW, smem + SM_RED); },
       [](int) {},
-      [&](int r, int k, const float* acc) {
-        const unsigned long long key = argmax_key(acc[k], r);
+      [&](int r, float y, float) {
+        const unsigned long long key = argmax_key(y, r);
         best = key > best ? key : best;
-        if (logits) logits[r] = acc[k];
+        if (logits) logits[r] = y;
       });
   block_argmax(a, step, best, smem);
 }
