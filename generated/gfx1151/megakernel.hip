@@ -782,6 +782,29 @@ __device__ __forceinline__ float warp_sum_rows(float (&acc)[R]) {
   }
 }
 
+// Every lane gets all R sums (R a power of two): warp_sum_rows, then log2 R exchanges that double the sums a lane
+// holds (R - 1 shuffles): lane l's k-th held sum is row (l / SPAN) ^ k's, each the butterfly's bit for bit.
+template <int R>
+__device__ __forceinline__ void warp_sum_all(float (&acc)[R]) {
+  static_assert(RowLanes<R>::POW2, "warp_sum_all: a power of two");
+  constexpr int SPAN = RowLanes<R>::SPAN;
+  const int mine = lg_lane_id() / SPAN;
+  float held[R];
+  held[0] = warp_sum_rows<R>(acc);
+#pragma unroll
+  for (int n = 1; n < R; n *= 2)
+#pragma unroll
+    for (int k = 0; k < n; ++k) held[n + k] = lg_shfl_xor(held[k], n * SPAN);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = held[0];
+#pragma unroll
+    for (int k = 1; k < R; ++k)
+      if ((mine ^ k) == r) v = held[k];
+    acc[r] = v;
+  }
+}
+
 // y = W x for the block's rows of W (COLS columns), R rows per warp at a time. Weights do not depend on
 // activations, so each warp issues the loads of its first R rows first, then prologue() (awaits the phase's inputs
 // and stages x in shared memory, ends with __syncthreads) runs while they travel; with PIPELINE later batches are
@@ -1037,29 +1060,30 @@ __device__ __noinline__ void deltanet_phase(const DecodeArgs& a, const LayerWeig
       if (col != c0 + warp)
 #pragma unroll
         for (int e = 0; e < KPL; ++e) st[e] = S[lane + e * WARP];
-      // Two levels of warp sums, not three: q.q, k.k and S^T k over the raw k go together (the scales and the decay
-      // are common factors: kv = decay kscale (S^T k)), then o = S'^T q.
-      float qq = 0.f, kk = 0.f, sk = 0.f;
+      // One level of warp sums: q.q, k.k, S^T k and S^T q over the raw q, k and the state before the step (one
+      // exchange, warp_sum_all), and k.q; with S' = decay S + k' delta (k' = kscale k), kv = decay kscale S^T k and
+      // o = S'^T q' = qscale (decay S^T q + kscale (k.q) delta).
+      float sum[4] = {0.f, 0.f, 0.f, 0.f}, kq = 0.f;  // q.q, k.k, S^T k, S^T q
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
-        qq += in[e] * in[e];
-        kk += in[KPL + e] * in[KPL + e];
-        sk += st[e] * in[KPL + e];
+        const float q = in[e], k = in[KPL + e];
+        sum[0] += q * q;
+        sum[1] += k * k;
+        sum[2] += st[e] * k;
+        sum[3] += st[e] * q;
+        kq += k * q;
       }
-      qq = lg_warp_sum(qq);
-      kk = lg_warp_sum(kk);
-      sk = lg_warp_sum(sk);
-      const float qscale = lg_l2norm_scale(qq) * Q_SCALE, kscale = lg_l2norm_scale(kk);
+      warp_sum_all<4>(sum);
+      kq = lg_warp_sum(kq);
+      const float qscale = lg_l2norm_scale(sum[0]) * Q_SCALE, kscale = lg_l2norm_scale(sum[1]);
       const float decay = mk_exp(in[2 * KPL]), beta = in[2 * KPL + 1], value = in[2 * KPL + 2];
-      const float delta = (value - decay * kscale * sk) * beta;
-      float o = 0.f;
+      const float delta = (value - decay * kscale * sum[2]) * beta;
+      const float o = qscale * (decay * sum[3] + kscale * kq * delta);
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
         st[e] = decay * st[e] + kscale * in[KPL + e] * delta;
         S[lane + e * WARP] = st[e];
-        o += st[e] * in[e];
       }
-      o = lg_warp_sum(o) * qscale;
       if (lane == 0) publish(s + S_DN_O + col, o, epoch);
     }
   } else {
