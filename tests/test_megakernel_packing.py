@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lucegen.errors import CheckpointError
+from lucegen.errors import CheckpointError, TemplateError
 from lucegen.model.config import ModelConfig
 from lucegen.model.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from lucegen.model.reference import Reference
@@ -239,6 +239,16 @@ def test_unsupported_shape_is_a_clear_error():
     bad = dataclasses.replace(ModelConfig.preset("tiny"), head_dim=48, rotary_dim=16)
     with pytest.raises(CheckpointError, match="head_dim must be a multiple of the warp size"):
         packing.kernel_params(bad, load_target("sm_90"))
+
+
+@pytest.mark.parametrize("knob, value, rows", [("rows_a", 3, 3), ("pairs_d", 3, 6), ("rows_screen", 64, 64),
+                                               ("rows_lm", 0, 0)])
+def test_rows_a_warp_must_be_a_power_of_two(knob, value, rows):
+    # the matvec's rows are summed over a warp by halving exchanges (warp_sum_rows)
+    with pytest.raises(TemplateError, match=f"tuning {knob}={value}: {rows} rows a warp; .*power of two up to "
+                                            "sm_90's warp size 32"):
+        packing.kernel_params(ModelConfig.preset("tiny"), load_target("sm_90"), **{knob: value})
+    packing.kernel_params(ModelConfig.preset("tiny"), load_target("sm_90"), rows_a=4, pairs_d=4, rows_screen=8)
 
 
 def test_kernel_for_other_shapes_is_refused():

@@ -716,48 +716,37 @@ __device__ __forceinline__ void warp_dot_loaded(const typename RowFormat<E>::Chu
   }
 }
 
-// The sums over a warp's lanes of R rows' parts, one row a lane group: lane l gets row l / SPAN's. R a power of two:
-// log2 R halving exchanges (at offset WARP / 2, WARP / 4, ..., each lane keeping the half of its rows its offset bit
-// selects), then the butterfly over the offsets below SPAN: R - 1 + log2 SPAN shuffles instead of R log2 WARP, and
-// each row's sum the butterfly's (lg_warp_sum), bit for bit. Otherwise R butterflies, lane r taking row r (SPAN 1).
+// The sums over a warp's lanes of R rows' parts (R a power of two up to WARP, kernel_params checks), one row a lane
+// group: lane l gets row l / SPAN's. log2 R halving exchanges (at offset WARP / 2, WARP / 4, ..., each lane keeping
+// the half of its rows its offset bit selects), then the butterfly over the offsets below SPAN: R - 1 + log2 SPAN
+// shuffles instead of R log2 WARP, and each row's sum the butterfly's (lg_warp_sum), bit for bit.
 template <int R>
 struct RowLanes {
-  static constexpr bool POW2 = (R & (R - 1)) == 0 && R <= mk::WARP;
-  static constexpr int SPAN = POW2 ? mk::WARP / R : 1;
+  static_assert(R > 0 && (R & (R - 1)) == 0 && R <= mk::WARP, "rows a warp: a power of two up to the warp size");
+  static constexpr int SPAN = mk::WARP / R;
 };
 template <int R>
 __device__ __forceinline__ float warp_sum_rows(float (&acc)[R]) {
   const int lane = lg_lane_id();
-  if constexpr (RowLanes<R>::POW2) {
 #pragma unroll
-    for (int n = R, off = mk::WARP / 2; n > 1; n /= 2, off /= 2) {
-      const bool upper = lane & off;
+  for (int n = R, off = mk::WARP / 2; n > 1; n /= 2, off /= 2) {
+    const bool upper = lane & off;
 #pragma unroll
-      for (int i = 0; i < n / 2; ++i) {
-        const float keep = upper ? acc[i + n / 2] : acc[i], send = upper ? acc[i] : acc[i + n / 2];
-        acc[i] = keep + lg_shfl_xor(send, off);
-      }
+    for (int i = 0; i < n / 2; ++i) {
+      const float keep = upper ? acc[i + n / 2] : acc[i], send = upper ? acc[i] : acc[i + n / 2];
+      acc[i] = keep + lg_shfl_xor(send, off);
     }
-    float v = acc[0];
-#pragma unroll
-    for (int off = RowLanes<R>::SPAN / 2; off > 0; off /= 2) v += lg_shfl_xor(v, off);
-    return v;
-  } else {
-    float v = 0.f;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float sum = lg_warp_sum(acc[r]);
-      if (lane == r) v = sum;
-    }
-    return v;
   }
+  float v = acc[0];
+#pragma unroll
+  for (int off = RowLanes<R>::SPAN / 2; off > 0; off /= 2) v += lg_shfl_xor(v, off);
+  return v;
 }
 
-// Every lane gets all R sums (R a power of two): warp_sum_rows, then log2 R exchanges that double the sums a lane
-// holds (R - 1 shuffles): lane l's k-th held sum is row (l / SPAN) ^ k's, each the butterfly's bit for bit.
+// Every lane gets all R sums: warp_sum_rows, then log2 R exchanges that double the sums a lane holds (R - 1
+// shuffles): lane l's k-th held sum is row (l / SPAN) ^ k's, each the butterfly's bit for bit.
 template <int R>
 __device__ __forceinline__ void warp_sum_all(float (&acc)[R]) {
-  static_assert(RowLanes<R>::POW2, "warp_sum_all: a power of two");
   constexpr int SPAN = RowLanes<R>::SPAN;
   const int mine = lg_lane_id() / SPAN;
   float held[R];

@@ -24,7 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, TemplateError
 from ..model.config import FULL, ModelConfig
 from ..model.dtypes import bf16_bits_to_f32
 from ..target import DTYPES, Target
@@ -215,6 +215,11 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     (double-buffer the in-projection), rows per warp of the row-split matvecs, cached keys per warp per batch of the
     attention (its split over blocks follows: a head's keys are cut into ranges of at most that many per block)."""
     check_supported(config, target)
+    for knob, value, rows in (("rows_a", rows_a, rows_a), ("pairs_d", pairs_d, 2 * pairs_d), ("rows_lm", rows_lm, rows_lm),
+                              ("rows_screen", rows_screen, rows_screen)):
+        if rows < 1 or rows & (rows - 1) or rows > target.warp_size:  # warp_sum_rows' halving exchange
+            raise TemplateError(f"megakernel tuning {knob}={value}: {rows} rows a warp; the template takes a power of "
+                                f"two up to {target.name}'s warp size {target.warp_size}")
     c = config
     lay = plan_layout(c)
     blocks, threads, warp = target.megakernel.blocks, target.megakernel.threads, target.warp_size
