@@ -278,10 +278,7 @@ __device__ __forceinline__ uint4 mk_load_shared_act16(const void* p) { return *r
 __device__ __forceinline__ unsigned long long mk_load_shared_u64(const unsigned long long* p) {
   return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
-__device__ __forceinline__ void mk_atomic_max_u64(unsigned long long* p, unsigned long long v) {
-  __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
-}
-__device__ __forceinline__ unsigned long long mk_atomic_max_fetch_u64(unsigned long long* p, unsigned long long v) {
+__device__ __forceinline__ unsigned long long mk_atomic_max_u64(unsigned long long* p, unsigned long long v) {
   return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
 __device__ __forceinline__ void mk_store_tagged(unsigned long long* p, unsigned long long w) {
@@ -580,11 +577,13 @@ __device__ __forceinline__ void await_strided(const unsigned long long* base, un
 
 // ------------------------------------------------------------------------------------------ block helpers
 // v over the block: each warp's reduction (warp_op), then the warps' in order (op); every thread gets the result.
-template <class WarpOp, class Op>
+// FRESH: no thread has read red since the phase's start barrier, so the barrier that guards it from a previous
+// reduction's readers is left out.
+template <bool FRESH = false, class WarpOp, class Op>
 __device__ __forceinline__ float block_reduce(float v, float* red, WarpOp warp_op, Op op) {
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   v = warp_op(v);
-  __syncthreads();  // red may still be read by a previous reduction
+  if constexpr (!FRESH) __syncthreads();  // red may still be read by a previous reduction
   if (lane == 0) red[warp] = v;
   __syncthreads();
   float t = red[0];
@@ -592,8 +591,9 @@ __device__ __forceinline__ float block_reduce(float v, float* red, WarpOp warp_o
   for (int w = 1; w < mk::NW; ++w) t = op(t, red[w]);
   return t;
 }
+template <bool FRESH = false>
 __device__ __forceinline__ float block_sum(float v, float* red) {
-  return block_reduce(v, red, [](float x) { return lg_warp_sum(x); }, [](float a, float b) { return a + b; });
+  return block_reduce<FRESH>(v, red, [](float x) { return lg_warp_sum(x); }, [](float a, float b) { return a + b; });
 }
 __device__ __forceinline__ float block_max(float v, float* red) {
   return block_reduce(v, red, [](float x) { return lg_warp_max(x); }, [](float a, float b) { return fmaxf(a, b); });
@@ -950,7 +950,7 @@ __device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, un
 
 // The same norm with its scale left to the matvec: xs = x * (1 + w), and the result r = rsqrt(mean(x^2) + eps)
 // multiplies each row's dot (rms_norm_1p(x, w) . row = r (xs . row)), so one block barrier covers both xs and the
-// warps' sums of squares. red: NW floats, free until the next phase.
+// warps' sums of squares. red: NW floats, not read since the phase's start barrier, free until the next phase.
 __device__ float stage_rmsnorm_deferred(const DecodeArgs& a, const float* w, int token, unsigned x_epoch,
                                         unsigned epoch, float* xs, float* red) {
   constexpr int K = Strided<mk::H>::K;
@@ -965,13 +965,7 @@ __device__ float stage_rmsnorm_deferred(const DecodeArgs& a, const float* w, int
       ss += v[k] * v[k];
     }
   }
-  ss = lg_warp_sum(ss);
-  if (lg_lane_id() == 0) red[threadIdx.x / mk::WARP] = ss;
-  __syncthreads();
-  float t = red[0];
-#pragma unroll
-  for (int i = 1; i < mk::NW; ++i) t += red[i];
-  return rsqrtf(t / mk::H + mk::EPS);
+  return rsqrtf(block_sum<true>(ss, red) / mk::H + mk::EPS);  // red: fresh (the prologue follows the start barrier)
 }
 
 // ------------------------------------------------------------------------------------------ Gated DeltaNet layer
@@ -1521,7 +1515,7 @@ __device__ __noinline__ void lm_head_screen_phase(const DecodeArgs& a, int step,
   float* floor_seen = smem + SM_RED + NW;  // the grid's floor as thread 0 read it
   if (threadIdx.x == 0) {
     const unsigned long long mine = argmax_key(lower, 0);
-    const unsigned long long seen = mk_atomic_max_fetch_u64(a.screen_floor + (step & 1), mine);
+    const unsigned long long seen = mk_atomic_max_u64(a.screen_floor + (step & 1), mine);
     *floor_seen = key_value(seen > mine ? seen : mine);
   }
   __syncthreads();

@@ -220,11 +220,8 @@ __device__ __forceinline__ unsigned long long mk_load_shared_u64(const unsigned 
   asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void mk_atomic_max_u64(unsigned long long* p, unsigned long long v) {
-  atomicMax(p, v);
-}
-// The same, returning the value it found (one round trip for the update and the read).
-__device__ __forceinline__ unsigned long long mk_atomic_max_fetch_u64(unsigned long long* p, unsigned long long v) {
+// *p = max(*p, v); returns the value it found (unused: a reduction without a round trip).
+__device__ __forceinline__ unsigned long long mk_atomic_max_u64(unsigned long long* p, unsigned long long v) {
   return atomicMax(p, v);
 }
 // One 64-bit word handed between blocks (value + epoch, see decode.cu.j2's handover): single-copy atomic at gpu scope,
@@ -526,11 +523,13 @@ __device__ __forceinline__ void await_strided(const unsigned long long* base, un
 
 // ------------------------------------------------------------------------------------------ block helpers
 // v over the block: each warp's reduction (warp_op), then the warps' in order (op); every thread gets the result.
-template <class WarpOp, class Op>
+// FRESH: no thread has read red since the phase's start barrier, so the barrier that guards it from a previous
+// reduction's readers is left out.
+template <bool FRESH = false, class WarpOp, class Op>
 __device__ __forceinline__ float block_reduce(float v, float* red, WarpOp warp_op, Op op) {
   const int warp = threadIdx.x / mk::WARP, lane = lg_lane_id();
   v = warp_op(v);
-  __syncthreads();  // red may still be read by a previous reduction
+  if constexpr (!FRESH) __syncthreads();  // red may still be read by a previous reduction
   if (lane == 0) red[warp] = v;
   __syncthreads();
   float t = red[0];
@@ -538,8 +537,9 @@ __device__ __forceinline__ float block_reduce(float v, float* red, WarpOp warp_o
   for (int w = 1; w < mk::NW; ++w) t = op(t, red[w]);
   return t;
 }
+template <bool FRESH = false>
 __device__ __forceinline__ float block_sum(float v, float* red) {
-  return block_reduce(v, red, [](float x) { return lg_warp_sum(x); }, [](float a, float b) { return a + b; });
+  return block_reduce<FRESH>(v, red, [](float x) { return lg_warp_sum(x); }, [](float a, float b) { return a + b; });
 }
 __device__ __forceinline__ float block_max(float v, float* red) {
   return block_reduce(v, red, [](float x) { return lg_warp_max(x); }, [](float a, float b) { return fmaxf(a, b); });
@@ -896,7 +896,7 @@ __device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, un
 
 // The same norm with its scale left to the matvec: xs = x * (1 + w), and the result r = rsqrt(mean(x^2) + eps)
 // multiplies each row's dot (rms_norm_1p(x, w) . row = r (xs . row)), so one block barrier covers both xs and the
-// warps' sums of squares. red: NW floats, free until the next phase.
+// warps' sums of squares. red: NW floats, not read since the phase's start barrier, free until the next phase.
 __device__ float stage_rmsnorm_deferred(const DecodeArgs& a, const float* w, int token, unsigned x_epoch,
                                         unsigned epoch, float* xs, float* red) {
   constexpr int K = Strided<mk::H>::K;
@@ -911,13 +911,7 @@ __device__ float stage_rmsnorm_deferred(const DecodeArgs& a, const float* w, int
       ss += v[k] * v[k];
     }
   }
-  ss = lg_warp_sum(ss);
-  if (lg_lane_id() == 0) red[threadIdx.x / mk::WARP] = ss;
-  __syncthreads();
-  float t = red[0];
-#pragma unroll
-  for (int i = 1; i < mk::NW; ++i) t += red[i];
-  return rsqrtf(t / mk::H + mk::EPS);
+  return rsqrtf(block_sum<true>(ss, red) / mk::H + mk::EPS);  // red: fresh (the prologue follows the start barrier)
 }
 
 // ------------------------------------------------------------------------------------------ Gated DeltaNet layer

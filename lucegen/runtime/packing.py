@@ -212,11 +212,13 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
                   rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2, rows_screen: int = 4,
                   att_keys_per_warp: int | None = None) -> dict:
     """The ``mk`` dict the template renders with (plus the descriptor's own params). Tuning knobs: ``pipeline_a``
-    (double-buffer the in-projection), rows per warp of the row-split matvecs, cached keys per warp per batch of the
-    attention (its split over blocks follows: a head's keys are cut into ranges of at most that many per block)."""
+    (double-buffer the in-projection), rows per warp of the row-split matvecs (powers of two), cached keys per warp
+    per batch of the attention (its split over blocks follows: a head's keys are cut into ranges of at most that many
+    per block)."""
     check_supported(config, target)
-    for knob, value, rows in (("rows_a", rows_a, rows_a), ("pairs_d", pairs_d, 2 * pairs_d), ("rows_lm", rows_lm, rows_lm),
-                              ("rows_screen", rows_screen, rows_screen)):
+    rows_a_warp = {"rows_a": (rows_a, rows_a), "pairs_d": (pairs_d, 2 * pairs_d), "rows_lm": (rows_lm, rows_lm),
+                   "rows_screen": (rows_screen, rows_screen)}  # knob: (its value, rows a warp)
+    for knob, (value, rows) in rows_a_warp.items():
         if rows < 1 or rows & (rows - 1) or rows > target.warp_size:  # warp_sum_rows' halving exchange
             raise TemplateError(f"megakernel tuning {knob}={value}: {rows} rows a warp; the template takes a power of "
                                 f"two up to {target.name}'s warp size {target.warp_size}")
