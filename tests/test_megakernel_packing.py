@@ -251,6 +251,21 @@ def test_rows_a_warp_must_be_a_power_of_two(knob, value, rows):
     packing.kernel_params(ModelConfig.preset("tiny"), load_target("sm_90"), rows_a=4, pairs_d=4, rows_screen=8)
 
 
+def test_the_down_prefetch_needs_a_bulk_copy_engine():
+    from lucegen import codegen
+
+    cfg = ModelConfig.preset("tiny")
+    for name, tma in (("sm_90", True), ("sm_86", False), ("gfx1100", False)):
+        t = load_target(name)
+        params = packing.kernel_params(cfg, t)
+        assert params["prefetch_down"] is tma  # on by default exactly where the descriptor has features.tma
+        assert ("mk_prefetch_l2(down.w" in codegen.render(t, "megakernel/decode.cu.j2", mk=params)) is tma
+    off = packing.kernel_params(cfg, load_target("sm_90"), prefetch_down=False)
+    assert "mk_prefetch_l2(down.w" not in codegen.render(load_target("sm_90"), "megakernel/decode.cu.j2", mk=off)
+    with pytest.raises(TemplateError, match="prefetch_down=True: a bulk prefetch into the L2, which sm_86 lacks"):
+        packing.kernel_params(cfg, load_target("sm_86"), prefetch_down=True)
+
+
 def test_kernel_for_other_shapes_is_refused():
     from lucegen.runtime.megakernel import check_kernel_matches
 

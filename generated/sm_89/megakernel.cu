@@ -1375,6 +1375,9 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
 //   D: act = silu(W_gate h) * (W_up h)   (gate row i and up row i are packed next to each other)
 //   E: x = x + W_down act
 // `epoch`: this phase's (E: D's + 1).
+// With mk.prefetch_down, D asks the L2 for the block's down rows once its inputs are staged: by then its own rows
+// have arrived and DRAM would idle through its dot and the handover to E, so E's loads hit the L2 and E's poll of act
+// queues behind no DRAM reads. (Prefetching any other phase's rows measured slower: notes/megakernel-perf.md.)
 __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, float* smem,
                                    unsigned epoch) {
   using namespace mk;
@@ -1383,7 +1386,9 @@ __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& 
   if (phase == 3) {
     float rn = 0.f;  // the norm's scale (stage_rmsnorm_deferred)
     block_matvec_rows<H, 2 * PAIRS_D, false>(gateup_slice(a, lw), xs,
-        [&] { rn = stage_rmsnorm_deferred(a, a.wvec + lw.post_norm, -1, epoch - 1, epoch, xs, smem + SM_RED); },
+        [&] {
+          rn = stage_rmsnorm_deferred(a, a.wvec + lw.post_norm, -1, epoch - 1, epoch, xs, smem + SM_RED);
+        },
         [](int) {},
         [&](int r, float gate, float up) {  // rows 2i, 2i+1 = gate i, up i
           if ((r & 1) == 0) publish(s + S_ACT + r / 2, lg_silu(gate * rn) * (up * rn), epoch);

@@ -210,12 +210,18 @@ def check_supported(config: ModelConfig, target: Target) -> None:
 
 def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False, pipeline_a: bool = True,
                   rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2, rows_screen: int = 4,
-                  att_keys_per_warp: int | None = None) -> dict:
+                  att_keys_per_warp: int | None = None, prefetch_down: bool | None = None) -> dict:
     """The ``mk`` dict the template renders with (plus the descriptor's own params). Tuning knobs: ``pipeline_a``
     (double-buffer the in-projection), rows per warp of the row-split matvecs (powers of two), cached keys per warp
     per batch of the attention (its split over blocks follows: a head's keys are cut into ranges of at most that many
-    per block)."""
+    per block), ``prefetch_down`` (gate/up asks the L2 for the block's down rows once its inputs are staged: a bulk
+    prefetch, so on by default where the descriptor has features.tma)."""
     check_supported(config, target)
+    if prefetch_down is None:
+        prefetch_down = target.features.tma
+    if prefetch_down and not target.features.tma:
+        raise TemplateError(f"megakernel tuning prefetch_down=True: a bulk prefetch into the L2, which {target.name} "
+                            "lacks (features.tma = false)")
     rows_a_warp = {"rows_a": (rows_a, rows_a), "pairs_d": (pairs_d, 2 * pairs_d), "rows_lm": (rows_lm, rows_lm),
                    "rows_screen": (rows_screen, rows_screen)}  # knob: (its value, rows a warp)
     for knob, (value, rows) in rows_a_warp.items():
@@ -273,6 +279,7 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         "heads_max": heads_max,
         "segs_c_dn": segs_c_dn, "segs_c_at": segs_c_at, "segs_e": segs_e,
         "rows_a": rows_a, "pairs_d": pairs_d, "rows_lm": rows_lm, "rows_screen": rows_screen,
+        "prefetch_down": bool(prefetch_down),
         "pipeline_a": pipeline_a,
         "lm_screen": lm_screen, "sm_screen": matvec_floats, "screen_list_in_raw": list_in_raw,
         "screen_rows": screen_rows,
