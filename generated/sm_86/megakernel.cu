@@ -385,8 +385,8 @@ constexpr int S_X = 0, S_DN_IN = 1024, S_DN_Z = 7168, S_DN_G = 9216;
 constexpr int S_DN_BETA = 9248, S_DN_O = 9280, S_AT_IN = 11328;
 constexpr int S_AT_O = 16448, S_ACT = 18496, S_AT_PART = 22080;
 // attention (B): key ranges per head at most, keys per range at most, keys per warp per batch (attention_splits)
-constexpr int ATT_SPLITS = 8, ATT_KEYS_PER_BLOCK = 32;
-constexpr int ATT_KB = 2;
+constexpr int ATT_SPLITS = 8, ATT_KEYS_PER_BLOCK = 16;
+constexpr int ATT_KB = 1;
 }  // namespace mk
 
 // One layer's packed weights. kind 0: Gated DeltaNet, 1: gated full attention; slot indexes the layer's state
