@@ -214,8 +214,8 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     """The ``mk`` dict the template renders with (plus the descriptor's own params). Tuning knobs: ``pipeline_a``
     (double-buffer the in-projection), rows per warp of the row-split matvecs (powers of two), cached keys per warp
     per batch of the attention (its split over blocks follows: a head's keys are cut into ranges of at most that many
-    per block), ``prefetch_down`` (gate/up asks the L2 for the block's down rows once its inputs are staged: a bulk
-    prefetch, so on by default where the descriptor has features.tma)."""
+    per block), ``prefetch_down`` (gate/up asks the L2 for the block's down rows once its inputs are staged; a bulk
+    prefetch: default on where the descriptor has features.tma)."""
     check_supported(config, target)
     if prefetch_down is None:
         prefetch_down = target.features.tma
@@ -233,9 +233,8 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     blocks, threads, warp = target.megakernel.blocks, target.megakernel.threads, target.warp_size
     warps = threads // warp
     h, ao, vd = c.hidden_size, c.num_attention_heads * c.head_dim, c.linear_value_dim
-    if att_keys_per_warp is None:  # a batch of cached K and V rows in a lane's registers: 16 floats (sm_90, 0.8B
-        # at 33-160 keys: 1,505.9 tok/s against 1,493.4 / 1,492.7 at 32 floats, tools/mk_sweep.py, one command)
-        att_keys_per_warp = max(1, 8 // (c.head_dim // warp))
+    if att_keys_per_warp is None:  # a batch of cached K and V rows in a lane's registers: 16 floats (32 measured
+        att_keys_per_warp = max(1, 8 // (c.head_dim // warp))  # slower at short contexts: megakernel-perf Round 11)
     segs_c_dn = _segments(h, blocks, warps, vd)
     segs_c_at = _segments(h, blocks, warps, ao)
     segs_e = _segments(h, blocks, warps, c.intermediate_size)
