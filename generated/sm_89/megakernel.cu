@@ -233,7 +233,7 @@ __device__ __forceinline__ unsigned long long mk_load_shared_u64(const unsigned 
   asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-// *p = max(*p, v); returns the value it found (unused: a reduction without a round trip).
+// *p = max(*p, v), returning the value it found (a caller that ignores it gets a reduction, no round trip).
 __device__ __forceinline__ unsigned long long mk_atomic_max_u64(unsigned long long* p, unsigned long long v) {
   return atomicMax(p, v);
 }
