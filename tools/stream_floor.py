@@ -6,9 +6,11 @@ structure is set apart from the kernels' own work (notes/quant-gemm-perf.md, ses
 
     python3 tools/stream_floor.py MODEL.gguf [--blocks-per-sm 1 2 4] [--repeats 20]
 
-The step is timed plain and programmatic (the kernel lets the next one start at once and waits for its
-predecessor only before it exits: the most overlap programmatic launch allows); then the whole as one launch, and
-each group's launches alone.
+The step is timed plain, programmatic (the kernel lets the next one start at once and waits for its predecessor only
+before it exits: the most overlap programmatic launch allows) and dependent (as the GEMMs: it lets the next start at
+once, loads its first words, then waits for its predecessor to complete before reading the rest: the chain of a
+real step, where every launch reads what the one before wrote); then the whole as one launch, and each group's
+launches alone.
 """
 
 from __future__ import annotations
@@ -27,12 +29,24 @@ SOURCE = r"""
 {% include "common/prelude.cuh.j2" %}
 // Read n 16-byte words, 4 loads in flight a thread; the XOR of them is stored only if it equals a value it cannot
 // plausibly take, so the loads stay and the output is (almost) never written.
+// programmatic: 0 plain; 1 the next kernel starts at once and this one waits for its predecessor only before it
+// exits; 2 dependent, as the GEMMs: the next may start at once, but this one waits for its predecessor after its
+// first loads and before the rest (the real chain of a decode step, whose every launch reads what the one before wrote).
 extern "C" __global__ void __launch_bounds__(512) stream_read(const uint4* __restrict__ p, unsigned long long n,
                                                              unsigned* out, int programmatic) {
   if (programmatic) lg_launch_dependents();
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   unsigned acc = 0u;
+  if (programmatic == 2 && i + 3 * stride < n) {
+    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride);
+    const uint4 c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+    lg_grid_dependency_wait();
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    i += 4 * stride;
+  } else if (programmatic == 2) {
+    lg_grid_dependency_wait();
+  }
   for (; i + 3 * stride < n; i += 4 * stride) {
     const uint4 a = __ldg(p + i), b = __ldg(p + i + stride);
     const uint4 c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
@@ -42,7 +56,7 @@ extern "C" __global__ void __launch_bounds__(512) stream_read(const uint4* __res
     const uint4 a = __ldg(p + i);
     acc ^= a.x ^ a.y ^ a.z ^ a.w;
   }
-  if (programmatic) lg_grid_dependency_wait();
+  if (programmatic == 1) lg_grid_dependency_wait();
   if (acc == 0x9E3779B9u) out[0] = acc;
 }
 """
@@ -88,19 +102,19 @@ def main() -> None:
     starts = np.cumsum([0] + [b for _, b in groups])
     print(f"{len(groups)} launches, {total / 1e9:.3f} GB: {total / 3.1e6:.1f} us at 3.10 TB/s")
 
-    def read(stream, pieces, blocks: int, programmatic: bool) -> None:
+    def read(stream, pieces, blocks: int, programmatic: int) -> None:
         """One launch per (bytes, offset) piece of the weights."""
         for nbytes, start in pieces:
             n = nbytes // 16
             fn.launch(min(blocks, max(1, -(-n // (4 * 512)))), 512,
                       (np.uint64(weights.ptr + int(start) // 16 * 16), np.uint64(n), out, np.int32(programmatic)),
-                      stream=stream, programmatic=programmatic)
+                      stream=stream, programmatic=bool(programmatic))
 
     every = [(b, s) for (_, b), s in zip(groups, starts)]
     for per_sm in args.blocks_per_sm:
-        for programmatic in (False, True):
+        for programmatic, mode in enumerate(("plain", "programmatic", "dependent")):
             us = time_graph_us(dev, lambda st: read(st, every, per_sm * cus, programmatic), args.repeats, batch=1)
-            print(f"{per_sm} block(s) an SM, {'programmatic' if programmatic else 'plain'}: step {us:.1f} us, "
+            print(f"{per_sm} block(s) an SM, {mode}: step {us:.1f} us, "
                   f"{total / us / 1e6:.2f} TB/s")
     us = time_graph_us(dev, lambda st: read(st, [(total, 0)], 4 * cus, False), args.repeats, batch=1)
     print(f"one launch of it all: {us:.1f} us, {total / us / 1e6:.2f} TB/s")
