@@ -893,9 +893,10 @@ __device__ __forceinline__ void residual_inputs(const DecodeArgs& a, int token, 
   }
 }
 
-// xs = rms_norm_1p(x, w) = x * rsqrt(mean(x^2) + eps) * (1 + w), x as residual_inputs brings it.
-__device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, unsigned x_epoch, unsigned epoch,
-                              float* xs, float* raw, float* red) {
+// This thread's part of sum(x^2), x as residual_inputs brings it, after store(i, x[i]) for each of its elements.
+template <class Store>
+__device__ __forceinline__ float stage_residual(const DecodeArgs& a, int token, unsigned x_epoch, unsigned epoch,
+                                                Store store) {
   constexpr int K = Strided<mk::H>::K;
   float v[K];
   residual_inputs(a, token, x_epoch, epoch, v);
@@ -904,10 +905,17 @@ __device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, un
   for (int k = 0; k < K; ++k) {
     const int i = threadIdx.x + k * mk::THREADS;
     if (i < mk::H) {
-      raw[i] = v[k];
+      store(i, v[k]);
       ss += v[k] * v[k];
     }
   }
+  return ss;
+}
+
+// xs = rms_norm_1p(x, w) = x * rsqrt(mean(x^2) + eps) * (1 + w), x as residual_inputs brings it.
+__device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, unsigned x_epoch, unsigned epoch,
+                              float* xs, float* raw, float* red) {
+  const float ss = stage_residual(a, token, x_epoch, epoch, [&](int i, float x) { raw[i] = x; });
   const float r = rsqrtf(block_sum(ss, red) / mk::H + mk::EPS);
   for (int i = threadIdx.x; i < mk::H; i += mk::THREADS) xs[xs_index<mk::H>(i)] = raw[i] * r * (1.f + w[i]);
   __syncthreads();
@@ -918,18 +926,8 @@ __device__ void stage_rmsnorm(const DecodeArgs& a, const float* w, int token, un
 // warps' sums of squares. red: NW floats, not read since the phase's start barrier, free until the next phase.
 __device__ float stage_rmsnorm_deferred(const DecodeArgs& a, const float* w, int token, unsigned x_epoch,
                                         unsigned epoch, float* xs, float* red) {
-  constexpr int K = Strided<mk::H>::K;
-  float v[K];
-  residual_inputs(a, token, x_epoch, epoch, v);
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int i = threadIdx.x + k * mk::THREADS;
-    if (i < mk::H) {
-      xs[xs_index<mk::H>(i)] = v[k] * (1.f + w[i]);
-      ss += v[k] * v[k];
-    }
-  }
+  const float ss =
+      stage_residual(a, token, x_epoch, epoch, [&](int i, float x) { xs[xs_index<mk::H>(i)] = x * (1.f + w[i]); });
   return rsqrtf(block_sum<true>(ss, red) / mk::H + mk::EPS);  // red: fresh (the prologue follows the start barrier)
 }
 
