@@ -38,25 +38,21 @@ extern "C" __global__ void __launch_bounds__(512) stream_read(const uint4* __res
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   unsigned acc = 0u;
-  if (programmatic == 2 && i + 3 * stride < n) {
-    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride);
-    const uint4 c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
-    lg_grid_dependency_wait();
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-    i += 4 * stride;
-  } else if (programmatic == 2) {
-    lg_grid_dependency_wait();
-  }
+  bool waiting = programmatic == 2;  // dependent: wait once the first loads are on their way
   for (; i + 3 * stride < n; i += 4 * stride) {
     const uint4 a = __ldg(p + i), b = __ldg(p + i + stride);
     const uint4 c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+    if (waiting) {
+      lg_grid_dependency_wait();
+      waiting = false;
+    }
     acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
   }
   for (; i < n; i += stride) {
     const uint4 a = __ldg(p + i);
     acc ^= a.x ^ a.y ^ a.z ^ a.w;
   }
-  if (programmatic == 1) lg_grid_dependency_wait();
+  if (programmatic == 1 || waiting) lg_grid_dependency_wait();  // (dependent: threads with no whole batch)
   if (acc == 0x9E3779B9u) out[0] = acc;
 }
 """
