@@ -189,14 +189,17 @@ def test_grid_of_the_27b_launches():
     # (Q8_WAVE_TIME): 4 for the in-projection's 1030 blocks (2 waves of 528, not 3 of 396) and for 528 (1 of 528)
     quantised = load_target("sm_90").quantised_target()
     qg = QuantGemm(HostDevice(quantised), quantised, 5120, 1e-6)
-    # a group holding Q6_K takes the twins nt<N>q6 (their type switch holds it)
+    # a group holding Q6_K takes the twins nt<N>q6 (their type switch holds it); one row the one-token twins m1q..
     for tiles, pair, kernel in ((320, False, "nt1q"), (1030, False, "nt1q_r4"), (2176, True, "nt1q"),
                                 (528, False, "nt1q_r4"), (792, False, "nt1q"), (896, False, "nt1q_r4")):
         for held, suffix in ((["Q4_K", "Q5_K"], ""), (["Q4_K", "Q6_K"], "6")):
             W = types.SimpleNamespace(tiles=tiles, pair=pair, int8=True, K=5120, types=held)
             twin = kernel.replace("q", f"q{suffix}")
-            assert [qg.kernel(W, M, 0, 5120)[0] for M in (1, 8)] == [twin] * 2, (tiles, held)
+            assert [qg.kernel(W, M, 0, 5120)[0] for M in (1, 8)] == [twin.replace("nt1", "m1"), twin], (tiles, held)
             assert qg.kernel(W, 9, 0, 5120)[0] == f"nt2q{suffix}"
+            qg.use_one_row = False
+            assert qg.kernel(W, 1, 0, 5120)[0] == twin
+            qg.use_one_row = True
 
 
 def test_densest_row_tiles_come_first():

@@ -6,14 +6,15 @@ splits (QuantGemm.parts overridden) beside the planned one.
 ``--tiles`` times Q4_K matrices of those many 16-row tiles instead of the 27B's (an in-projection-like one, K = 5120,
 and a down-like one, K = 17408): how the grid's fill of the chip (waves of resident blocks) sets the bandwidth.
 
-``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring), ``--wgmma 0,1``
+``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring), ``--one-row 0,1``
+with the one-token int8 kernels (m1q, m1q6) off and on (QuantGemm.use_one_row), ``--wgmma 0,1``
 with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma), ``--int8 0,1`` with int8 activations off and on
 for the groups that take them (QuantGemm.int8: K-quants alone; ``--int8-kernels`` renders them where the
 descriptor's [quant] int8_activations is off). The kernels are the quantised target's (``Target.quantised_target()``:
 [quant] compute_dtype); ``--descriptor-dtype`` times them in the descriptor's own.
 
-    python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--wgmma 0,1]
-                                      [--int8 0,1 --int8-kernels] [--descriptor-dtype]
+    python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--one-row 0,1]
+                                      [--wgmma 0,1] [--int8 0,1 --int8-kernels] [--descriptor-dtype]
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ SHAPES = {  # name: (segments [(type, rows)], K, epilogue)
 }
 
 
-def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, int8s=(None,), int8_kernels=False):
+def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, int8s=(None,), int8_kernels=False,
+         one_rows=(None,)):
     dev = Device.open()
     target = dev.target
     if int8_kernels:
@@ -59,13 +61,13 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, in
             while len(copies) * copies[0].weight_bytes < 200e6:
                 copies.append(qg.matrix(raw, K, pair=ep == "swiglu", int8=True))
             for M in ms:
-                for parts, ring, wg in itertools.product([None] + [p for p in sweep], rings, wgmmas):
-                    _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8)
+                for parts, ring, wg, one in itertools.product([None] + [p for p in sweep], rings, wgmmas, one_rows):
+                    _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one)
             for c in copies:
                 c.free()
 
 
-def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8):
+def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None):
     """Print the time of one launch over ``copies`` (each launch reads the next) at M rows."""
     W = copies[0]
     if i8 and not W.int8:
@@ -78,6 +80,8 @@ def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8):
         qg.use_ring = bool(ring)
     if wg is not None:
         qg.use_wgmma = bool(wg)
+    if one is not None:
+        qg.use_one_row = bool(one)
     qg.parts = lambda _W, parts=parts: parts
     a = dev.upload(np.full((M, K), 0x3F80, np.uint16))
     N = W.rows
@@ -108,7 +112,7 @@ def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8):
     print(f"{name:34s} M={M:3d}  {ms_each * 1e3:8.1f} us  {W.weight_bytes / ms_each / 1e6:7.0f} GB/s  "
           f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={qg.kernel(W, M, a.ptr, K)[0]}"
           f"{'' if ring is None else f' ring={ring}'}{'' if wg is None else f' wgmma={wg}'}"
-          f"{'' if i8 is None else f' int8={i8}'}", flush=True)
+          f"{'' if i8 is None else f' int8={i8}'}{'' if one is None else f' one_row={one}'}", flush=True)
     del qg.parts  # the planned parts again
     for b in (a, out, x, xn, w, ss, am, amo):
         b.free()
@@ -125,6 +129,7 @@ if __name__ == "__main__":
     cli.add_argument("--parts", type=_ints, default=(), help="K splits to time beside the planned one")
     cli.add_argument("--tiles", type=_ints, help="Q4_K matrices of these many row tiles instead of the 27B's")
     cli.add_argument("--ring", type=_ints, default=(None,), help="the one-row weight ring off / on: 0,1")
+    cli.add_argument("--one-row", type=_ints, default=(None,), help="the one-token int8 kernels off / on: 0,1")
     cli.add_argument("--wgmma", type=_ints, default=(None,), help="the warpgroup-MMA kernels off / on: 0,1")
     cli.add_argument("--int8", type=_ints, default=(None,), help="int8 activations off / on: 0,1 (with --int8-kernels "
                      "where the descriptor leaves them out)")
@@ -136,4 +141,5 @@ if __name__ == "__main__":
     if args.tiles:
         SHAPES = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
                   for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in args.tiles}
-    main(args.rows, args.parts, args.ring, args.wgmma, args.descriptor_dtype, args.int8, args.int8_kernels)
+    main(args.rows, args.parts, args.ring, args.wgmma, args.descriptor_dtype, args.int8, args.int8_kernels,
+         args.one_row)

@@ -35,11 +35,12 @@ Q8_BLOCKS_PER_CU = 3
 Q8_WAVE_TIME = {3: 1.0, 4: 1.19}
 
 
-def int8_kernel(nt: int, blocks_per_cu: int = 0, own_types: bool = False) -> str:
+def int8_kernel(nt: int, blocks_per_cu: int = 0, own_types: bool = False, one_row: bool = False) -> str:
     """The name of the int8 kernel of ``nt`` token groups: nt<nt>q, nt<nt>q6 for groups holding INT8_OWN_KERNEL_TYPES
-    (``own_types``), and for one group at other than Q8_BLOCKS_PER_CU resident blocks a suffix _r<blocks per CU>."""
+    (``own_types``), and for one group at other than Q8_BLOCKS_PER_CU resident blocks a suffix _r<blocks per CU>;
+    m1q.. for one token (``one_row``: its MMAs' 8 columns hold 8 sub-blocks, not 8 tokens)."""
     residency = f"_r{blocks_per_cu}" if blocks_per_cu not in (0, Q8_BLOCKS_PER_CU) else ""
-    return f"nt{nt}q{'6' if own_types else ''}{residency}"
+    return f"{'m1' if one_row else f'nt{nt}'}q{'6' if own_types else ''}{residency}"
 
 
 def block_warps(int8: bool) -> int:
@@ -161,6 +162,8 @@ def instances(target) -> tuple[GemmKernel, ...]:
         int8 += tuple(GemmKernel(int8_kernel(nt, 0, own), nt, int8=True, own_types=own) for nt in range(1, NT_MAX + 1))
         int8 += tuple(GemmKernel(int8_kernel(1, r, own), 1, int8=True, residency=r, own_types=own)
                       for r in Q8_WAVE_TIME if r != Q8_BLOCKS_PER_CU)
+        int8 += tuple(GemmKernel(int8_kernel(1, r, own, one_row=True), 1, one_row=True, int8=True,
+                                 residency=0 if r == Q8_BLOCKS_PER_CU else r, own_types=own) for r in Q8_WAVE_TIME)
     return plain + staged + ring + wgmma + int8
 
 

@@ -294,6 +294,7 @@ class QuantGemm:
         self.amax_fn = self.module.function("quant_gemm_amax") if self.int8 else None
         self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
         self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
+        self.use_one_row = True  # m1q.. for one-row int8 launches (tools/quant_gemm_bench.py --one-row 0,1 compares)
 
     def free(self) -> None:
         """Free the module's own buffers (its matrices are the caller's)."""
@@ -404,7 +405,7 @@ class QuantGemm:
     def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:
         nt<groups of 8 tokens>q (q6 where it holds INT8_OWN_KERNEL_TYPES) for a group that takes int8 activations
-        (:attr:`QuantMatrix.int8`); otherwise m1 for one row, else nt<groups of 8 tokens>, or its staged twin (the same
+        (:attr:`QuantMatrix.int8`), m1q (m1q6) at one row; otherwise m1 for one row, else nt<groups of 8 tokens>, or its staged twin (the same
         bits) where one exists for this target, the group holds 256-value block types alone, the activation rows can
         be copied in 16-byte pieces, and a staged row would otherwise be read often enough (STAGE_MIN_REUSE); before
         that, its warpgroup-MMA twin nt<N>w (the same bits) where the chip has one, the group holds K-quants alone in
@@ -416,7 +417,8 @@ class QuantGemm:
         if W.int8:
             smem = q8_smem_bytes(nt, W.K)
             own = any(t in INT8_OWN_KERNEL_TYPES for t in W.types)
-            name = int8_kernel(nt, 0, own) if nt > 1 else self._one_group_residency(W, M, smem, own)
+            name = int8_kernel(nt, 0, own) if nt > 1 else self._one_group_residency(W, M, smem, own,
+                                                                                     M == 1 and self.use_one_row)
             if not smem_fits(self.target, smem, self.static_smem[name], 1):
                 raise LucegenError(f"quant_gemm_{name}: the int8 scales of K={W.K} ({smem} bytes) exceed shared "
                                    "memory")
@@ -439,14 +441,14 @@ class QuantGemm:
                 return ring, smem
         return name, 0
 
-    def _one_group_residency(self, W: QuantMatrix, M: int, smem: int, own: bool) -> str:
-        """nt1q (``own``: nt1q6), or its twin of another residency (nt1q_r<blocks per compute unit>, the same bits),
-        whichever runs the launch's blocks in the least time by whole waves (Q8_WAVE_TIME), where its shared memory
-        lets it."""
+    def _one_group_residency(self, W: QuantMatrix, M: int, smem: int, own: bool, one_row: bool = False) -> str:
+        """nt1q (``own``: nt1q6; ``one_row``: m1q, m1q6, the same bits at M = 1), or its twin of another residency
+        (nt1q_r<blocks per compute unit>, the same bits), whichever runs the launch's blocks in the least time by whole
+        waves (Q8_WAVE_TIME), where its shared memory lets it."""
         blocks = self.grid_width(W) * math.ceil(M / 8)
-        best, name = None, int8_kernel(1, 0, own)
+        best, name = None, int8_kernel(1, 0, own, one_row)
         for r, wave in sorted(Q8_WAVE_TIME.items()):
-            kernel = int8_kernel(1, r, own)
+            kernel = int8_kernel(1, r, own, one_row)
             if kernel not in self.kernels or not smem_fits(self.target, smem, self.static_smem[kernel], r):
                 continue
             time = math.ceil(blocks / (r * self.target.compute_units)) * wave

@@ -440,7 +440,7 @@ def test_int8_groups_match_numpy_and_rows_alone(M):
     try:
         a = activations(qg, rng, M, K)
         with qg.device.upload(a) as da:
-            assert qg.kernel(W, M, da.ptr, K)[0] == f"nt{-(-M // 8)}q6"  # the twins whose switch holds Q6_K
+            assert qg.kernel(W, M, da.ptr, K)[0] == (f"nt{-(-M // 8)}q6" if M > 1 else "m1q6")  # switch holds Q6_K
             assert not mixed.int8 and not qg.kernel(mixed, M, da.ptr, K)[0].endswith("q")
         got, _ = run_rows(qg, W, a)
         check_close(got, seen(qg, W, a), dense)
@@ -491,8 +491,8 @@ def test_int8_q6k_extremes(M):
 
 def test_int8_one_group_residencies_give_the_same_bits():
     """A launch of one int8 token group over 4 cu row tiles (Q5_K and Q4_K, the last tile partial) takes nt1q at 4
-    resident blocks a compute unit (nt1q_r4: one wave, not two of 3): its rows, one at a time and 5 at once, equal
-    nt1q's bit for bit, and a 9-row launch's (nt2q)."""
+    resident blocks a compute unit (nt1q_r4: one wave, not two of 3; one row: m1q_r4): its rows, one at a time and 5
+    at once, equal nt1q's bit for bit, and a 9-row launch's (nt2q)."""
     qg = int8_qg(gpu_device())
     if "nt1q_r4" not in qg.functions:
         pytest.skip(f"{qg.device.target.name} has no nt1q_r4")
@@ -503,7 +503,7 @@ def test_int8_one_group_residencies_give_the_same_bits():
     try:
         a = activations(qg, rng, 9, K)
         with qg.device.upload(a) as da:
-            assert [qg.kernel(W, M, da.ptr, K)[0] for M in (1, 5)] == ["nt1q_r4"] * 2
+            assert [qg.kernel(W, M, da.ptr, K)[0] for M in (1, 5)] == ["m1q_r4", "nt1q_r4"]
         rows = np.stack([run_rows(qg, W, a[m : m + 1])[0][0] for m in range(5)])
         five, _ = run_rows(qg, W, a[:5])
         nine, _ = run_rows(qg, W, a)
@@ -513,6 +513,37 @@ def test_int8_one_group_residencies_give_the_same_bits():
         for got in (rows, five, nine[:5]):
             np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     finally:
+        W.free()
+
+
+@pytest.mark.parametrize("types", [["Q4_K"], ["Q5_K", "Q4_K"], ["Q6_K"], ["Q4_K", "Q6_K"]])
+def test_one_row_int8_kernels_equal_nt1q(types):
+    """At one row an int8 group takes m1q (m1q6 with Q6_K), whose MMA columns hold sub-blocks rather than tokens: its
+    rows equal nt1q's (nt1q6's) bit for bit, at 20 blocks of K (the 27B's hidden size) with a partial last row tile,
+    at either residency, and numpy's product within check_close."""
+    qg = int8_qg(gpu_device())
+    rng = np.random.default_rng(len(types) + 7 * ("Q6_K" in types))
+    K = 256 * 20
+    segs, dense = group(rng, types, [16 * 30 + 9] * len(types), K, "quantized")
+    W = qg.matrix(segs, K, int8=True)
+    own = "6" if "Q6_K" in types else ""
+    try:
+        a = activations(qg, rng, 1, K)
+        got = {}
+        for one_row in (True, False):
+            qg.use_one_row = one_row
+            with qg.device.upload(a) as da:
+                assert qg.kernel(W, 1, da.ptr, K)[0] == f"{'m1' if one_row else 'nt1'}q{own}"
+            got[one_row], _ = run_rows(qg, W, a)
+        check_close(got[True], seen(qg, W, a), dense)
+        np.testing.assert_array_equal(got[True].view(np.uint32), got[False].view(np.uint32))
+        qg.use_one_row = True
+        qg._one_group_residency = lambda *args: f"m1q{own}_r4"  # the other residency: the same code
+        r4, _ = run_rows(qg, W, a)
+        np.testing.assert_array_equal(r4.view(np.uint32), got[False].view(np.uint32))
+    finally:
+        qg.use_one_row = True
+        del qg._one_group_residency
         W.free()
 
 
@@ -544,7 +575,7 @@ def test_int8_residual_takes_x_and_norm_weights_copied_early(M):
 
     try:
         with d.upload(a) as da:
-            assert qg.kernel(W, M, da.ptr, K)[0].startswith(f"nt{-(-M // 8)}q")
+            assert qg.kernel(W, M, da.ptr, K)[0].startswith(f"nt{-(-M // 8)}q" if M > 1 else "m1q")
         x1, xn = residual(list(range(M)))
         check_close(x1[:, :N] - x0[:, :N], seen(qg, W, a), dense)
         np.testing.assert_array_equal(x1[:, N:], x0[:, N:])

@@ -403,6 +403,16 @@ struct QgQ4K : QgKHeaders<QgQ4KRaw> {
   static __device__ __forceinline__ void load_q8(Raw& r, const unsigned char* tb, int lane) { load(r, tb, lane); }
   // The int8 A fragment (m16n8k32) of sub-block s: the values as bytes, as they sit in the tile-block.
   static __device__ __forceinline__ void fragment_q8(const Raw& r, int s, unsigned (&a)[4]) { qg_nibbles_q8(r.qs, s, a); }
+  // The one-token kernels' unsigned A fragment: the high nibbles (odd s) left in place, as 16 q.
+  static constexpr bool ODD_TIMES_16 = true;
+  static __device__ __forceinline__ void fragment_q8_one(const Raw& r, int s, unsigned (&a)[4]) {
+    const uint4& c = r.qs[s >> 1];
+    const unsigned mask = s & 1 ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+    a[0] = c.x & mask;
+    a[1] = c.z & mask;
+    a[2] = c.y & mask;
+    a[3] = c.w & mask;
+  }
 };
 
 // Q5_K (256 values, 176 bytes): as Q4_K with a chunk of high bits (bit s of byte l: sub-block s, value l) between.
@@ -435,6 +445,8 @@ struct QgQ5K : QgKHeaders<QgQ5KRaw> {
     a[2] |= ((r.qh.y >> s) & 0x01010101u) << 4;
     a[3] |= ((r.qh.w >> s) & 0x01010101u) << 4;
   }
+  static constexpr bool ODD_TIMES_16 = false;
+  static __device__ __forceinline__ void fragment_q8_one(const Raw& r, int s, unsigned (&a)[4]) { fragment_q8(r, s, a); }
 };
 
 // Q6_K (256 values, 210 bytes, sub-blocks of 16): [16 x 16 int8 scales][16 x f16 d][4 chunks of ql][2 chunks of qh].
@@ -923,6 +935,13 @@ __device__ __forceinline__ void qg_imma_k32(int (&c)[4], const unsigned (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same with unsigned A bytes (0 .. 255): Q4_K's high nibbles in place (16 q) and the ones of the one-token kernels.
+__device__ __forceinline__ void qg_imma_k32_u8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 { %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // The launch's scales (QgQ8Scales in dynamic shared memory, [block b of K][token mm of the block's 8 NT]): inv as fp16
 // bits and da, from the magnitudes per 16 values that A's producer left (amax: QgAmax of A, lda / 16 a row, 16 per
 // 256 values; zero for tokens m0 + mm >= M). Every thread of the block takes part, then a block barrier.
@@ -1104,9 +1123,95 @@ __device__ __forceinline__ void qg_tile_block_q8_q6k(float (&acc)[NT][4], const 
   }
 }
 
+// ---- One token (M = 1, the decode step: m1q, m1q6). In qg_tile_block_q8 the token is one MMA column of 8 and every
+// lane scales all 8 sub-blocks. Here the 8 columns hold the 8 steps of 32 values instead: B_s carries the token's
+// activations of values 32 s .. 32 s + 31 in column s alone (lanes g = s; zero on the others), so the tile-block's
+// MMAs into one accumulator leave
+//   D[n][s] = sum_{k in 32 s ..} q[n, k] qa[k]          lane (g, t): rows g, g + 8 of columns 2t, 2t + 1
+// and one MMA of ones against the whole B the activations' sums S[s] in every row. A lane scales its own two columns
+// and 4-lane sums make qg_tile_block_q8's exact int32 sums (sum_s sc_s D[n][s], sum_s m_s S[s]), which the same float
+// steps take: the same bits as nt1q at M = 1, with a quarter of its scaling and none of its per-token work.
+
+// Lane (g, t)'s int8 activations of the token (row 0 of A), values 32 g + 8 t .. 32 g + 8 t + 7 of block b: the B
+// words it holds in column g.
+__device__ __forceinline__ uint2 qg_q8_one_token_b(const fp16_t* __restrict__ A, int b, QgQ8Scales sc) {
+  const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
+  const uint4 x = __ldg(reinterpret_cast<const uint4*>(A + 256 * b + 32 * g + 8 * t));
+  const unsigned inv2 = (unsigned)sc.inv[8 * b] * 0x00010001u;
+  return make_uint2(qg_q8_word(x.x, x.y, inv2), qg_q8_word(x.z, x.w, inv2));
+}
+// The 4 lanes of a row's columns add their exact partial sums.
+__device__ __forceinline__ int qg_sum4(int v) {
+  v += lg_shfl_xor(v, 1);
+  return v + lg_shfl_xor(v, 2);
+}
+
+// acc[0][0], acc[0][2] (rows g, g + 8) += one tile-block (cur) of a K-quant with mins (Q4_K, Q5_K) of block b times the
+// token's int8 activations. Q4_K's odd sub-blocks multiply as the bytes hold them (16 q: Q::ODD_TIMES_16), and their
+// columns are divided by 16 after (exact).
+template <typename Q>
+__device__ __forceinline__ void qg_tile_block_q8_one(float (&acc)[1][4], const typename Q::Raw& cur,
+                                                     const fp16_t* __restrict__ A, int b, QgQ8Scales sc) {
+  const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
+  const uint2 x = qg_q8_one_token_b(A, b, sc);
+  int dot[4] = {0, 0, 0, 0}, act[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    unsigned a[4];
+    Q::fragment_q8_one(cur, s, a);
+    qg_imma_k32_u8(dot, a, g == s ? x.x : 0u, g == s ? x.y : 0u);
+  }
+  const unsigned ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
+  qg_imma_k32_u8(act, ones, x.x, x.y);
+  if (Q::ODD_TIMES_16) {
+    dot[1] >>= 4;
+    dot[3] >>= 4;
+  }
+  // the scales and mins of sub-blocks 2t, 2t + 1: bytes 2 (t % 2), + 1 of word t / 2
+  const QgKScales kg = qg_k_scales(cur.h), k8 = qg_k_scales(cur.h8);
+  const int word = t >> 1, shift = 16 * (t & 1);
+  const unsigned scg = (word ? kg.sc[1] : kg.sc[0]) >> shift, mg = (word ? kg.m[1] : kg.m[0]) >> shift;
+  const unsigned sc8 = (word ? k8.sc[1] : k8.sc[0]) >> shift, m8 = (word ? k8.m[1] : k8.m[0]) >> shift;
+  const int sums_g = qg_sum4((int)(scg & 0xFFu) * dot[0] + (int)((scg >> 8) & 0xFFu) * dot[1]);
+  const int sums_8 = qg_sum4((int)(sc8 & 0xFFu) * dot[2] + (int)((sc8 >> 8) & 0xFFu) * dot[3]);
+  const int mins_g = qg_sum4((int)(mg & 0xFFu) * act[0] + (int)((mg >> 8) & 0xFFu) * act[1]);
+  const int mins_8 = qg_sum4((int)(m8 & 0xFFu) * act[0] + (int)((m8 >> 8) & 0xFFu) * act[1]);
+  const float da = sc.da[8 * b];
+  acc[0][0] = fmaf(da, fmaf(-kg.dmin, (float)mins_g, kg.d * (float)sums_g), acc[0][0]);
+  acc[0][2] = fmaf(da, fmaf(-k8.dmin, (float)mins_8, k8.d * (float)sums_8), acc[0][2]);
+}
+
+// The same for a Q6_K tile-block (sub-blocks of 16, signed scales, no min): the B of lanes t < 2 (values 0 .. 15 of
+// each 32: sub-block 2 s) and of t >= 2 (2 s + 1) go to two accumulators, so lane (g, t) ends with sub-blocks
+// 4t .. 4t + 3 of rows g, g + 8, whose scales are the ones it loaded (QgQ6K::RawQ8).
+__device__ __forceinline__ void qg_tile_block_q8_q6k_one(float (&acc)[1][4], const QgQ6K::RawQ8& cur,
+                                                         const fp16_t* __restrict__ A, int b, QgQ8Scales sc) {
+  const int lane = (int)lg_lane_id(), g = lane >> 2;
+  const uint2 x = qg_q8_one_token_b(A, b, sc);
+  const bool first = (lane & 3) < 2;
+  const uint2 lo = first ? x : make_uint2(0u, 0u), hi = first ? make_uint2(0u, 0u) : x;
+  int even[4] = {0, 0, 0, 0}, odd[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    unsigned a[4];
+    QgQ6K::fragment_q8(cur, s, a);
+    qg_imma_k32(even, a, g == s ? lo.x : 0u, g == s ? lo.y : 0u);
+    qg_imma_k32(odd, a, g == s ? hi.x : 0u, g == s ? hi.y : 0u);
+  }
+  // columns 2t, 2t + 1: sub-blocks 4t, 4t + 1 (even, odd) and 4t + 2, 4t + 3; scale 4t + i is byte i
+  auto scale = [](unsigned w, int i) { return (int)(signed char)(w >> (8 * i)); };
+  const int sums_g = qg_sum4(scale(cur.sc.x, 0) * even[0] + scale(cur.sc.x, 1) * odd[0] + scale(cur.sc.x, 2) * even[1] +
+                             scale(cur.sc.x, 3) * odd[1]);
+  const int sums_8 = qg_sum4(scale(cur.sc.y, 0) * even[2] + scale(cur.sc.y, 1) * odd[2] + scale(cur.sc.y, 2) * even[3] +
+                             scale(cur.sc.y, 3) * odd[3]);
+  const float da = sc.da[8 * b];
+  acc[0][0] = fmaf(da, qg_f16(cur.d2 & 0xFFFFu) * (float)sums_g, acc[0][0]);
+  acc[0][2] = fmaf(da, qg_f16(cur.d2 >> 16) * (float)sums_8, acc[0][2]);
+}
+
 // qg_tile with int8 activations: tile-blocks b = part, part + parts, .., the next one's bytes loaded while this one
 // computes; the block's scales (qg_q8_prologue) made while the first one loads.
-template <typename Q, int NT, int THREADS, typename Early>
+template <typename Q, int NT, int THREADS, bool ONE_TOKEN, typename Early>
 __device__ __forceinline__ void qg_tile_q8(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K, int part,
                                            int parts, const fp16_t* __restrict__ A, int lda, int m0, int M,
                                            const unsigned short* __restrict__ amax, QgQ8Scales sc, Early early) {
@@ -1118,7 +1223,11 @@ __device__ __forceinline__ void qg_tile_q8(float (&acc)[NT][4], const unsigned c
   qg_q8_prologue<NT, THREADS>(sc, amax, lda, K, m0, M, early);
   for (int b = part; b < blocks; b += parts) {
     if (b + parts < blocks) Q::load_q8(next, tile + (size_t)(b + parts) * TB, lane);
-    if constexpr (Q::HAS_MIN) {
+    if constexpr (ONE_TOKEN && Q::HAS_MIN) {
+      qg_tile_block_q8_one<Q>(acc, cur, A, b, sc);
+    } else if constexpr (ONE_TOKEN) {
+      qg_tile_block_q8_q6k_one(acc, cur, A, b, sc);
+    } else if constexpr (Q::HAS_MIN) {
       qg_tile_block_q8<Q, NT>(acc, cur, A, lda, m0, M, b, sc);
     } else {
       qg_tile_block_q8_q6k<NT>(acc, cur, A, lda, m0, M, b, sc);
@@ -1310,16 +1419,16 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     const int type = seg >= 0 ? segs.seg[seg].type : -1;
     switch (type) {
       case 1:  // Q4_K
-        qg_tile_q8<QgQ4K, NT, THREADS>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+        qg_tile_q8<QgQ4K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part,
                                          parts, A, lda, m0, M, a_amax, sc, early_copy);
         break;
       case 2:  // Q5_K
-        qg_tile_q8<QgQ5K, NT, THREADS>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+        qg_tile_q8<QgQ5K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part,
                                          parts, A, lda, m0, M, a_amax, sc, early_copy);
         break;
       case 3:  // Q6_K: in the twins nt<N>q6 alone (INT8_OWN), whose registers its path sets
         if constexpr (INT8_OWN) {
-          qg_tile_q8<QgQ6K, NT, THREADS>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+          qg_tile_q8<QgQ6K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K), K, part,
                                            parts, A, lda, m0, M, a_amax, sc, early_copy);
           break;
         }
@@ -1667,6 +1776,32 @@ quant_gemm_nt1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const 
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_m1q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
+  quant_gemm<1, 4, true, false, false,
+             false, true, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
+quant_gemm_m1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
+  quant_gemm<1, 4, true, false, false,
+             false, true, false>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
 quant_gemm_nt1q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
                  int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
@@ -1726,6 +1861,32 @@ quant_gemm_nt1q6_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
   quant_gemm<1, 4, false, false, false,
+             false, true, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_m1q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
+  quant_gemm<1, 4, true, false, false,
+             false, true, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
+quant_gemm_m1q6_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count) {
+  quant_gemm<1, 4, true, false, false,
              false, true, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
       argmax_key, a_amax, amax_out, ss_count);
