@@ -1210,7 +1210,8 @@ __device__ __forceinline__ void qg_tile_block_q8_q6k_one(float (&acc)[1][4], con
 }
 
 // qg_tile with int8 activations: tile-blocks b = part, part + parts, .., the next one's bytes loaded while this one
-// computes; the block's scales (qg_q8_prologue) made while the first one loads.
+// computes; the block's scales (qg_q8_prologue) made while the first one loads. ONE_TOKEN (m1q, M = 1): the
+// one-token tile-blocks, whose MMA columns hold sub-blocks.
 template <typename Q, int NT, int THREADS, bool ONE_TOKEN, typename Early>
 __device__ __forceinline__ void qg_tile_q8(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K, int part,
                                            int parts, const fp16_t* __restrict__ A, int lda, int m0, int M,
