@@ -542,8 +542,6 @@ def test_one_row_int8_kernels_equal_nt1q(types):
         r4, _ = run_rows(qg, W, a)
         np.testing.assert_array_equal(r4.view(np.uint32), got[False].view(np.uint32))
     finally:
-        qg.use_one_row = True
-        del qg._one_group_residency
         W.free()
 
 
