@@ -32,7 +32,8 @@ Q8_BLOCKS_PER_CU = 3
 #: at K = 5120, 2 waves of 3 took 16.3 us and 3 waves of 4 29.1 us, so a wave of 4 blocks takes 1.19 of one of 3 and
 #: moves 4/3 the blocks). 528 row tiles: 14.5 -> 10.3 us; 1030: 22.4 -> 19.5; 896: 21.8 -> 18.1; the model picks 3
 #: for 320, 600, 792 and 1100 tiles, where 4 was 1.1-1.8 us slower.
-#: The one-token twins (m1q, m1q_r4) take the same model: theirs timed within 1% at 3, 4 and 5 blocks (notes session 54).
+#: The one-token twins (m1q, m1q_r4) take the same model: theirs timed within 1% at 3, 4 and 5 blocks (notes,
+#: session 54).
 Q8_WAVE_TIME = {3: 1.0, 4: 1.19}
 
 
