@@ -6,6 +6,9 @@ splits (QuantGemm.parts overridden) beside the planned one.
 ``--tiles`` times Q4_K matrices of those many 16-row tiles instead of the 27B's (an in-projection-like one, K = 5120,
 and a down-like one, K = 17408): how the grid's fill of the chip (waves of resident blocks) sets the bandwidth.
 
+``--norm`` gives the readers (rows_f32, swiglu) RMSNorm row scales from the parts a 5,120-column residual leaves
+(320 per row at one row, one total per row at more), as in the layer loop; without it they take none.
+
 ``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring), ``--one-row 0,1``
 with the one-token int8 kernels (m1q, m1q6) off and on (QuantGemm.use_one_row), ``--wgmma 0,1``
 with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma), ``--int8 0,1`` with int8 activations off and on
@@ -14,7 +17,7 @@ descriptor's [quant] int8_activations is off). The kernels are the quantised tar
 [quant] compute_dtype); ``--descriptor-dtype`` times them in the descriptor's own.
 
     python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--one-row 0,1]
-                                      [--wgmma 0,1] [--int8 0,1 --int8-kernels] [--descriptor-dtype]
+                                      [--wgmma 0,1] [--int8 0,1 --int8-kernels] [--descriptor-dtype] [--norm]
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ SHAPES = {  # name: (segments [(type, rows)], K, epilogue)
 
 
 def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, int8s=(None,), int8_kernels=False,
-         one_rows=(None,)):
+         one_rows=(None,), norm=False):
     dev = Device.open()
     target = dev.target
     if int8_kernels:
@@ -62,12 +65,12 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, in
                 copies.append(qg.matrix(raw, K, pair=ep == "swiglu", int8=True))
             for M in ms:
                 for parts, ring, wg, one in itertools.product([None] + [p for p in sweep], rings, wgmmas, one_rows):
-                    _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one)
+                    _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one, norm)
             for c in copies:
                 c.free()
 
 
-def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None):
+def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None, norm=False):
     """Print the time of one launch over ``copies`` (each launch reads the next) at M rows."""
     W = copies[0]
     if i8 and not W.int8:
@@ -90,6 +93,10 @@ def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None):
     xn = dev.alloc(M * N * 2)
     w = dev.upload(np.zeros(N, np.float32))
     ss = dev.alloc(4 * M * 1024)
+    # the readers' row scales: a residual's parts over H columns (16 a part), or the one total it leaves per row
+    ss_parts = 1 if QuantGemm.row_totals(M) else H // 16
+    norm_ss = dev.upload(np.full((ss_parts, M), 1.0, np.float32)) if norm else None
+    read_ss = (norm_ss.ptr, ss_parts, M) if norm else (0, 0, M)
     # magnitudes per 16 values: of A (as a producer's epilogue leaves them), and of the output
     am, amo = dev.alloc(M * K // 8), dev.alloc(M * max(N, H) // 8)
     if qg.amax_fn is not None:
@@ -100,9 +107,9 @@ def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None):
         W = copies[next(index) % len(copies)]
         amax_out = amo.ptr if qg.amax_fn is not None else 0
         if ep == "rows_f32":
-            qg.rows_f32(a.ptr, K, W, None, M, N, K, 0, 0, M, out.ptr, N, stream=stream, a_amax=am.ptr)
+            qg.rows_f32(a.ptr, K, W, None, M, N, K, *read_ss, out.ptr, N, stream=stream, a_amax=am.ptr)
         elif ep == "swiglu":
-            qg.swiglu(a.ptr, K, W, None, M, 2 * N, K, 0, 0, M, out.ptr, N, stream=stream, a_amax=am.ptr,
+            qg.swiglu(a.ptr, K, W, None, M, 2 * N, K, *read_ss, out.ptr, N, stream=stream, a_amax=am.ptr,
                       amax_out=amax_out)
         else:
             qg.residual(a.ptr, K, W, None, M, N, K, x.ptr, N, w.ptr, xn.ptr, N, ss.ptr, M, stream=stream,
@@ -112,9 +119,10 @@ def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None):
     print(f"{name:34s} M={M:3d}  {ms_each * 1e3:8.1f} us  {W.weight_bytes / ms_each / 1e6:7.0f} GB/s  "
           f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={qg.kernel(W, M, a.ptr, K)[0]}"
           f"{'' if ring is None else f' ring={ring}'}{'' if wg is None else f' wgmma={wg}'}"
-          f"{'' if i8 is None else f' int8={i8}'}{'' if one is None else f' one_row={one}'}", flush=True)
+          f"{'' if i8 is None else f' int8={i8}'}{'' if one is None else f' one_row={one}'}"
+          f"{' norm' if norm else ''}", flush=True)
     del qg.parts  # the planned parts again
-    for b in (a, out, x, xn, w, ss, am, amo):
+    for b in (a, out, x, xn, w, ss, am, amo) + ((norm_ss,) if norm else ()):
         b.free()
 
 
@@ -137,9 +145,10 @@ if __name__ == "__main__":
                      "descriptor's [quant] int8_activations")
     cli.add_argument("--descriptor-dtype", action="store_true",
                      help="the descriptor's compute_dtype, not the quantised target's [quant] one")
+    cli.add_argument("--norm", action="store_true", help="the readers take RMSNorm row scales, as in the layer loop")
     args = cli.parse_args()
     if args.tiles:
         SHAPES = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
                   for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in args.tiles}
     main(args.rows, args.parts, args.ring, args.wgmma, args.descriptor_dtype, args.int8, args.int8_kernels,
-         args.one_row)
+         args.one_row, args.norm)

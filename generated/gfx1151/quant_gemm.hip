@@ -706,7 +706,11 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   // do not fit (and in the other kernels, where the copies measured slower), the epilogue reads them from global
   // memory (the same values in the same order either way). The choice is made once, here (made in the prologue, it
   // measured slower at one row); the rows and columns are recomputed where used, so one flag alone stays live across
-  // the K loop.
+  // the K loop. A reader of more than one row (QuantGemm.row_totals) is given one part a row, the rows' totals
+  // (lg_parts_sums of one part leaves it as it is): it copies them straight into row_ss, and its epilogue has no
+  // totals to make, which measured 2.3 us a launch at 23 rows (the one-row m1q keeps its code: its loop's schedule
+  // moved with any change to it).
+  const bool one_total = !ONE_ROW && ss_parts == 1;
   const bool early = INT8 && (kind == QG_RESIDUAL ? (min(8 * NT, M - m0) + 1) * tiles_per_block * 16 <= QG_EARLY
                                                    : ss != nullptr && min(8 * NT, M - m0) * ss_parts <= QG_EARLY);
   auto early_copy = [&]() {
@@ -720,6 +724,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
           lg_copy4(early_in + mm * cols + cl, x + (size_t)(m0 + mm) * ldo + n, n0 + cl < N);
         lg_copy4(early_in + rows_here * cols + cl, norm_w + n, n0 + cl < N);
       }
+    } else if (one_total) {
+      for (int mm = threadIdx.x; mm < rows_here; mm += THREADS) lg_copy4(row_ss + mm, ss + m0 + mm, true);
     } else {
       for (int t = threadIdx.x; t < ss_parts; t += THREADS)
         for (int mm = 0; mm < rows_here; ++mm)
@@ -786,7 +792,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   const bool residual = kind == QG_RESIDUAL;
   if (INT8) lg_cp_async_wait<0>();
   __syncthreads();  // red and early_in
-  if (!residual && ss != nullptr) {
+  if (!residual && ss != nullptr && !(early && one_total)) {
     auto store = [&](int mm, float v) { row_ss[mm] = v; };
     if (early)
       qg_row_totals<NT, WARPS>(early_in, ss_parts, rows_here, 0, rows_here, store);
