@@ -765,7 +765,15 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   const bool residual = kind == QG_RESIDUAL;
   if (INT8) lg_cp_async_wait<0>();
   __syncthreads();  // red and early_in
-  if (!residual && ss != nullptr && !(early && one_total)) {
+  // A one-row reader (ONE_ROW: M = 1): every warp totals the row's parts itself, the same sum, into a register; no
+  // warp waits on another's (the second barrier and row_ss's round trip measured ~1.5 us a launch).
+  float one_row_scale = 1.0f;
+  if (ONE_ROW && !residual && ss != nullptr) {
+    float total[1];
+    const float* const p[1] = {early ? early_in : ss + m0};
+    lg_parts_sums<1, 12>(total, p, ss_parts, early ? 1 : ss_stride);
+    one_row_scale = rsqrtf(total[0] / (float)norm_dim + eps);
+  } else if (!residual && ss != nullptr && !(early && one_total)) {
     auto store = [&](int mm, float v) { row_ss[mm] = v; };
     if (early)
       qg_row_totals<NT, WARPS>(early_in, ss_parts, rows_here, 0, rows_here, store);
@@ -775,7 +783,9 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   }
 
   // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps) (1: no ss).
-  auto row_scale = [&](int mm) { return ss == nullptr ? 1.0f : rsqrtf(row_ss[mm] / (float)norm_dim + eps); };
+  auto row_scale = [&](int mm) {
+    return ONE_ROW ? one_row_scale : ss == nullptr ? 1.0f : rsqrtf(row_ss[mm] / (float)norm_dim + eps);
+  };
   // The sum over the parts of element (tile j, row r, token mm), in part order.
   auto value = [&](int jj, int r, int mm) {
     const int nt = mm >> 3, col = mm & 7;
