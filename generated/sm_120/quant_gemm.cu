@@ -669,8 +669,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   // measured slower at one row); the rows and columns are recomputed where used, so one flag alone stays live across
   // the K loop. A reader of more than one row (QuantGemm.row_totals) is given one part a row, the rows' totals
   // (lg_parts_sums of one part leaves it as it is): it copies them straight into row_ss, and its epilogue has no
-  // totals to make, which measured 2.3 us a launch at 23 rows (the one-row m1q keeps its code: its loop's schedule
-  // moved with any change to it).
+  // totals to make, which measured 2.3 us a launch at 23 rows (not m1q's prologue: any change there moved the
+  // schedule of its loops, notes/quant-gemm-perf.md session 55).
   const bool one_total = !ONE_ROW && ss_parts == 1;
   const bool early = INT8 && (kind == QG_RESIDUAL ? (min(8 * NT, M - m0) + 1) * tiles_per_block * 16 <= QG_EARLY
                                                    : ss != nullptr && min(8 * NT, M - m0) * ss_parts <= QG_EARLY);
@@ -767,8 +767,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   const bool residual = kind == QG_RESIDUAL;
   if (INT8) lg_cp_async_wait<0>();
   __syncthreads();  // red and early_in
-  // A one-row reader (ONE_ROW: M = 1): every warp totals the row's parts itself, the same sum, into a register; no
-  // warp waits on another's (the second barrier and row_ss's round trip measured ~1.5 us a launch).
+  // A one-row reader (ONE_ROW: M = 1): every warp totals the row's parts itself, the same sum, into a register, so no
+  // warp waits on another's (with the second barrier and row_ss's round trip gone, AR 138.5 -> 139.2 tok/s).
   float one_row_scale = 1.0f;
   if (ONE_ROW && !residual && ss != nullptr) {
     float total[1];
