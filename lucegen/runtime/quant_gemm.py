@@ -405,14 +405,14 @@ class QuantGemm:
     def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:
         nt<groups of 8 tokens>q (q6 where it holds INT8_OWN_KERNEL_TYPES) for a group that takes int8 activations
-        (:attr:`QuantMatrix.int8`), m1q (m1q6) at one row; otherwise m1 for one row, else nt<groups of 8 tokens>, or
-        its staged twin (the same bits) where one exists for this target, the group holds 256-value block types alone,
-        the activation rows can be copied in 16-byte pieces, and a staged row would otherwise be read often enough
-        (STAGE_MIN_REUSE); before that, its warpgroup-MMA twin nt<N>w (the same bits) where the chip has one, the group holds K-quants alone in
-        one type per 4 row tiles, takes at most WGMMA_MAX_PARTS parts, and its rounds and weight slots leave two
-        blocks per compute unit (with one, the staged twin is faster: tools/quant_gemm_bench.py --wgmma 0,1); at one
-        row, m1r (the same bits) for a group of RING_TYPES alone where its rings leave the kernel's resident blocks
-        per compute unit."""
+        (:attr:`QuantMatrix.int8`), m1q (m1q6) at one row; otherwise m1 for one row, else nt<groups of 8 tokens>, or its
+        staged twin (the same bits) where one exists for this target, the group holds 256-value block types alone, the
+        activation rows can be copied in 16-byte pieces, and a staged row would otherwise be read often enough
+        (STAGE_MIN_REUSE); before that, its warpgroup-MMA twin nt<N>w (the same bits) where the chip has one, the group
+        holds K-quants alone in one type per 4 row tiles, takes at most WGMMA_MAX_PARTS parts, and its rounds and weight
+        slots leave two blocks per compute unit (with one, the staged twin is faster:
+        ``tools/quant_gemm_bench.py --wgmma 0,1``); at one row, m1r (the same bits) for a group of RING_TYPES alone
+        where its rings leave the kernel's resident blocks per compute unit."""
         nt = token_groups(M)
         if W.int8:
             smem = q8_smem_bytes(nt, W.K)
