@@ -355,10 +355,10 @@ __device__ __forceinline__ tree_ws tv_workspace(float* base, int slots) {
 // head l2norm (x rsqrt(sum x^2 + 1e-6)), q times q_scale; g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b).
 // Block (slot s, group y): y < 2 NK is q head y or k head y - NK (DK channels, normalised together); the rest are
 // chunks of TV_NT value channels, the first of which also computes the slot's g and beta.
-__device__ __forceinline__ float tv_conv_silu(const float* __restrict__ proj, const float* __restrict__ conv_w,
-                                              const float* conv_state, const int* __restrict__ parent, float* windows,
-                                              int s, int c) {
-  float seq[TV_CK];
+// The CK inputs of channel c's conv at slot s, oldest first: the path's raw inputs back from s, then the committed
+// window's last entries.
+__device__ __forceinline__ void tv_conv_inputs(float (&seq)[TV_CK], const float* __restrict__ proj,
+                                               const float* conv_state, const int* __restrict__ parent, int s, int c) {
   int cur = s, w = TV_CK - 2;  // the next committed window entry, once the walk passes the root
 #pragma unroll
   for (int j = TV_CK - 1; j >= 0; --j) {
@@ -369,12 +369,26 @@ __device__ __forceinline__ float tv_conv_silu(const float* __restrict__ proj, co
       seq[j] = conv_state[c * (TV_CK - 1) + w--];
     }
   }
+}
+// silu(sum_j conv_w[c][j] seq[j]), summed oldest first.
+__device__ __forceinline__ float tv_conv_out(const float* __restrict__ conv_w, const float (&seq)[TV_CK], int c) {
   float acc = 0.0f;
 #pragma unroll
   for (int j = 0; j < TV_CK; ++j) acc = fmaf(conv_w[c * TV_CK + j], seq[j], acc);
-#pragma unroll
-  for (int j = 1; j < TV_CK; ++j) windows[((size_t)s * TV_CD + c) * (TV_CK - 1) + j - 1] = seq[j];
   return lg_silu(acc);
+}
+// Channel c's conv window once its input seq[CK - 1] is committed: seq[1 ..], at `window` ([CD][CK - 1]).
+__device__ __forceinline__ void tv_store_window(float* window, const float (&seq)[TV_CK], int c) {
+#pragma unroll
+  for (int j = 1; j < TV_CK; ++j) window[c * (TV_CK - 1) + j - 1] = seq[j];
+}
+__device__ __forceinline__ float tv_conv_silu(const float* __restrict__ proj, const float* __restrict__ conv_w,
+                                              const float* conv_state, const int* __restrict__ parent, float* windows,
+                                              int s, int c) {
+  float seq[TV_CK];
+  tv_conv_inputs(seq, proj, conv_state, parent, s, c);
+  tv_store_window(windows + (size_t)s * TV_CD * (TV_CK - 1), seq, c);
+  return tv_conv_out(conv_w, seq, c);
 }
 
 extern "C" __global__ void __launch_bounds__(TV_NT)
@@ -484,6 +498,27 @@ __device__ __forceinline__ void tv_rule_store(float* column, const float (&st)[K
         make_float4(st[4 * e], st[4 * e + 1], st[4 * e + 2], st[4 * e + 3]);
 }
 
+// One slot's step of a value column over the rule's lanes (st: the parent's state, kk / qq: the slot's k and q in
+// tv_rule_load's layout): S = S decay;  delta = (v - S^T k) beta;  S = S + k delta;  returns o = S^T q.
+template <int KPL>
+__device__ __forceinline__ float tv_rule_step(float (&st)[KPL], const float (&kk)[KPL], const float (&qq)[KPL],
+                                              float decay, float beta, float value, float& delta) {
+  float kv = 0.0f;
+#pragma unroll
+  for (int e = 0; e < KPL; ++e) {
+    st[e] = lg_mul_rn(st[e], decay);
+    kv += st[e] * kk[e];
+  }
+  delta = (value - lg_lanes_sum<TV_RULE_LANES>(kv)) * beta;
+  float o = 0.0f;
+#pragma unroll
+  for (int e = 0; e < KPL; ++e) {
+    st[e] = fmaf(kk[e], delta, st[e]);
+    o += st[e] * qq[e];
+  }
+  return lg_lanes_sum<TV_RULE_LANES>(o);
+}
+
 // Shared memory of a block of tree_delta_rule (its TV_RULE_COLS columns lie in one value head, so one key head) over
 // S slots, S (2 DK + 3 + 2 COLS) words (TreeVerifier.rule_stage_bytes): the slots' q and k of the
 // key head [S][DK] each, exp(g) and beta of the value head [S] each, v of the block's columns [S][COLS], each column's
@@ -538,23 +573,10 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
           tv_decay_add(st, [&](int e) { return kk[e]; }, decay, delta);
         }
     }
-    const float decay = decay_st[s], beta = beta_st[s], value = v_st[s * COLS + c];
     tv_rule_load(kk, k_st + (size_t)s * TV_DK, j);
     tv_rule_load(qq, q_st + (size_t)s * TV_DK, j);
-    float kv = 0.0f;
-#pragma unroll
-    for (int e = 0; e < KPL; ++e) {
-      st[e] = lg_mul_rn(st[e], decay);
-      kv += st[e] * kk[e];
-    }
-    const float delta = (value - lg_lanes_sum<TV_RULE_LANES>(kv)) * beta;
-    float o = 0.0f;
-#pragma unroll
-    for (int e = 0; e < KPL; ++e) {
-      st[e] = fmaf(kk[e], delta, st[e]);
-      o += st[e] * qq[e];
-    }
-    o = lg_lanes_sum<TV_RULE_LANES>(o);
+    float delta;
+    const float o = tv_rule_step(st, kk, qq, decay_st[s], beta_st[s], v_st[s * COLS + c], delta);
     if (j == 0) {
       ws.o[(size_t)s * TV_VD + col] = o;
       ws.delta[(size_t)s * TV_VD + col] = delta;  // for the commit
@@ -569,6 +591,20 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
 // reference.gated_rms_norm per slot and value head: out = o * rsqrt(mean(o^2) + eps) * w * silu(z), z from proj;
 // amax_out (or nullptr): out's magnitudes per 16 values, [slot][VD / 16] (the quantised GEMM's QgAmax, by
 // lg_store_magnitude16: column c's value sits on a lane with lane % 16 == c % 16, the group's first column writes).
+// Value head h of one slot, by a warp: o and z its DV outputs and gates, out / amax the slot's rows (amax nullptr: none).
+__device__ __forceinline__ void tv_gated_norm_head(const float* o, const float* __restrict__ z,
+                                                   const float* __restrict__ gnorm_w, bf16_t* __restrict__ out,
+                                                   unsigned short* __restrict__ amax, int h, int lane) {
+  float sum_sq = 0.0f;
+  for (int d = lane; d < TV_DV; d += LG_WARP_SIZE) sum_sq += o[d] * o[d];
+  const float r = rsqrtf(lg_warp_sum(sum_sq) / TV_DV + 9.999999974752427e-07f);
+  for (int d = lane; d < TV_DV; d += LG_WARP_SIZE) {
+    const int c = h * TV_DV + d;
+    const bf16_t v = lg_from_float<bf16_t>(o[d] * r * gnorm_w[d] * lg_silu(z[d]));
+    out[c] = v;
+    if (amax != nullptr) lg_store_magnitude16(amax + c / 16, v, c % 16 == 0);
+  }
+}
 extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_w, const float* __restrict__ workspace,
                 bf16_t* __restrict__ out, int n_slots, unsigned short* __restrict__ amax_out) {
@@ -577,18 +613,105 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
   const tree_ws ws = tv_workspace(const_cast<float*>(workspace), n_slots);
   const int s = blockIdx.x, lane = lg_lane_id();
   const int h = blockIdx.y * TV_NW + threadIdx.x / LG_WARP_SIZE;  // a warp per value head
-  if (h < TV_NV) {
-    const float* o = ws.o + (size_t)s * TV_VD + h * TV_DV;
-    float sum_sq = 0.0f;
-    for (int d = lane; d < TV_DV; d += LG_WARP_SIZE) sum_sq += o[d] * o[d];
-    const float r = rsqrtf(lg_warp_sum(sum_sq) / TV_DV + 9.999999974752427e-07f);
-    const float* z = proj + (size_t)s * TV_NIN_DN + TV_CD + h * TV_DV;
-    for (int d = lane; d < TV_DV; d += LG_WARP_SIZE) {
-      const int c = h * TV_DV + d;
-      const bf16_t v = lg_from_float<bf16_t>(o[d] * r * gnorm_w[d] * lg_silu(z[d]));
-      out[(size_t)s * TV_VD + c] = v;
-      if (amax_out != nullptr) lg_store_magnitude16(amax_out + (size_t)s * (TV_VD / 16) + c / 16, v, c % 16 == 0);
+  if (h < TV_NV)
+    tv_gated_norm_head(ws.o + (size_t)s * TV_VD + h * TV_DV, proj + (size_t)s * TV_NIN_DN + TV_CD + h * TV_DV, gnorm_w,
+                       out + (size_t)s * TV_VD, amax_out == nullptr ? nullptr : amax_out + (size_t)s * (TV_VD / 16), h,
+                       lane);
+}
+
+// ------------------------------------------------------------------------------------------------ decode step
+// A greedy decode step's whole DeltaNet mixer for value head h, in place: the one-slot pass of tree_conv_prepare,
+// tree_delta_rule and tree_gated_norm with the live window and state as their inputs and outputs, in one launch.
+//   q, k = l2norm(silu(conv(window ++ x))) of key head hk (q times q_scale);  v = silu(conv(window ++ x)) of head h;
+//   g, beta of head h;  S = S exp(g);  delta = (v - S^T k) beta;  S = S + k delta;  o = S^T q;
+//   out = o rsqrt(mean(o^2) + eps) w silu(z)
+// with the very operations of those kernels, in their order, so the same bits (tree_verify.py decode against greedy).
+// A block per value head, 2 TV_NT threads: threads [0, TV_NT) take q's channels as a tree_conv_prepare block takes a
+// q head, [TV_NT, 2 TV_NT) k's, so the l2norms sum alike; the rule's warps hold TV_RULE_CPW columns each, in passes
+// over the head; the last warp normalises the head. Only proj comes from the kernel before: the state is loaded
+// before the dependency wait. The NV / NK value heads of a key head read its q and k window channels: the last of
+// their blocks to count itself in arrived[hk] (zero between launches) writes those channels' new window, once every
+// other has read them.
+extern "C" __global__ void __launch_bounds__(2 * TV_NT)
+deltanet_decode_step(const float* __restrict__ proj, const float* __restrict__ conv_w, float* window,
+                     const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                     const float* __restrict__ gnorm_w, float* state, bf16_t* __restrict__ out,
+                     unsigned short* __restrict__ amax_out, unsigned* __restrict__ arrived) {
+  constexpr int NW = 2 * TV_NW, KPL = TV_DK / TV_RULE_LANES, QK_PER_THREAD = (TV_DK + TV_NT - 1) / TV_NT;
+  constexpr int PASS_COLS = NW * TV_RULE_CPW, PASSES = (TV_DV + PASS_COLS - 1) / PASS_COLS;
+  static_assert(KPL % 4 == 0 && TV_DV % TV_RULE_CPW == 0, "float4 runs; a warp's columns all in the head or none");
+  alignas(16) __shared__ float q_sh[TV_DK];
+  alignas(16) __shared__ float k_sh[TV_DK];
+  __shared__ float v_sh[TV_DV], o_sh[TV_DV], sums[2][TV_NW], g_beta[2];
+  __shared__ bool last;
+  const int h = blockIdx.x, hk = tv_key_head(h), t = threadIdx.x, warp = t / LG_WARP_SIZE, lane = lg_lane_id();
+  const int j = lane % TV_RULE_LANES, c0 = warp * TV_RULE_CPW + lane / TV_RULE_LANES;  // the lane's first column
+  float st[PASSES][TV_DK / TV_RULE_LANES];
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p)
+    if (c0 + p * PASS_COLS < TV_DV) tv_rule_load(st[p], state + ((size_t)h * TV_DV + c0 + p * PASS_COLS) * TV_DK, j);
+  lg_dependent_start();
+  // conv + SiLU of the thread's q or k channels (half 0: q, 1: k) and their sum of squares, as tree_conv_prepare
+  const int half = t / TV_NT, root = -1;
+  float seq[QK_PER_THREAD][TV_CK], y[QK_PER_THREAD], sum_sq = 0.0f;
+#pragma unroll
+  for (int i = 0; i < QK_PER_THREAD; ++i) {
+    const int d = t % TV_NT + i * TV_NT, c = half * TV_KD + hk * TV_DK + d;
+    if (d < TV_DK) {
+      tv_conv_inputs(seq[i], proj, window, &root, 0, c);
+      y[i] = tv_conv_out(conv_w, seq[i], c);
+      sum_sq += y[i] * y[i];
     }
+  }
+  sum_sq = lg_warp_sum(sum_sq);
+  if (lane == 0) sums[half][warp % TV_NW] = sum_sq;
+  for (int i = t; i < TV_DV; i += 2 * TV_NT) {  // the head's value channels: this block's alone, so in place
+    const int c = 2 * TV_KD + h * TV_DV + i;
+    float v_seq[TV_CK];
+    tv_conv_inputs(v_seq, proj, window, &root, 0, c);
+    tv_store_window(window, v_seq, c);
+    v_sh[i] = tv_conv_out(conv_w, v_seq, c);
+  }
+  if (t == 2 * TV_NT - 1) {
+    const float* ab = proj + TV_CD + TV_VD;  // [a (NV) | b (NV)]
+    g_beta[0] = lg_delta_log_decay(a_log[h], ab[h], dt_bias[h]);  // its exp taken after the barrier, as the rule's
+    g_beta[1] = lg_sigmoid(ab[TV_NV + h]);
+  }
+  __syncthreads();  // every window entry this block reads has been read
+  unsigned before = 0;
+  if (t == 0) before = lg_atomic_add_release(arrived + hk, 1u);  // waited for only at the last barrier
+  float total = 0.0f;
+  for (int i = 0; i < TV_NW; ++i) total += sums[half][i];
+  const float r = lg_l2norm_scale(total) * (half == 0 ? 0.0883883461356163f : 1.0f);
+  float* qk = half == 0 ? q_sh : k_sh;
+#pragma unroll
+  for (int i = 0; i < QK_PER_THREAD; ++i)
+    if (t % TV_NT + i * TV_NT < TV_DK) qk[t % TV_NT + i * TV_NT] = y[i] * r;
+  __syncthreads();
+  const float decay = expf(g_beta[0]), beta = g_beta[1];
+  float kk[KPL], qq[KPL];
+  tv_rule_load(kk, k_sh, j);
+  tv_rule_load(qq, q_sh, j);
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p) {
+    const int c = c0 + p * PASS_COLS;
+    if (c < TV_DV) {
+      float delta;
+      const float o = tv_rule_step(st[p], kk, qq, decay, beta, v_sh[c], delta);
+      if (j == 0) o_sh[c] = o;
+      tv_rule_store(state + ((size_t)h * TV_DV + c) * TV_DK, st[p], j);
+    }
+  }
+  if (t == 0) last = before == TV_NV / TV_NK - 1;
+  __syncthreads();
+  if (warp == NW - 1) tv_gated_norm_head(o_sh, proj + TV_CD + h * TV_DV, gnorm_w, out, amax_out, h, lane);
+  if (last) {
+#pragma unroll
+    for (int i = 0; i < QK_PER_THREAD; ++i) {
+      const int d = t % TV_NT + i * TV_NT;
+      if (d < TV_DK) tv_store_window(window, seq[i], half * TV_KD + hk * TV_DK + d);
+    }
+    if (t == 0) arrived[hk] = 0u;
   }
 }
 

@@ -136,6 +136,7 @@ class TreeVerifier:
 
         self.conv_fn, self.rule_fn = waits_first("tree_conv_prepare"), waits_first("tree_delta_rule")
         self.norm_fn = waits_first("tree_gated_norm")
+        self.step_fn = waits_first("deltanet_decode_step")
         self.tree_attention = TreeAttention(self.module, t, pf, self.slots, decoder.max_context, tensor_core_keys)
         self.argmax_fn = waits_first("rows_argmax")
         self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
@@ -167,13 +168,16 @@ class TreeVerifier:
         self.history = d.alloc(4 * self.token_buffers * self.dec.max_context)
         d.memset(self.argmax_arrived)  # rows_argmax's counters start at zero and end every launch there
         d.memset(self.att_arrived)  # so do tree_attention's
+        self.dn_arrived = d.alloc(4 * self.config.linear_num_key_heads)  # and deltanet_decode_step's, a key head each
+        d.memset(self.dn_arrived)
 
     def close(self) -> None:
         for g in [*getattr(self, "_graphs", {}).values(), *getattr(self, "_decode_graphs", {}).values()]:
             g.destroy()
         if hasattr(self, "acts"):
             self.acts.free()
-        names = (*slot_buffer_bytes(self.dec, self.pf), "step_in", "history") if hasattr(self, "pf") else ()
+        names = (*slot_buffer_bytes(self.dec, self.pf), "step_in", "history", "dn_arrived") \
+            if hasattr(self, "pf") else ()
         for name in names:  # what _allocate made
             b = getattr(self, name, None)
             if isinstance(b, Buffer):
@@ -183,7 +187,8 @@ class TreeVerifier:
     def _mix(self, S: int, bodies: tuple[bool, bool], in_place: bool = False):
         """The layer mixers of an S-slot pass, its attention in ``bodies`` (TreeAttention.bodies at the pass's
         position). ``in_place`` (one slot, always committed: a greedy decode step) writes the slot's DeltaNet state
-        and conv window over the live ones, which the kernels read first, so no commit follows."""
+        and conv window over the live ones, which the kernels read first, so no commit follows; its DeltaNet mixers
+        are one deltanet_decode_step launch each (the three tree kernels' operations, so the same bits)."""
         dec, st, pf, acts, lay = self.dec, self.stream, self.pf, self.acts, self.dec.layout
         if in_place and S != 1:
             raise LucegenError(f"an in-place pass has one slot, got {S}")
@@ -193,13 +198,16 @@ class TreeVerifier:
         n = np.int32(S)
 
         def mix(l, T, amax=0):  # amax: the output's magnitudes per 16 values, written beside it (True)
-            if l.kind == 0:
+            if l.kind == 0 and in_place:  # the whole mixer in one launch, over the live state and window
+                self.step_fn.launch(pf["NV"], 2 * THREADS,
+                                    (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv_layer(dec, l)),
+                                     address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(wvec(l.gnorm)),
+                                     address(recurrent_layer(dec, l)), address(acts.mix.ptr), address(amax),
+                                     address(self.dn_arrived.ptr)), stream=st)
+            elif l.kind == 0:
                 live_state, live_window = recurrent_layer(dec, l), conv_layer(dec, l)
                 ws = self._layer_ws(l)
-                if in_place:
-                    live_out, windows = live_state, live_window
-                else:
-                    live_out, windows = 0, self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
+                live_out, windows = 0, self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
                 conv_groups = 2 * pf["NK"] + -(-pf["VD"] // THREADS)  # q/k heads, then value chunks
                 self.conv_fn.launch((S, conv_groups), THREADS,
                                     (address(acts.proj.ptr), address(wvec(l.conv_w)), address(live_window),

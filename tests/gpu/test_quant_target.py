@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from lucegen.errors import CheckpointError
 
 from gpu_models import gguf_file, gpu_device  # tests/gpu/gpu_models.py
-from test_tree_verify import BUDGET, check_lossless, check_slots, engine, needs_tensor_cores, start
+from test_tree_verify import (BUDGET, check_decode_is_greedy, check_lossless, check_slots, engine, needs_tensor_cores,
+                              start)
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("gguf", reason="writing the test GGUF needs the gguf package")
@@ -104,13 +105,14 @@ def test_memory_plan_matches_what_the_engine_allocates():
 
 
 def test_device_decode_is_greedy():
-    dec, _, ver = engine("tiny-q")
-    prompt = np.random.default_rng(3).integers(0, dec.config.vocab_size, 37)
-    start("tiny-q", prompt)
-    want = ver.greedy(40)
-    pos = dec.position
-    start("tiny-q", prompt)
-    assert ver.decode(40) == want and dec.position == pos and dec.next_token == want[-1]
+    check_decode_is_greedy("tiny-q", 37, 3, 40)
+
+
+@pytest.mark.skipif(not os.environ.get("LUCEGEN_27B_GGUF"), reason="set LUCEGEN_27B_GGUF to a Qwen3.5-27B Q4_K_M GGUF")
+def test_device_decode_is_greedy_27b():
+    """The 27B shape: 3 value heads a key head in ggml's tiled order, so three deltanet_decode_step blocks share each
+    key head's q and k window channels."""
+    check_decode_is_greedy("27b", 21, 4, 12)
 
 
 def test_unreadable_gguf_is_refused():

@@ -340,6 +340,33 @@ def test_spec_decoding_is_lossless_across_the_tensor_core_bound(preset, seed, le
     print(preset, check_lossless(preset, seed, length, 96, corrupt, tc=length + cross))
 
 
+def live_state_bytes(dec) -> dict[str, bytes]:
+    """The decoder's live conv windows and DeltaNet states, as raw bytes (for bit-for-bit comparisons)."""
+    return {name: dec.device.download(getattr(dec, name), np.uint8, (getattr(dec, name).nbytes,)).tobytes()
+            for name in ("conv", "recurrent")}
+
+
+def check_decode_is_greedy(preset: str, length: int, seed: int, n: int) -> None:
+    """decode (one deltanet_decode_step launch a DeltaNet layer) against greedy through one-slot trees (the tree
+    kernels): the same tokens, and the same conv windows and DeltaNet states bit for bit after them."""
+    dec, _, ver = engine(preset)
+    prompt = np.random.default_rng(seed).integers(0, dec.config.vocab_size, length)
+    start(preset, prompt)
+    want = ver.greedy(n)
+    want_state, pos = live_state_bytes(dec), dec.position
+    start(preset, prompt)
+    assert ver.decode(n) == want and dec.position == pos and dec.next_token == want[-1]
+    got_state = live_state_bytes(dec)
+    for name in want_state:
+        assert got_state[name] == want_state[name], f"{preset}: the live {name} differs after {n} decoded tokens"
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(preset=st.sampled_from(["tiny", "tiny-gqa"]), length=st.integers(1, 200), seed=st.integers(0, 2**16))
+def test_device_decode_is_greedy_bit_for_bit(preset, length, seed):
+    check_decode_is_greedy(preset, length, seed, 24)
+
+
 def test_device_decode_crosses_the_tensor_core_bound():
     """decode (every step queued on the device, one graph per attention body) against greedy through one-slot trees,
     over a run that crosses tensor_core_keys."""
