@@ -381,8 +381,8 @@ __device__ __forceinline__ void tv_store_window(float* window, const float (&seq
   for (int j = 1; j < TV_CK; ++j) window[c * (TV_CK - 1) + j - 1] = seq[j];
 }
 __device__ __forceinline__ float tv_conv_silu(const float* __restrict__ proj, const float* __restrict__ conv_w,
-                                              const float* conv_state, const int* __restrict__ parent, float* windows,
-                                              int s, int c) {
+                                              const float* __restrict__ conv_state, const int* __restrict__ parent,
+                                              float* __restrict__ windows, int s, int c) {
   float seq[TV_CK];
   tv_conv_inputs(seq, proj, conv_state, parent, s, c);
   tv_store_window(windows + (size_t)s * TV_CD * (TV_CK - 1), seq, c);
@@ -390,9 +390,10 @@ __device__ __forceinline__ float tv_conv_silu(const float* __restrict__ proj, co
 }
 
 extern "C" __global__ void __launch_bounds__(TV_NT)
-tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv_w, const float* conv_state,
-                  const float* __restrict__ a_log, const float* __restrict__ dt_bias, const int* __restrict__ parent,
-                  float* __restrict__ workspace, float* windows, int n_slots) {
+tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv_w,
+                  const float* __restrict__ conv_state, const float* __restrict__ a_log,
+                  const float* __restrict__ dt_bias, const int* __restrict__ parent, float* __restrict__ workspace,
+                  float* __restrict__ windows, int n_slots) {
   __shared__ float head[TV_DK];
   __shared__ float warp_sums[TV_NW];
   lg_dependent_start();
@@ -439,9 +440,8 @@ tree_conv_prepare(const float* __restrict__ proj, const float* __restrict__ conv
 // lanes of a column keep the last slot's column in registers and rebuild only where the parent is not the previous
 // slot (from the deltas they stored themselves). A block first stages every slot's inputs of its head in shared
 // memory, so the slots' loop and its rebuilds wait on no global memory. The commit replays the accepted path with
-// the same operations (tv_apply_update, tree_commit_deltanet). A one-slot greedy decode step passes the live state
-// as both `committed` and `live_out` (and tree_conv_prepare the live conv window as both of its own): each thread
-// reads its elements before it writes them, so the update is in place and needs no commit.
+// the same operations (tv_apply_update, tree_commit_deltanet); a greedy decode step's one slot takes the same
+// operations in deltanet_decode_step, in place.
 // The key head of value head h (pf.v_heads: grouped, or ggml's tiled order).
 __device__ __forceinline__ int tv_key_head(int h) {
   return h / (TV_NV / TV_NK);
@@ -523,7 +523,7 @@ __device__ __forceinline__ float tv_rule_step(float (&st)[KPL], const float (&kk
 // deltas [COLS][S] (written by its lanes as they go, read back by their rebuilds) and the slots' parents [S].
 extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, const int* __restrict__ depth,
-                const int* __restrict__ anc, const float* committed, float* live_out, int n_slots) {
+                const int* __restrict__ anc, const float* __restrict__ committed, int n_slots) {
   constexpr int KPL = TV_DK / TV_RULE_LANES, COLS = TV_RULE_COLS;
   static_assert(KPL % 4 == 0 && TV_DV % COLS == 0, "float4 runs; a block's value columns lie in one head");
   extern __shared__ float rule_stage[];
@@ -582,7 +582,6 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
     }
     __syncwarp();  // delta_st[s] is read back by every lane of this column's later rebuilds
   }
-  if (live_out) tv_rule_store(live_out + (size_t)col * TV_DK, st, j);
 }
 
 // ------------------------------------------------------------------------------------------------ gated norm
@@ -1242,7 +1241,7 @@ rows_argmax(const float* __restrict__ logits, int n_cols, float* __restrict__ pa
 // ------------------------------------------------------------------------------------------------ commit
 // The hand-over between two one-slot passes of a greedy decode queued on the device: the pass's argmax is the next
 // pass's token and history[pos0] (the token after position pos0), and the position advances (the slot's K/V row is
-// already at pos0; its DeltaNet state and conv window were written in place by the pass).
+// already at pos0; its DeltaNet state and conv window were written in place by deltanet_decode_step).
 extern "C" __global__ void tree_greedy_advance(const int* __restrict__ argmax, int* __restrict__ tokens,
                                                int* __restrict__ pos0, int* __restrict__ history) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {

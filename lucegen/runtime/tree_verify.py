@@ -186,9 +186,9 @@ class TreeVerifier:
     # ------------------------------------------------------------------------------------------ one pass
     def _mix(self, S: int, bodies: tuple[bool, bool], in_place: bool = False):
         """The layer mixers of an S-slot pass, its attention in ``bodies`` (TreeAttention.bodies at the pass's
-        position). ``in_place`` (one slot, always committed: a greedy decode step) writes the slot's DeltaNet state
-        and conv window over the live ones, which the kernels read first, so no commit follows; its DeltaNet mixers
-        are one deltanet_decode_step launch each (the three tree kernels' operations, so the same bits)."""
+        position). ``in_place`` (one slot, always committed: a greedy decode step) runs each DeltaNet mixer as one
+        deltanet_decode_step launch, which writes the slot's state and conv window over the live ones (the three tree
+        kernels' operations, so the same bits), and no commit follows."""
         dec, st, pf, acts, lay = self.dec, self.stream, self.pf, self.acts, self.dec.layout
         if in_place and S != 1:
             raise LucegenError(f"an in-place pass has one slot, got {S}")
@@ -205,17 +205,16 @@ class TreeVerifier:
                                      address(recurrent_layer(dec, l)), address(acts.mix.ptr), address(amax),
                                      address(self.dn_arrived.ptr)), stream=st)
             elif l.kind == 0:
-                live_state, live_window = recurrent_layer(dec, l), conv_layer(dec, l)
                 ws = self._layer_ws(l)
-                live_out, windows = 0, self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
+                windows = self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
                 conv_groups = 2 * pf["NK"] + -(-pf["VD"] // THREADS)  # q/k heads, then value chunks
                 self.conv_fn.launch((S, conv_groups), THREADS,
-                                    (address(acts.proj.ptr), address(wvec(l.conv_w)), address(live_window),
+                                    (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv_layer(dec, l)),
                                      address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
                                      address(ws), address(windows), n), stream=st)
                 self.rule_fn.launch(self._rule_blocks(), THREADS,
-                                    (address(ws), address(parent), address(depth), address(anc), address(live_state),
-                                     address(live_out), n),
+                                    (address(ws), address(parent), address(depth), address(anc),
+                                     address(recurrent_layer(dec, l)), n),
                                     smem=self.rule_stage_bytes(S), stream=st)
                 self.norm_fn.launch((S, -(-pf["NV"] // self._warps_per_block())), THREADS,  # a warp per value head
                                     (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws),
