@@ -372,11 +372,16 @@ __device__ __forceinline__ void tv_conv_inputs(float (&seq)[TV_CK], const float*
     }
   }
 }
-// silu(sum_j conv_w[c][j] seq[j]), summed oldest first.
-__device__ __forceinline__ float tv_conv_out(const float* __restrict__ conv_w, const float (&seq)[TV_CK], int c) {
+// Channel c's conv taps conv_w[c][0 .. CK - 1].
+__device__ __forceinline__ void tv_conv_taps(float (&taps)[TV_CK], const float* __restrict__ conv_w, int c) {
+#pragma unroll
+  for (int j = 0; j < TV_CK; ++j) taps[j] = conv_w[c * TV_CK + j];
+}
+// silu(sum_j taps[j] seq[j]), summed oldest first.
+__device__ __forceinline__ float tv_conv_out(const float (&taps)[TV_CK], const float (&seq)[TV_CK]) {
   float acc = 0.0f;
 #pragma unroll
-  for (int j = 0; j < TV_CK; ++j) acc = fmaf(conv_w[c * TV_CK + j], seq[j], acc);
+  for (int j = 0; j < TV_CK; ++j) acc = fmaf(taps[j], seq[j], acc);
   return lg_silu(acc);
 }
 // Channel c's conv window once its input seq[CK - 1] is committed: seq[1 ..], at `window` ([CD][CK - 1]).
@@ -387,10 +392,11 @@ __device__ __forceinline__ void tv_store_window(float* window, const float (&seq
 __device__ __forceinline__ float tv_conv_silu(const float* __restrict__ proj, const float* __restrict__ conv_w,
                                               const float* __restrict__ conv_state, const int* __restrict__ parent,
                                               float* __restrict__ windows, int s, int c) {
-  float seq[TV_CK];
+  float seq[TV_CK], taps[TV_CK];
   tv_conv_inputs(seq, proj, conv_state, parent, s, c);
+  tv_conv_taps(taps, conv_w, c);
   tv_store_window(windows + (size_t)s * TV_CD * (TV_CK - 1), seq, c);
-  return tv_conv_out(conv_w, seq, c);
+  return tv_conv_out(taps, seq);
 }
 
 extern "C" __global__ void __launch_bounds__(TV_NT)
@@ -629,8 +635,8 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
 // with the very operations of those kernels, in their order, so the same bits (tree_verify.py decode against greedy).
 // A block per value head, 2 TV_NT threads: threads [0, TV_NT) take q's channels as a tree_conv_prepare block takes a
 // q head, [TV_NT, 2 TV_NT) k's, so the l2norms sum alike; the rule's warps hold TV_RULE_CPW columns each, in passes
-// over the head; the last warp normalises the head. Only proj comes from the kernel before: the state is loaded
-// before the dependency wait. The NV / NK value heads of a key head read its q and k window channels: the last of
+// over the head; the last warp normalises the head. Only proj comes from the kernel before: the state, the windows
+// and the conv taps are loaded before the dependency wait. The NV / NK value heads of a key head read its q and k window channels: the last of
 // their blocks to count itself in arrived[hk] (zero between launches) writes those channels' new window, once every
 // other has read them.
 extern "C" __global__ void __launch_bounds__(2 * TV_NT)
@@ -640,6 +646,7 @@ deltanet_decode_step(const float* __restrict__ proj, const float* __restrict__ c
                      unsigned short* __restrict__ amax_out, unsigned* __restrict__ arrived) {
   constexpr int NW = 2 * TV_NW, KPL = TV_DK / TV_RULE_LANES, QK_PER_THREAD = (TV_DK + TV_NT - 1) / TV_NT;
   constexpr int PASS_COLS = NW * TV_RULE_CPW, PASSES = (TV_DV + PASS_COLS - 1) / PASS_COLS;
+  constexpr int V_PER_THREAD = (TV_DV + 2 * TV_NT - 1) / (2 * TV_NT);
   static_assert(KPL % 4 == 0 && TV_DV % TV_RULE_CPW == 0, "float4 runs; a warp's columns all in the head or none");
   alignas(16) __shared__ float q_sh[TV_DK];
   alignas(16) __shared__ float k_sh[TV_DK];
@@ -651,31 +658,50 @@ deltanet_decode_step(const float* __restrict__ proj, const float* __restrict__ c
 #pragma unroll
   for (int p = 0; p < PASSES; ++p)
     if (c0 + p * PASS_COLS < TV_DV) tv_rule_load(st[p], state + ((size_t)h * TV_DV + c0 + p * PASS_COLS) * TV_DK, j);
+  // the thread's q or k channels (half 0: q, 1: k) and value channels: conv inputs seq (the window, then the input
+  // from proj) and taps
+  const int half = t / TV_NT;
+  auto qk_channel = [&](int i) { return half * TV_KD + hk * TV_DK + t % TV_NT + i * TV_NT; };
+  auto v_channel = [&](int i) { return 2 * TV_KD + h * TV_DV + t + i * 2 * TV_NT; };
+  auto has_qk = [&](int i) { return t % TV_NT + i * TV_NT < TV_DK; };
+  auto has_v = [&](int i) { return t + i * 2 * TV_NT < TV_DV; };
+  float seq[QK_PER_THREAD][TV_CK], taps[QK_PER_THREAD][TV_CK], v_seq[V_PER_THREAD][TV_CK], v_taps[V_PER_THREAD][TV_CK];
+  auto load_window = [&](float (&in)[TV_CK], float (&w)[TV_CK], int c) {
+#pragma unroll
+    for (int k = 0; k < TV_CK - 1; ++k) in[k] = window[c * (TV_CK - 1) + k];
+    tv_conv_taps(w, conv_w, c);
+  };
+#pragma unroll
+  for (int i = 0; i < QK_PER_THREAD; ++i)
+    if (has_qk(i)) load_window(seq[i], taps[i], qk_channel(i));
+#pragma unroll
+  for (int i = 0; i < V_PER_THREAD; ++i)
+    if (has_v(i)) load_window(v_seq[i], v_taps[i], v_channel(i));
+  const float a_log_h = a_log[h], dt_bias_h = dt_bias[h];
   lg_dependent_start();
-  // conv + SiLU of the thread's q or k channels (half 0: q, 1: k) and their sum of squares, as tree_conv_prepare
-  const int half = t / TV_NT, root = -1;
-  float seq[QK_PER_THREAD][TV_CK], y[QK_PER_THREAD], sum_sq = 0.0f;
+  // conv + SiLU of the q or k channels and their sum of squares, as tree_conv_prepare
+  float y[QK_PER_THREAD], sum_sq = 0.0f;
 #pragma unroll
   for (int i = 0; i < QK_PER_THREAD; ++i) {
-    const int d = t % TV_NT + i * TV_NT, c = half * TV_KD + hk * TV_DK + d;
-    if (d < TV_DK) {
-      tv_conv_inputs(seq[i], proj, window, &root, 0, c);
-      y[i] = tv_conv_out(conv_w, seq[i], c);
+    if (has_qk(i)) {
+      seq[i][TV_CK - 1] = proj[qk_channel(i)];
+      y[i] = tv_conv_out(taps[i], seq[i]);
       sum_sq += y[i] * y[i];
     }
   }
   sum_sq = lg_warp_sum(sum_sq);
   if (lane == 0) sums[half][warp % TV_NW] = sum_sq;
-  for (int i = t; i < TV_DV; i += 2 * TV_NT) {  // the head's value channels: this block's alone, so in place
-    const int c = 2 * TV_KD + h * TV_DV + i;
-    float v_seq[TV_CK];
-    tv_conv_inputs(v_seq, proj, window, &root, 0, c);
-    tv_store_window(window, v_seq, c);
-    v_sh[i] = tv_conv_out(conv_w, v_seq, c);
+#pragma unroll
+  for (int i = 0; i < V_PER_THREAD; ++i) {  // the head's value channels: this block's alone, so in place
+    if (has_v(i)) {
+      v_seq[i][TV_CK - 1] = proj[v_channel(i)];
+      tv_store_window(window, v_seq[i], v_channel(i));
+      v_sh[t + i * 2 * TV_NT] = tv_conv_out(v_taps[i], v_seq[i]);
+    }
   }
   if (t == 2 * TV_NT - 1) {
     const float* ab = proj + TV_CD + TV_VD;  // [a (NV) | b (NV)]
-    g_beta[0] = lg_delta_log_decay(a_log[h], ab[h], dt_bias[h]);  // its exp taken after the barrier, as the rule's
+    g_beta[0] = lg_delta_log_decay(a_log_h, ab[h], dt_bias_h);  // its exp taken after the barrier, as the rule's
     g_beta[1] = lg_sigmoid(ab[TV_NV + h]);
   }
   __syncthreads();  // every window entry this block reads has been read
@@ -687,7 +713,7 @@ deltanet_decode_step(const float* __restrict__ proj, const float* __restrict__ c
   float* qk = half == 0 ? q_sh : k_sh;
 #pragma unroll
   for (int i = 0; i < QK_PER_THREAD; ++i)
-    if (t % TV_NT + i * TV_NT < TV_DK) qk[t % TV_NT + i * TV_NT] = y[i] * r;
+    if (has_qk(i)) qk[t % TV_NT + i * TV_NT] = y[i] * r;
   __syncthreads();
   const float decay = expf(g_beta[0]), beta = g_beta[1];
   float kk[KPL], qq[KPL];
@@ -708,10 +734,8 @@ deltanet_decode_step(const float* __restrict__ proj, const float* __restrict__ c
   if (warp == NW - 1) tv_gated_norm_head(o_sh, proj + TV_CD + h * TV_DV, gnorm_w, out, amax_out, h, lane);
   if (last) {
 #pragma unroll
-    for (int i = 0; i < QK_PER_THREAD; ++i) {
-      const int d = t % TV_NT + i * TV_NT;
-      if (d < TV_DK) tv_store_window(window, seq[i], half * TV_KD + hk * TV_DK + d);
-    }
+    for (int i = 0; i < QK_PER_THREAD; ++i)
+      if (has_qk(i)) tv_store_window(window, seq[i], qk_channel(i));
     if (t == 0) arrived[hk] = 0u;
   }
 }
