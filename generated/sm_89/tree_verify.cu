@@ -596,16 +596,21 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
 // reference.gated_rms_norm per slot and value head: out = o * rsqrt(mean(o^2) + eps) * w * silu(z), z from proj;
 // amax_out (or nullptr): out's magnitudes per 16 values, [slot][VD / 16] (the quantised GEMM's QgAmax, by
 // lg_store_magnitude16: column c's value sits on a lane with lane % 16 == c % 16, the group's first column writes).
-// Value head h of one slot, by a warp: o and z its DV outputs and gates, out / amax the slot's rows (amax nullptr: none).
-__device__ __forceinline__ void tv_gated_norm_head(const float* o, const float* __restrict__ z,
-                                                   const float* __restrict__ gnorm_w, bf16_t* __restrict__ out,
-                                                   unsigned short* __restrict__ amax, int h, int lane) {
+// Value head h of one slot, by a warp: o its DV outputs; the lane's i-th output, o[lane + 32 i], has weight w(i) and
+// gate(i) = silu(z); out / amax the slot's rows (amax nullptr: none).
+template <typename Weight, typename Gate>
+__device__ __forceinline__ void tv_gated_norm_head(const float* o, const Weight& w, const Gate& gate,
+                                                   bf16_t* __restrict__ out, unsigned short* __restrict__ amax, int h,
+                                                   int lane) {
+  constexpr int PER_LANE = TV_DV / LG_WARP_SIZE;
   float sum_sq = 0.0f;
-  for (int d = lane; d < TV_DV; d += LG_WARP_SIZE) sum_sq += o[d] * o[d];
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) sum_sq += o[lane + i * LG_WARP_SIZE] * o[lane + i * LG_WARP_SIZE];
   const float r = rsqrtf(lg_warp_sum(sum_sq) / TV_DV + 9.999999974752427e-07f);
-  for (int d = lane; d < TV_DV; d += LG_WARP_SIZE) {
-    const int c = h * TV_DV + d;
-    const bf16_t v = lg_from_float<bf16_t>(o[d] * r * gnorm_w[d] * lg_silu(z[d]));
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) {
+    const int c = h * TV_DV + lane + i * LG_WARP_SIZE;
+    const bf16_t v = lg_from_float<bf16_t>(o[lane + i * LG_WARP_SIZE] * r * w(i) * gate(i));
     out[c] = v;
     if (amax != nullptr) lg_store_magnitude16(amax + c / 16, v, c % 16 == 0);
   }
@@ -618,10 +623,12 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
   const tree_ws ws = tv_workspace(const_cast<float*>(workspace), n_slots);
   const int s = blockIdx.x, lane = lg_lane_id();
   const int h = blockIdx.y * TV_NW + threadIdx.x / LG_WARP_SIZE;  // a warp per value head
-  if (h < TV_NV)
-    tv_gated_norm_head(ws.o + (size_t)s * TV_VD + h * TV_DV, proj + (size_t)s * TV_NIN_DN + TV_CD + h * TV_DV, gnorm_w,
-                       out + (size_t)s * TV_VD, amax_out == nullptr ? nullptr : amax_out + (size_t)s * (TV_VD / 16), h,
-                       lane);
+  if (h >= TV_NV) return;
+  const float* z = proj + (size_t)s * TV_NIN_DN + TV_CD + h * TV_DV;
+  tv_gated_norm_head(
+      ws.o + (size_t)s * TV_VD + h * TV_DV, [&](int i) { return gnorm_w[lane + i * LG_WARP_SIZE]; },
+      [&](int i) { return lg_silu(z[lane + i * LG_WARP_SIZE]); }, out + (size_t)s * TV_VD,
+      amax_out == nullptr ? nullptr : amax_out + (size_t)s * (TV_VD / 16), h, lane);
 }
 
 // ------------------------------------------------------------------------------------------------ decode step
@@ -676,7 +683,15 @@ deltanet_decode_step(const float* __restrict__ proj, const float* __restrict__ c
   for (int i = 0; i < V_PER_THREAD; ++i)
     if (has_v(i)) load_window(v_seq[i], v_taps[i], v_channel(i));
   const float a_log_h = a_log[h], dt_bias_h = dt_bias[h];
+  constexpr int NORM_PER_LANE = TV_DV / LG_WARP_SIZE;
+  const bool norms = warp == NW - 1;  // the warp that normalises the head, its weights and gates in registers
+  float norm_w[NORM_PER_LANE], norm_gate[NORM_PER_LANE];
+#pragma unroll
+  for (int i = 0; i < NORM_PER_LANE; ++i) norm_w[i] = norms ? gnorm_w[lane + i * LG_WARP_SIZE] : 0.0f;
   lg_dependent_start();
+#pragma unroll
+  for (int i = 0; i < NORM_PER_LANE; ++i)
+    norm_gate[i] = norms ? lg_silu(proj[TV_CD + h * TV_DV + lane + i * LG_WARP_SIZE]) : 0.0f;
   // conv + SiLU of the q or k channels and their sum of squares, as tree_conv_prepare
   float y[QK_PER_THREAD], sum_sq = 0.0f;
 #pragma unroll
@@ -729,7 +744,9 @@ deltanet_decode_step(const float* __restrict__ proj, const float* __restrict__ c
   }
   if (t == 0) last = before == TV_NV / TV_NK - 1;
   __syncthreads();
-  if (warp == NW - 1) tv_gated_norm_head(o_sh, proj + TV_CD + h * TV_DV, gnorm_w, out, amax_out, h, lane);
+  if (norms)
+    tv_gated_norm_head(o_sh, [&](int i) { return norm_w[i]; }, [&](int i) { return norm_gate[i]; }, out, amax_out, h,
+                       lane);
   if (last) {
 #pragma unroll
     for (int i = 0; i < QK_PER_THREAD; ++i)
