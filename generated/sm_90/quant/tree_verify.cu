@@ -598,6 +598,7 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
 // reference.gated_rms_norm per slot and value head: out = o * rsqrt(mean(o^2) + eps) * w * silu(z), z from proj;
 // amax_out (or nullptr): out's magnitudes per 16 values, [slot][VD / 16] (the quantised GEMM's QgAmax, by
 // lg_store_magnitude16: column c's value sits on a lane with lane % 16 == c % 16, the group's first column writes).
+
 // Value head h of one slot, by a warp: o its DV outputs; the lane's i-th output, o[lane + 32 i], has weight w(i) and
 // gate(i) = silu(z); out / amax the slot's rows (amax nullptr: none).
 template <typename Weight, typename Gate>
@@ -642,10 +643,10 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
 // with the very operations of those kernels, in their order, so the same bits (tree_verify.py decode against greedy).
 // A block per value head, 2 TV_NT threads: threads [0, TV_NT) take q's channels as a tree_conv_prepare block takes a
 // q head, [TV_NT, 2 TV_NT) k's, so the l2norms sum alike; the rule's warps hold TV_RULE_CPW columns each, in passes
-// over the head; the last warp normalises the head. Only proj comes from the kernel before: the state, the windows
-// and the conv taps are loaded before the dependency wait. The NV / NK value heads of a key head read its q and k window channels: the last of
-// their blocks to count itself in arrived[hk] (zero between launches) writes those channels' new window, once every
-// other has read them.
+// over the head; the last warp normalises the head. Only proj comes from the kernel before: the state, the windows,
+// the conv taps and the norm weights are loaded before the dependency wait. The NV / NK value heads of a key head
+// read its q and k window channels: the last of their blocks to count itself in arrived[hk] (zero between launches)
+// writes those channels' new window, once every other has read them.
 extern "C" __global__ void __launch_bounds__(2 * TV_NT)
 deltanet_decode_step(const float* __restrict__ proj, const float* __restrict__ conv_w, float* window,
                      const float* __restrict__ a_log, const float* __restrict__ dt_bias,
@@ -661,7 +662,7 @@ deltanet_decode_step(const float* __restrict__ proj, const float* __restrict__ c
   __shared__ bool last;
   const int h = blockIdx.x, hk = tv_key_head(h), t = threadIdx.x, warp = t / LG_WARP_SIZE, lane = lg_lane_id();
   const int j = lane % TV_RULE_LANES, c0 = warp * TV_RULE_CPW + lane / TV_RULE_LANES;  // the lane's first column
-  float st[PASSES][TV_DK / TV_RULE_LANES];
+  float st[PASSES][KPL];
 #pragma unroll
   for (int p = 0; p < PASSES; ++p)
     if (c0 + p * PASS_COLS < TV_DV) tv_rule_load(st[p], state + ((size_t)h * TV_DV + c0 + p * PASS_COLS) * TV_DK, j);
