@@ -765,12 +765,13 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   __syncthreads();  // red and early_in
   // A one-row reader (ONE_ROW: M = 1): every warp totals the row's parts itself, the same sum, into a register, so no
   // warp waits on another's (with the second barrier and row_ss's round trip gone, AR 138.5 -> 139.2 tok/s).
+  auto norm_scale = [&](float sum_sq) { return rsqrtf(sum_sq / (float)norm_dim + eps); };
   float one_row_scale = 1.0f;
   if (ONE_ROW && !residual && ss != nullptr) {
     float total[1];
     const float* const p[1] = {early ? early_in : ss + m0};
     lg_parts_sums<1, 12>(total, p, ss_parts, early ? 1 : ss_stride);
-    one_row_scale = rsqrtf(total[0] / (float)norm_dim + eps);
+    one_row_scale = norm_scale(total[0]);
   } else if (!residual && ss != nullptr && !(early && one_total)) {
     auto store = [&](int mm, float v) { row_ss[mm] = v; };
     if (early)
@@ -782,7 +783,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
 
   // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps) (1: no ss).
   auto row_scale = [&](int mm) {
-    return ONE_ROW ? one_row_scale : ss == nullptr ? 1.0f : rsqrtf(row_ss[mm] / (float)norm_dim + eps);
+    return ONE_ROW ? one_row_scale : ss == nullptr ? 1.0f : norm_scale(row_ss[mm]);
   };
   // The sum over the parts of element (tile j, row r, token mm), in part order.
   auto value = [&](int jj, int r, int mm) {

@@ -929,13 +929,13 @@ __device__ __forceinline__ void qg_tile_wgmma(float (&acc)[NT][4], const unsigne
 // The inner sums are exact in int32 on mma m16n8k32 s8 (the mins a second product against m splat over the
 // sub-block), so any row count gives the same bits. A fragments are the tile-blocks' bytes as they are; amax comes
 // from the magnitudes per 16 values that the producers of A leave beside it (QgAmax, below).
+// qg_imma_k32: signed A bytes; qg_imma_k32_u8: unsigned A bytes (0 .. 255), for Q4_K's high nibbles in place (16 q)
+// and the ones of the one-token kernels. B is signed in both.
 __device__ __forceinline__ void qg_imma_k32(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 { %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-// The same with unsigned A bytes (0 .. 255): Q4_K's high nibbles in place (16 q) and the ones of the one-token kernels.
 __device__ __forceinline__ void qg_imma_k32_u8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 { %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -1490,12 +1490,13 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   __syncthreads();  // red and early_in
   // A one-row reader (ONE_ROW: M = 1): every warp totals the row's parts itself, the same sum, into a register, so no
   // warp waits on another's (with the second barrier and row_ss's round trip gone, AR 138.5 -> 139.2 tok/s).
+  auto norm_scale = [&](float sum_sq) { return rsqrtf(sum_sq / (float)norm_dim + eps); };
   float one_row_scale = 1.0f;
   if (ONE_ROW && !residual && ss != nullptr) {
     float total[1];
     const float* const p[1] = {early ? early_in : ss + m0};
     lg_parts_sums<1, 12>(total, p, ss_parts, early ? 1 : ss_stride);
-    one_row_scale = rsqrtf(total[0] / (float)norm_dim + eps);
+    one_row_scale = norm_scale(total[0]);
   } else if (!residual && ss != nullptr && !(early && one_total)) {
     auto store = [&](int mm, float v) { row_ss[mm] = v; };
     if (early)
@@ -1507,7 +1508,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
 
   // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps) (1: no ss).
   auto row_scale = [&](int mm) {
-    return ONE_ROW ? one_row_scale : ss == nullptr ? 1.0f : rsqrtf(row_ss[mm] / (float)norm_dim + eps);
+    return ONE_ROW ? one_row_scale : ss == nullptr ? 1.0f : norm_scale(row_ss[mm]);
   };
   // The sum over the parts of element (tile j, row r, token mm), in part order.
   auto value = [&](int jj, int r, int mm) {
