@@ -346,15 +346,16 @@ def live_state_bytes(dec) -> dict[str, bytes]:
             for name in ("conv", "recurrent")}
 
 
-def check_decode_is_greedy(preset: str, length: int, seed: int, n: int) -> None:
-    """decode (one deltanet_decode_step launch a DeltaNet layer) against greedy through one-slot trees (the tree
-    kernels): the same tokens, and the same conv windows and DeltaNet states bit for bit after them."""
-    dec, _, ver = engine(preset)
+def check_decode_is_greedy(preset: str, length: int, seed: int, n: int, tc: int | None = None) -> None:
+    """decode (every step queued on the device, one graph per attention body, one deltanet_decode_step launch a
+    DeltaNet layer) against greedy through one-slot trees (the tree kernels) on the engine with tensor_core_keys
+    ``tc``: the same tokens, and the same conv windows and DeltaNet states bit for bit after them."""
+    dec, _, ver = engine(preset, tensor_core_keys=tc)
     prompt = np.random.default_rng(seed).integers(0, dec.config.vocab_size, length)
-    start(preset, prompt)
+    start(preset, prompt, tc)
     want = ver.greedy(n)
     want_state, pos = live_state_bytes(dec), dec.position
-    start(preset, prompt)
+    start(preset, prompt, tc)
     assert ver.decode(n) == want and dec.position == pos and dec.next_token == want[-1]
     got_state = live_state_bytes(dec)
     for name in want_state:
@@ -368,17 +369,9 @@ def test_device_decode_is_greedy_bit_for_bit(preset, length, seed):
 
 
 def test_device_decode_crosses_the_tensor_core_bound():
-    """decode (every step queued on the device, one graph per attention body) against greedy through one-slot trees,
-    over a run that crosses tensor_core_keys."""
+    """decode against greedy through one-slot trees over a run that crosses tensor_core_keys."""
     needs_tensor_cores("tiny-gqa")
-    tc = 60
-    dec, _, ver = engine("tiny-gqa", tensor_core_keys=tc)
-    prompt = np.random.default_rng(11).integers(0, dec.config.vocab_size, 37)
-    start("tiny-gqa", prompt, tc)
-    want = ver.greedy(48)
-    pos = dec.position
-    start("tiny-gqa", prompt, tc)
-    assert ver.decode(48) == want and dec.position == pos
+    check_decode_is_greedy("tiny-gqa", 37, 11, 48, tc=60)
 
 
 @pytest.mark.skipif(not os.environ.get("LUCEGEN_08B_DIR"), reason="set LUCEGEN_08B_DIR to a 0.8B checkpoint")
