@@ -76,8 +76,8 @@ def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None, norm=F
     if i8 and not W.int8:
         return  # no int8 kernel for this group: timed with int8=0
     planned = QuantGemm.parts(qg, W)
-    if parts == planned or (ep == "swiglu" and parts is not None and parts > qg.warps(W) // 2):
-        return  # timed as the planned one; a pair holds 2 tiles a block
+    if parts == planned or (parts is not None and parts > qg.warps(W) // (2 if W.pair else 1)):
+        return  # timed as the planned one, or more parts than the block's warps (a pair's: 2 tiles a block) hold
     parts = planned if parts is None else parts
     if ring is not None:
         qg.use_ring = bool(ring)
