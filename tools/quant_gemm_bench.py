@@ -10,14 +10,16 @@ and a down-like one, K = 17408): how the grid's fill of the chip (waves of resid
 (320 per row at one row, one total per row at more), as in the layer loop; without it they take none.
 
 ``--ring 0,1`` times each launch with the one-row weight ring off and on (QuantGemm.use_ring), ``--one-row 0,1``
-with the one-token int8 kernels (m1q, m1q6) off and on (QuantGemm.use_one_row), ``--wgmma 0,1``
+with the one-token int8 kernels (m1q, m1q6) off and on (QuantGemm.use_one_row), ``--prequantised 0,1`` with the
+prequantised int8 kernels (nt<N>qp, their quant_gemm_q8_rows launch timed with them) off and on
+(QuantGemm.use_prequantised), ``--wgmma 0,1``
 with the warpgroup-MMA kernels off and on (QuantGemm.use_wgmma), ``--int8 0,1`` with int8 activations off and on
 for the groups that take them (QuantGemm.int8: K-quants alone; ``--int8-kernels`` renders them where the
 descriptor's [quant] int8_activations is off). The kernels are the quantised target's (``Target.quantised_target()``:
 [quant] compute_dtype); ``--descriptor-dtype`` times them in the descriptor's own.
 
     python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--one-row 0,1]
-                                      [--wgmma 0,1] [--int8 0,1 --int8-kernels] [--descriptor-dtype] [--norm]
+                                      [--prequantised 0,1] [--wgmma 0,1] [--int8 0,1 --int8-kernels] [--descriptor-dtype] [--norm]
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ SHAPES = {  # name: (segments [(type, rows)], K, epilogue)
 
 
 def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, int8s=(None,), int8_kernels=False,
-         one_rows=(None,), norm=False):
+         one_rows=(None,), norm=False, preqs=(None,)):
     dev = Device.open()
     target = dev.target
     if int8_kernels:
@@ -64,13 +66,14 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, in
             while len(copies) * copies[0].weight_bytes < 200e6:
                 copies.append(qg.matrix(raw, K, pair=ep == "swiglu", int8=True))
             for M in ms:
-                for parts, ring, wg, one in itertools.product([None] + [p for p in sweep], rings, wgmmas, one_rows):
-                    _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one, norm)
+                for parts, ring, wg, one, pq in itertools.product([None] + [p for p in sweep], rings, wgmmas,
+                                                                  one_rows, preqs):
+                    _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one, norm, pq)
             for c in copies:
                 c.free()
 
 
-def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None, norm=False):
+def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None, norm=False, pq=None):
     """Print the time of one launch over ``copies`` (each launch reads the next) at M rows."""
     W = copies[0]
     if i8 and not W.int8:
@@ -85,6 +88,8 @@ def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None, norm=F
         qg.use_wgmma = bool(wg)
     if one is not None:
         qg.use_one_row = bool(one)
+    if pq is not None:
+        qg.use_prequantised = bool(pq)
     qg.parts = lambda _W, parts=parts: parts
     a = dev.upload(np.full((M, K), 0x3F80, np.uint16))
     N = W.rows
@@ -120,6 +125,7 @@ def _time(dev, qg, name, K, ep, copies, M, parts, ring, wg, i8, one=None, norm=F
           f"parts={parts}{' (planned)' if parts == planned else ''}  kernel={qg.kernel(W, M, a.ptr, K)[0]}"
           f"{'' if ring is None else f' ring={ring}'}{'' if wg is None else f' wgmma={wg}'}"
           f"{'' if i8 is None else f' int8={i8}'}{'' if one is None else f' one_row={one}'}"
+          f"{'' if pq is None else f' prequantised={pq}'}"
           f"{' norm' if norm else ''}", flush=True)
     del qg.parts  # the planned parts again
     for b in (a, out, x, xn, w, ss, am, amo) + ((norm_ss,) if norm else ()):
@@ -138,6 +144,8 @@ if __name__ == "__main__":
     cli.add_argument("--tiles", type=_ints, help="Q4_K matrices of these many row tiles instead of the 27B's")
     cli.add_argument("--ring", type=_ints, default=(None,), help="the one-row weight ring off / on: 0,1")
     cli.add_argument("--one-row", type=_ints, default=(None,), help="the one-token int8 kernels off / on: 0,1")
+    cli.add_argument("--prequantised", type=_ints, default=(None,),
+                     help="the prequantised int8 kernels off / on: 0,1")
     cli.add_argument("--wgmma", type=_ints, default=(None,), help="the warpgroup-MMA kernels off / on: 0,1")
     cli.add_argument("--int8", type=_ints, default=(None,), help="int8 activations off / on: 0,1 (with --int8-kernels "
                      "where the descriptor leaves them out)")
@@ -151,4 +159,4 @@ if __name__ == "__main__":
         SHAPES = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
                   for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in args.tiles}
     main(args.rows, args.parts, args.ring, args.wgmma, args.descriptor_dtype, args.int8, args.int8_kernels,
-         args.one_row, args.norm)
+         args.one_row, args.norm, args.prequantised)

@@ -164,6 +164,11 @@ __device__ __forceinline__ void lg_cp_async16(void* dst, const void* src, bool p
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
+// lg_cp_async16_l1: lg_cp_async16 through the L1 (.ca), for bytes that other warps of the compute unit read too.
+__device__ __forceinline__ void lg_cp_async16_l1(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
 __device__ __forceinline__ void lg_cp_async4(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
@@ -644,7 +649,8 @@ __device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int st
     if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
 }
 
-template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN>
+template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN,
+          bool PREQUANTISED>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -652,7 +658,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
                                            bf16_t* __restrict__ xn, float* __restrict__ ss_out,
                                            unsigned long long* __restrict__ argmax_key,
                                            const unsigned short* __restrict__ a_amax,
-                                           unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+                                           unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count,
+                                           const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   constexpr int THREADS = WARPS * LG_WARP_SIZE;
   __shared__ float red[WARPS][NT * 4][LG_WARP_SIZE];
   __shared__ float row_ss[8 * NT];
@@ -879,11 +886,11 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 8, true, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -892,11 +899,11 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -905,11 +912,11 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<2, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -918,11 +925,11 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<3, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -931,11 +938,11 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<4, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -944,9 +951,9 @@ quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 8, true, false, true,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }

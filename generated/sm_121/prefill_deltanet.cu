@@ -164,6 +164,11 @@ __device__ __forceinline__ void lg_cp_async16(void* dst, const void* src, bool p
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
+// lg_cp_async16_l1: lg_cp_async16 through the L1 (.ca), for bytes that other warps of the compute unit read too.
+__device__ __forceinline__ void lg_cp_async16_l1(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
 __device__ __forceinline__ void lg_cp_async4(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");

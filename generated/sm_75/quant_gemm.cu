@@ -602,7 +602,8 @@ __device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int st
     if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
 }
 
-template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN>
+template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN,
+          bool PREQUANTISED>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const fp16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -610,7 +611,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
                                            fp16_t* __restrict__ xn, float* __restrict__ ss_out,
                                            unsigned long long* __restrict__ argmax_key,
                                            const unsigned short* __restrict__ a_amax,
-                                           unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+                                           unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count,
+                                           const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   constexpr int THREADS = WARPS * LG_WARP_SIZE;
   __shared__ float red[WARPS][NT * 4][LG_WARP_SIZE];
   __shared__ float row_ss[8 * NT];
@@ -823,11 +825,11 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 8, true, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -836,11 +838,11 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -849,11 +851,11 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<2, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -862,11 +864,11 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<3, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -875,9 +877,9 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<4, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }

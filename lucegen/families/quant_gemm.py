@@ -37,12 +37,14 @@ Q8_BLOCKS_PER_CU = 3
 Q8_WAVE_TIME = {3: 1.0, 4: 1.19}
 
 
-def int8_kernel(nt: int, blocks_per_cu: int = 0, own_types: bool = False, one_row: bool = False) -> str:
+def int8_kernel(nt: int, blocks_per_cu: int = 0, own_types: bool = False, one_row: bool = False,
+                prequantised: bool = False) -> str:
     """The name of the int8 kernel of ``nt`` token groups: nt<nt>q, nt<nt>q6 for groups holding INT8_OWN_KERNEL_TYPES
     (``own_types``), and for one group at other than Q8_BLOCKS_PER_CU resident blocks a suffix _r<blocks per CU>;
-    m1q.. for one token (``one_row``: its MMAs' 8 columns hold 8 sub-blocks, not 8 tokens)."""
+    m1q.. for one token (``one_row``: its MMAs' 8 columns hold 8 sub-blocks, not 8 tokens); a suffix p for the
+    ``prequantised`` twins (PREQUANTISED_NT)."""
     residency = f"_r{blocks_per_cu}" if blocks_per_cu not in (0, Q8_BLOCKS_PER_CU) else ""
-    return f"{'m1' if one_row else f'nt{nt}'}q{'6' if own_types else ''}{residency}"
+    return f"{'m1' if one_row else f'nt{nt}'}q{'6' if own_types else ''}{residency}{'p' if prequantised else ''}"
 
 
 def block_warps(int8: bool) -> int:
@@ -100,9 +102,21 @@ def wgmma_smem_bytes(nt: int, parts: int, slot_bytes: int = WGMMA_MAX_SLOT_BYTES
     return WGMMA_STAGES * (parts * 256 * 8 * nt * 2 + WARPS * slot_bytes)
 
 
-def q8_smem_bytes(nt: int, K: int) -> int:
+#: Groups of 8 tokens whose int8 kernels also come prequantised (nt<N>qp, tuning choice): quant_gemm_q8_rows
+#: quantises the launch's activations once, and every warp copies its tile-blocks' int8 bytes into a ring of
+#: Q8_RING_SLOTS slots in shared memory, a tile-block ahead, instead of loading and quantising its own fp16 ones
+#: (H100, tools/quant_gemm_bench.py 23, notes session 58).
+PREQUANTISED_NT = (2, 3, 4)
+#: Slots of a prequantised warp's ring (the template's QG_Q8_SLOTS): one computing, one filling.
+Q8_RING_SLOTS = 2
+
+
+def q8_smem_bytes(nt: int, K: int, prequantised: bool = False) -> int:
     """Dynamic shared memory of an int8-activation launch: its scales, da (4 bytes) and inv (2) per block of 256
-    values of K and token of the block's 8 nt (the template's QgQ8Scales)."""
+    values of K and token of the block's 8 nt (the template's QgQ8Scales); ``prequantised``: da alone, then every
+    warp's Q8_RING_SLOTS slots of a tile-block's int8 activations (256 bytes a token)."""
+    if prequantised:
+        return -(-K // 256 * 8 * nt * 4 // 16) * 16 + Q8_WARPS * Q8_RING_SLOTS * 256 * 8 * nt
     return K // 256 * 8 * nt * 6
 
 
@@ -131,6 +145,7 @@ class GemmKernel(NamedTuple):
     int8: bool = False
     residency: int = 0  # resident blocks per compute unit where not the kernel kind's own (nt1q_r4)
     own_types: bool = False  # an int8 kernel whose type switch holds INT8_OWN_KERNEL_TYPES too (nt<N>q6)
+    prequantised: bool = False  # an int8 kernel reading quant_gemm_q8_rows' bytes through per-warp rings (nt<N>qp)
 
     @property
     def warps(self) -> int:
@@ -153,7 +168,8 @@ def instances(target) -> tuple[GemmKernel, ...]:
     where it has wgmma (sm_90a); nt<N>q, the int8-activation kernels, where :func:`has_int8`, with nt1q at the
     other residencies of Q8_WAVE_TIME (nt1q_r<blocks per compute unit>: the same code, other launch bounds), the
     one-token kernels m1q at every residency (``one_row``: an MMA's columns hold a tile-block's sub-blocks; nt1q's
-    bits at M = 1), and their twins nt<N>q6, m1q6.. for groups holding INT8_OWN_KERNEL_TYPES (:func:`int8_kernel`)."""
+    bits at M = 1), the prequantised nt<N>qp for PREQUANTISED_NT (nt<N>q's bits), and their twins nt<N>q6, m1q6..,
+    nt<N>q6p for groups holding INT8_OWN_KERNEL_TYPES (:func:`int8_kernel`)."""
     plain = (GemmKernel("m1", 1, one_row=True),) + tuple(GemmKernel(f"nt{nt}", nt) for nt in range(1, NT_MAX + 1))
     room = target.smem_per_block_optin - STAGED_STATIC_BYTES
     staged = tuple(GemmKernel(f"nt{nt}s", nt, staged=True) for nt in STAGED_NT
@@ -163,6 +179,8 @@ def instances(target) -> tuple[GemmKernel, ...]:
     int8 = ()
     for own in (False, True) if has_int8(target) else ():
         int8 += tuple(GemmKernel(int8_kernel(nt, 0, own), nt, int8=True, own_types=own) for nt in range(1, NT_MAX + 1))
+        int8 += tuple(GemmKernel(int8_kernel(nt, 0, own, prequantised=True), nt, int8=True, own_types=own,
+                                 prequantised=True) for nt in PREQUANTISED_NT)
         int8 += tuple(GemmKernel(int8_kernel(1, r, own), 1, int8=True, residency=r, own_types=own)
                       for r in Q8_WAVE_TIME if r != Q8_BLOCKS_PER_CU)
         int8 += tuple(GemmKernel(int8_kernel(1, r, own, one_row=True), 1, one_row=True, int8=True,

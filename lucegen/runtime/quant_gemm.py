@@ -25,9 +25,9 @@ import numpy as np
 from .. import codegen
 from ..errors import LucegenError
 from ..families.quant_gemm import (GEMM_TYPES, INT8_OWN_KERNEL_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX,
-                                   Q8_WARPS, Q8_WAVE_TIME, RING_TYPES, WARPS, WGMMA_MAX_PARTS, block_warps, has_int8,
-                                   instances, int8_kernel, q8_smem_bytes, ring_smem_bytes, smem_fits, staged_smem_bytes,
-                                   wgmma_smem_bytes)
+                                   PREQUANTISED_NT, Q8_WARPS, Q8_WAVE_TIME, RING_TYPES, WARPS, WGMMA_MAX_PARTS,
+                                   block_warps, has_int8, instances, int8_kernel, q8_smem_bytes, ring_smem_bytes,
+                                   smem_fits, staged_smem_bytes, wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -37,6 +37,11 @@ SEGMENT_DTYPE = np.dtype([("weights", "<u8"), ("type", "<i4"), ("tile0", "<i4"),
 TILE_ROWS = 16
 #: Groups of rows of one launch, at most (a residual's counters: QuantGemm.ss_count).
 MAX_ROW_GROUPS = 1024
+#: Rows of a launch, at most, that the prequantised kernels (nt<N>qp) take (tuning choice; a multiple of 8 NT_MAX,
+#: the rows of its last group padded with zeros): its int8 activations go through a workspace of this many rows of the
+#: module's longest int8 K (2.2 MB for the 27B's 17,408), which covers verify passes of up to 127 tree nodes; larger
+#: launches (long prompts) keep nt<N>q, the same bits.
+PREQUANTISED_ROWS = 128
 KINDS = {"rows_f32": 0, "swiglu": 1, "residual": 2}
 
 
@@ -292,6 +297,12 @@ class QuantGemm:
         #: float-activation kernels.
         self.int8 = has_int8(target)
         self.amax_fn = self.module.function("quant_gemm_amax") if self.int8 else None
+        self.q8_rows_fn = self.module.function("quant_gemm_q8_rows", programmatic=True) if self.int8 else None
+        # the prequantised launches' int8 activations [K / 32][M][32] and da [K / 256][M], for PREQUANTISED_ROWS rows
+        # of the longest K of this module's int8 groups: sized as matrix() builds them, before any launch (a graph
+        # captured later keeps its addresses), and every size kept until free()
+        self.q8_k, self.q8_buffers = 0, []
+        self.use_prequantised = True  # nt<N>qp where they apply (tools/quant_gemm_bench.py --prequantised 0,1)
         self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
         self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
         self.use_one_row = True  # m1q.. for one-row int8 launches (tools/quant_gemm_bench.py --one-row 0,1 compares)
@@ -301,12 +312,19 @@ class QuantGemm:
         if self.ss_count is not None:
             self.ss_count.free()
             self.ss_count = None
+        for b in self.q8_buffers:
+            b.free()
+        self.q8_buffers, self.q8_k = [], 0
 
     def matrix(self, segments, K: int, *, pair: bool = False, int8: bool = False) -> QuantMatrix:
         """Repack and upload ``segments`` [(type, raw GGML bytes, rows, unused)] of K columns each; ``int8``: on int8
         activations if the group holds INT8_TYPES alone and the module takes them (:attr:`int8`), its launches then
         needing their input's magnitudes (``a_amax``)."""
         int8 = int8 and self.int8 and all(s[0] in INT8_TYPES for s in segments)
+        if int8 and K > self.q8_k:
+            self.q8_k = K
+            self.q8_buffers.append(self.device.alloc(PREQUANTISED_ROWS * K))  # aq
+            self.q8_buffers.append(self.device.alloc(PREQUANTISED_ROWS * K // 256 * 4))  # da
         return QuantMatrix(self.device, segments, K, pair=pair, int8=int8)
 
     @staticmethod
@@ -395,17 +413,27 @@ class QuantGemm:
         if grid[1] > MAX_ROW_GROUPS:
             raise LucegenError(f"quant_gemm_{kind}: M={M} is over {MAX_ROW_GROUPS} groups of {8 * NT_MAX} rows")
         name, smem = self.kernel(W, M, A, lda)
+        aq = a_da = 0
+        if self.kernels[name].prequantised:  # the launch's int8 activations, once
+            aq, a_da = self.q8_buffers[-2].ptr, self.q8_buffers[-1].ptr
+            group = 8 * self.kernels[name].nt  # the launch's tokens a block, zero past M in the last group
+            self.q8_rows_fn.launch((K // 256, grid[1] * group // 8), self.threads, (
+                address(A), np.int32(lda), address(a_amax), np.int32(M), np.int32(K), np.int32(group), address(aq),
+                address(a_da)), stream=stream)
         self.functions[name].launch(grid, self.warps(W) * self.target.warp_size, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
             address(xn), address(ss_out), address(argmax_key), address(a_amax), address(amax_out),
-            address(self.ss_count.ptr if ss_out and self.row_totals(M) else 0)), smem=smem, stream=stream)
+            address(self.ss_count.ptr if ss_out and self.row_totals(M) else 0), address(aq), address(a_da)),
+            smem=smem, stream=stream)
 
     def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:
         nt<groups of 8 tokens>q (q6 where it holds INT8_OWN_KERNEL_TYPES) for a group that takes int8 activations
-        (:attr:`QuantMatrix.int8`), m1q (m1q6) at one row; otherwise m1 for one row, else nt<groups of 8 tokens>, or its
+        (:attr:`QuantMatrix.int8`), or its prequantised twin nt<N>qp (the same bits, quant_gemm_q8_rows launched
+        first) at 9 to PREQUANTISED_ROWS rows where the module's workspace and shared memory take it, m1q (m1q6) at
+        one row; otherwise m1 for one row, else nt<groups of 8 tokens>, or its
         staged twin (the same bits) where one exists for this target, the group holds 256-value block types alone, the
         activation rows can be copied in 16-byte pieces, and a staged row would otherwise be read often enough
         (STAGE_MIN_REUSE); before that, its warpgroup-MMA twin nt<N>w (the same bits) where the chip has one, the group
@@ -415,8 +443,12 @@ class QuantGemm:
         where its rings leave the kernel's resident blocks per compute unit."""
         nt = token_groups(M)
         if W.int8:
-            smem = q8_smem_bytes(nt, W.K)
             own = any(t in INT8_OWN_KERNEL_TYPES for t in W.types)
+            if self.use_prequantised and nt in PREQUANTISED_NT and M <= PREQUANTISED_ROWS and W.K <= self.q8_k:
+                name, smem = int8_kernel(nt, 0, own, prequantised=True), q8_smem_bytes(nt, W.K, prequantised=True)
+                if smem_fits(self.target, smem, self.static_smem[name], self.kernels[name].blocks_per_cu):
+                    return name, smem
+            smem = q8_smem_bytes(nt, W.K)
             name = int8_kernel(nt, 0, own) if nt > 1 else self._one_group_residency(W, M, smem, own,
                                                                                      M == 1 and self.use_one_row)
             if not smem_fits(self.target, smem, self.static_smem[name], 1):

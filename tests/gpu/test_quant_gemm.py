@@ -440,7 +440,7 @@ def test_int8_groups_match_numpy_and_rows_alone(M):
     try:
         a = activations(qg, rng, M, K)
         with qg.device.upload(a) as da:
-            assert qg.kernel(W, M, da.ptr, K)[0] == (f"nt{-(-M // 8)}q6" if M > 1 else "m1q6")  # switch holds Q6_K
+            assert qg.kernel(W, M, da.ptr, K)[0] == (f"nt{-(-M // 8)}q6p" if M > 8 else "m1q6")  # switch holds Q6_K
             assert not mixed.int8 and not qg.kernel(mixed, M, da.ptr, K)[0].endswith("q")
         got, _ = run_rows(qg, W, a)
         check_close(got, seen(qg, W, a), dense)
@@ -513,6 +513,33 @@ def test_int8_one_group_residencies_give_the_same_bits():
         for got in (rows, five, nine[:5]):
             np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     finally:
+        W.free()
+
+
+@pytest.mark.parametrize("M", [9, 23, 70])
+@pytest.mark.parametrize("types", [["Q4_K"], ["Q5_K", "Q4_K"], ["Q6_K"], ["Q4_K", "Q6_K"]])
+def test_prequantised_kernels_equal_nt_q(types, M):
+    """From 9 rows an int8 group takes nt<N>qp (nt<N>q6p with Q6_K): quant_gemm_q8_rows quantises the activations
+    once and the warps stream them through their rings. Its rows equal nt<N>q's bit for bit, with partial token groups
+    (70 rows: three groups of 32, the last of 6) and a partial last row tile, and numpy's product within check_close."""
+    qg = int8_qg(gpu_device())
+    rng = np.random.default_rng(M + len(types) + 7 * ("Q6_K" in types))
+    K = 256 * 12
+    segs, dense = group(rng, types, [16 * 20 + 9] * len(types), K, "quantized")
+    W = qg.matrix(segs, K, int8=True)
+    name = f"nt{min(4, -(-M // 8))}q{'6' if 'Q6_K' in types else ''}"
+    try:
+        a = activations(qg, rng, M, K)
+        got = {}
+        for prequantised in (True, False):
+            qg.use_prequantised = prequantised
+            with qg.device.upload(a) as da:
+                assert qg.kernel(W, M, da.ptr, K)[0] == name + ("p" if prequantised else "")
+            got[prequantised], _ = run_rows(qg, W, a)
+        check_close(got[True], seen(qg, W, a), dense)
+        np.testing.assert_array_equal(got[True].view(np.uint32), got[False].view(np.uint32))
+    finally:
+        qg.use_prequantised = True
         W.free()
 
 

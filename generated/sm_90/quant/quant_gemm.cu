@@ -164,6 +164,11 @@ __device__ __forceinline__ void lg_cp_async16(void* dst, const void* src, bool p
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
+// lg_cp_async16_l1: lg_cp_async16 through the L1 (.ca), for bytes that other warps of the compute unit read too.
+__device__ __forceinline__ void lg_cp_async16_l1(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
 __device__ __forceinline__ void lg_cp_async4(void* dst, const void* src, bool pred) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                :: "r"(lg_smem_addr(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
@@ -1022,13 +1027,25 @@ struct QgQ8Rows {
   }
 };
 
-// acc += one tile-block (cur) of a K-quant with mins (Q4_K, Q5_K) of block b times the int8 activations.
-template <typename Q, int NT>
-__device__ __forceinline__ void qg_tile_block_q8(float (&acc)[NT][4], const typename Q::Raw& cur,
-                                                 const fp16_t* __restrict__ A, int lda, int m0, int M, int b,
-                                                 QgQ8Scales sc) {
+// The same fragments, already quantised (the prequantised kernels, nt<N>qp): a tile-block's int8 activations in a
+// slot of the warp's ring (QgQ8Ring), [step s][token mm of the block's 8 NT][32 bytes], so that fragment (nt, s) is
+// 8 bytes a lane in lane order.
+template <int NT>
+struct QgQ8Staged {
+  const uint2* slot;
+  __device__ __forceinline__ void fragment(int nt, int s, unsigned& b0, unsigned& b1) const {
+    const uint2 x = slot[(s * NT + nt) * LG_WARP_SIZE + lg_lane_id()];
+    b0 = x.x;
+    b1 = x.y;
+  }
+};
+
+// acc += one tile-block (cur) of a K-quant with mins (Q4_K, Q5_K) of block b times the int8 activations (rows:
+// QgQ8Rows or QgQ8Staged).
+template <typename Q, int NT, typename Rows>
+__device__ __forceinline__ void qg_tile_block_q8(float (&acc)[NT][4], const typename Q::Raw& cur, const Rows& rows,
+                                                 int b, QgQ8Scales sc) {
   const int t = (int)lg_lane_id() & 3;
-  const QgQ8Rows<NT> rows(A, lda, m0, M, b, sc);
   const QgKScales kg = qg_k_scales(cur.h), k8 = qg_k_scales(cur.h8);
   int sums[NT][4], mins[NT][4];
 #pragma unroll
@@ -1071,12 +1088,10 @@ __device__ __forceinline__ void qg_tile_block_q8(float (&acc)[NT][4], const type
 //   sum_k W[n, k] A[m, k] ~ da d sum_s sc_s sum_{k in s} (q[n, k] - 32) qa[k]
 // Each 32 values' MMA runs twice, once on the lanes of each sub-block (t < 2: 2 s, t >= 2: 2 s + 1), the other
 // lanes' weights zero; the sums are exact in int32 (|sum| <= 16 sub-blocks x 16 x 32 x 127 x 128 < 2^31).
-template <int NT>
-__device__ __forceinline__ void qg_tile_block_q8_q6k(float (&acc)[NT][4], const QgQ6K::RawQ8& cur,
-                                                     const fp16_t* __restrict__ A, int lda, int m0, int M, int b,
-                                                     QgQ8Scales sc) {
+template <int NT, typename Rows>
+__device__ __forceinline__ void qg_tile_block_q8_q6k(float (&acc)[NT][4], const QgQ6K::RawQ8& cur, const Rows& rows,
+                                                     int b, QgQ8Scales sc) {
   const int lane = (int)lg_lane_id(), t = lane & 3;
-  const QgQ8Rows<NT> rows(A, lda, m0, M, b, sc);
   const unsigned first = t < 2 ? 0xFFFFFFFFu : 0u;  // the lane's values are in sub-block 2 s
   int sums[NT][4];
 #pragma unroll
@@ -1209,29 +1224,83 @@ __device__ __forceinline__ void qg_tile_block_q8_q6k_one(float (&acc)[1][4], con
   acc[0][2] = fmaf(da, qg_f16(cur.d2 >> 16) * (float)sums_8, acc[0][2]);
 }
 
+// ---- Prequantised activations (nt<N>qp, 9+ rows): quant_gemm_q8_rows quantises a launch's activations once, and each
+// warp streams its tile-blocks' int8 bytes through a ring of QG_Q8_SLOTS slots in shared memory, by cp.async through
+// the L1 (the compute unit's warps of one K part read the same bytes). The warps of nt<N>q load and quantise their
+// own from the fp16 rows instead, and wait on those loads at the top of every tile-block (ncu, notes session 57);
+// the values, their scales and so the bits are the same.
+#define QG_Q8_SLOTS 2
+struct QgQ8Ring {
+  const unsigned char* aq;  // the block's token group's bytes of quant_gemm_q8_rows: a slot's worth per block of K
+  unsigned char* slots;  // this warp's QG_Q8_SLOTS slots of 256 x 8 NT bytes
+  // Copy tile-block b's activations into slot, and commit them as one group (an empty one past the last block, so
+  // that every tile-block waits for the same count).
+  template <int NT>
+  __device__ __forceinline__ void fill(int b, int blocks, int slot) const {
+    constexpr int BYTES = 256 * 8 * NT;
+    if (b < blocks) {
+#pragma unroll
+      for (int c = 16 * (int)lg_lane_id(); c < BYTES; c += 16 * LG_WARP_SIZE)
+        lg_cp_async16_l1(slots + slot * BYTES + c, aq + (size_t)b * BYTES + c, true);
+    }
+    lg_cp_async_commit();
+  }
+};
+// The prequantised launch's prologue: the dependency wait, the block's da [b][mm] copied from a_da (its token
+// group's), then first() (the warp's first slot, or an empty group); every thread of the block takes part, then a
+// block barrier.
+template <int NT, int THREADS, typename Early, typename First>
+__device__ __forceinline__ void qg_q8_prologue_staged(QgQ8Scales sc, const float* __restrict__ a_da, int K,
+                                                      Early early, First first) {
+  lg_grid_dependency_wait();
+  early();
+  for (int i = 4 * threadIdx.x; i < K / 256 * 8 * NT; i += 4 * THREADS) lg_copy16(sc.da + i, a_da + i);
+  lg_cp_async_commit();
+  first();
+  lg_cp_async_wait<1>();  // the scales (the first slot may still be on its way)
+  __syncthreads();
+}
+
 // qg_tile with int8 activations: tile-blocks b = part, part + parts, .., the next one's bytes loaded while this one
 // computes; the block's scales (qg_q8_prologue) made while the first one loads. ONE_TOKEN (m1q, M = 1): the
-// one-token tile-blocks, whose MMA columns hold sub-blocks.
-template <typename Q, int NT, int THREADS, bool ONE_TOKEN, typename Early>
+// one-token tile-blocks, whose MMA columns hold sub-blocks. PREQUANTISED (nt<N>qp): the activations from the warp's
+// ring, the next tile-block's copied while this one computes.
+template <typename Q, int NT, int THREADS, bool ONE_TOKEN, bool PREQUANTISED, typename Early>
 __device__ __forceinline__ void qg_tile_q8(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K, int part,
                                            int parts, const fp16_t* __restrict__ A, int lda, int m0, int M,
-                                           const unsigned short* __restrict__ amax, QgQ8Scales sc, Early early) {
+                                           const unsigned short* __restrict__ amax, const float* __restrict__ a_da,
+                                           QgQ8Scales sc, const QgQ8Ring& ring, Early early) {
   const int lane = (int)lg_lane_id();
   const int blocks = K / Q::VALUES;
   constexpr int TB = 16 * Q::BYTES;
   typename Q::RawQ8 cur, next;
   if (part < blocks) Q::load_q8(cur, tile + (size_t)part * TB, lane);
-  qg_q8_prologue<NT, THREADS>(sc, amax, lda, K, m0, M, early);
+  if constexpr (PREQUANTISED)
+    qg_q8_prologue_staged<NT, THREADS>(sc, a_da, K, early, [&]() { ring.fill<NT>(part, blocks, 0); });
+  else
+    qg_q8_prologue<NT, THREADS>(sc, amax, lda, K, m0, M, early);
+  int slot = 0;
   for (int b = part; b < blocks; b += parts) {
     if (b + parts < blocks) Q::load_q8(next, tile + (size_t)(b + parts) * TB, lane);
-    if constexpr (ONE_TOKEN && Q::HAS_MIN) {
+    if constexpr (PREQUANTISED) {
+      ring.fill<NT>(b + parts, blocks, slot ^ 1);  // the slot the last tile-block read
+      lg_cp_async_wait<1>();
+      __syncwarp();
+      const QgQ8Staged<NT> rows{reinterpret_cast<const uint2*>(ring.slots + slot * 256 * 8 * NT)};
+      if constexpr (Q::HAS_MIN)
+        qg_tile_block_q8<Q, NT>(acc, cur, rows, b, sc);
+      else
+        qg_tile_block_q8_q6k<NT>(acc, cur, rows, b, sc);
+      __syncwarp();  // every lane's reads of the slot done before it is filled again
+      slot ^= 1;
+    } else if constexpr (ONE_TOKEN && Q::HAS_MIN) {
       qg_tile_block_q8_one<Q>(acc, cur, A, b, sc);
     } else if constexpr (ONE_TOKEN) {
       qg_tile_block_q8_q6k_one(acc, cur, A, b, sc);
     } else if constexpr (Q::HAS_MIN) {
-      qg_tile_block_q8<Q, NT>(acc, cur, A, lda, m0, M, b, sc);
+      qg_tile_block_q8<Q, NT>(acc, cur, QgQ8Rows<NT>(A, lda, m0, M, b, sc), b, sc);
     } else {
-      qg_tile_block_q8_q6k<NT>(acc, cur, A, lda, m0, M, b, sc);
+      qg_tile_block_q8_q6k<NT>(acc, cur, QgQ8Rows<NT>(A, lda, m0, M, b, sc), b, sc);
     }
     cur = next;
   }
@@ -1257,6 +1326,32 @@ quant_gemm_amax(const fp16_t* __restrict__ A, int lda, int K, unsigned short* __
   const int g = blockIdx.x * QG_THREADS + threadIdx.x, m = blockIdx.y;
   if (16 * g >= K) return;
   amax[(size_t)m * (lda / 16) + g] = qg_magnitude(A + (size_t)m * lda + 16 * g, 16);
+}
+
+// The prequantised kernels' activations (nt<N>qp): per token m and block b of 256 values, inv and da from the 16
+// magnitudes as qg_q8_scales makes them and qa = rint(A inv) as QgQ8Rows rounds them (so the same bytes). Tokens go
+// in the launch's groups of 8 NT = group (m = group y + mm), each group's bytes in the order its warps' ring slots
+// hold them (QgQ8Staged), one slot a block of K:
+//   aq[y][b][s][mm][32]  (values 32 s .. 32 s + 31 of the block)      a_da[y][b][mm]
+// zero for the tokens m >= M of the last group. Warp w of block (b, z) takes token 8 z + w, its lane l the values
+// 8 l .. 8 l + 7 (step l / 4's, lane t = l % 4's).
+extern "C" __global__ void __launch_bounds__(QG_THREADS)
+quant_gemm_q8_rows(const fp16_t* __restrict__ A, int lda, const unsigned short* __restrict__ amax, int M, int K,
+                   int group, unsigned char* __restrict__ aq, float* __restrict__ a_da) {
+  lg_launch_dependents();
+  const int b = blockIdx.x, m = 8 * blockIdx.y + (int)(threadIdx.x / LG_WARP_SIZE), lane = (int)lg_lane_id();
+  const int y = m / group, mm = m % group;
+  lg_grid_dependency_wait();  // A and its magnitudes come from the previous kernel, which may still read aq
+  int most = lane < 16 && m < M ? (int)amax[(size_t)m * (lda / 16) + 16 * b + lane] : 0;  // fp16 bits >= 0
+  for (int offset = 16; offset > 0; offset >>= 1) most = max(most, lg_shfl_xor(most, offset));
+  const float a = qg_f16((unsigned)most);
+  const __half inv = __float2half_rz(a > 0.0f ? __fdiv_rn(127.0f, a) : 0.0f);
+  const unsigned inv2 = (unsigned)__half_as_ushort(inv) * 0x00010001u;
+  const uint4 x = m < M ? *reinterpret_cast<const uint4*>(A + (size_t)m * lda + 256 * b + 8 * lane) : uint4{0, 0, 0, 0};
+  const size_t block = (size_t)y * (K / 256) + b;
+  *reinterpret_cast<uint2*>(aq + ((block * 8 + (lane >> 2)) * group + mm) * 32 + 8 * (lane & 3)) =
+      make_uint2(qg_q8_word(x.x, x.y, inv2), qg_q8_word(x.z, x.w, inv2));
+  if (lane == 0) a_da[block * group + mm] = a > 0.0f ? __frcp_rn(__half2float(inv)) : 0.0f;
 }
 
 #define QG_EARLY 768  // floats of a block's early epilogue inputs (quant_gemm's early_in)
@@ -1295,7 +1390,8 @@ __device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int st
     if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
 }
 
-template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN>
+template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN,
+          bool PREQUANTISED>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const fp16_t* __restrict__ A,
                                            int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
                                            int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
@@ -1303,7 +1399,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
                                            fp16_t* __restrict__ xn, float* __restrict__ ss_out,
                                            unsigned long long* __restrict__ argmax_key,
                                            const unsigned short* __restrict__ a_amax,
-                                           unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+                                           unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count,
+                                           const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   constexpr int THREADS = WARPS * LG_WARP_SIZE;
   __shared__ float red[WARPS][NT * 4][LG_WARP_SIZE];
   __shared__ float row_ss[8 * NT];
@@ -1419,29 +1516,43 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     }
   } else
   if (INT8) {  // QuantGemm.kernel takes nt<N>q (nt<N>q6: INT8_OWN) for groups of int8_types alone
-    // the scales: [K / 256][8 NT] da, then as many inv (QuantGemm.kernel's dynamic shared memory)
+    // the scales: [K / 256][8 NT] da, then as many inv, then (PREQUANTISED, no inv) every warp's ring slots
+    // (QuantGemm.kernel's dynamic shared memory: families/quant_gemm.py q8_smem_bytes)
     extern __shared__ __align__(16) unsigned char qg_q8_bytes[];
+    const int da_bytes = K / 256 * 8 * NT * (int)sizeof(float);
     const QgQ8Scales sc = {reinterpret_cast<float*>(qg_q8_bytes),
-                           reinterpret_cast<unsigned short*>(qg_q8_bytes + K / 256 * 8 * NT * sizeof(float))};
+                           reinterpret_cast<unsigned short*>(qg_q8_bytes + da_bytes)};
+    const QgQ8Ring ring = {aq + (size_t)blockIdx.y * (K / 256) * 256 * 8 * NT,
+                           qg_q8_bytes + ((da_bytes + 15) & ~15) + warp * QG_Q8_SLOTS * 256 * 8 * NT};
     const int type = seg >= 0 ? segs.seg[seg].type : -1;
     switch (type) {
       case 1:  // Q4_K
-        qg_tile_q8<QgQ4K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part,
-                                         parts, A, lda, m0, M, a_amax, sc, early_copy);
+        qg_tile_q8<QgQ4K, NT, THREADS, ONE_ROW, PREQUANTISED>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K),
+                                                       K, part, parts, A, lda, m0, M, a_amax,
+                                                       a_da + (size_t)blockIdx.y * (K / 256) * 8 * NT, sc, ring,
+                                                       early_copy);
         break;
       case 2:  // Q5_K
-        qg_tile_q8<QgQ5K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part,
-                                         parts, A, lda, m0, M, a_amax, sc, early_copy);
+        qg_tile_q8<QgQ5K, NT, THREADS, ONE_ROW, PREQUANTISED>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K),
+                                                       K, part, parts, A, lda, m0, M, a_amax,
+                                                       a_da + (size_t)blockIdx.y * (K / 256) * 8 * NT, sc, ring,
+                                                       early_copy);
         break;
       case 3:  // Q6_K: in the twins nt<N>q6 alone (INT8_OWN), whose registers its path sets
         if constexpr (INT8_OWN) {
-          qg_tile_q8<QgQ6K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K), K, part,
-                                           parts, A, lda, m0, M, a_amax, sc, early_copy);
+          qg_tile_q8<QgQ6K, NT, THREADS, ONE_ROW, PREQUANTISED>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K),
+                                                         K, part, parts, A, lda, m0, M, a_amax,
+                                                         a_da + (size_t)blockIdx.y * (K / 256) * 8 * NT, sc, ring,
+                                                         early_copy);
           break;
         }
         [[fallthrough]];
       default:  // no tile: the scales' share and barrier all the same
-        qg_q8_prologue<NT, THREADS>(sc, a_amax, lda, K, m0, M, early_copy);
+        if constexpr (PREQUANTISED)
+          qg_q8_prologue_staged<NT, THREADS>(sc, a_da + (size_t)blockIdx.y * (K / 256) * 8 * NT, K, early_copy,
+                                             []() { lg_cp_async_commit(); });
+        else
+          qg_q8_prologue<NT, THREADS>(sc, a_amax, lda, K, m0, M, early_copy);
     }
   } else
   if (RING) {  // the warps' rings, each QG_RING_STAGES slots of the launch's largest tile-block; ring_types alone
@@ -1604,11 +1715,11 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 8, true, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1617,11 +1728,11 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1630,11 +1741,11 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<2, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1643,11 +1754,11 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<3, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1656,11 +1767,11 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<4, 8, false, false, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1669,11 +1780,11 @@ quant_gemm_nt2s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<2, 8, false, true, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1682,11 +1793,11 @@ quant_gemm_nt3s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<3, 8, false, true, false,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1695,11 +1806,11 @@ quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 8, true, false, true,
-             false, false, false>(
+             false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1708,11 +1819,11 @@ quant_gemm_nt2w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<2, 8, false, false, false,
-             true, false, false>(
+             true, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1721,11 +1832,11 @@ quant_gemm_nt3w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<3, 8, false, false, false,
-             true, false, false>(
+             true, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1734,11 +1845,11 @@ quant_gemm_nt1q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 4, false, false, false,
-             false, true, false>(
+             false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1747,11 +1858,11 @@ quant_gemm_nt2q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<2, 4, false, false, false,
-             false, true, false>(
+             false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1760,11 +1871,11 @@ quant_gemm_nt3q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<3, 4, false, false, false,
-             false, true, false>(
+             false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 2)
@@ -1773,11 +1884,50 @@ quant_gemm_nt4q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<4, 4, false, false, false,
-             false, true, false>(
+             false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_nt2qp(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+  quant_gemm<2, 4, false, false, false,
+             false, true, false, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_nt3qp(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+  quant_gemm<3, 4, false, false, false,
+             false, true, false, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 2)
+quant_gemm_nt4qp(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+  quant_gemm<4, 4, false, false, false,
+             false, true, false, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
@@ -1786,11 +1936,11 @@ quant_gemm_nt1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const 
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 4, false, false, false,
-             false, true, false>(
+             false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1799,11 +1949,11 @@ quant_gemm_m1q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 4, true, false, false,
-             false, true, false>(
+             false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
@@ -1812,11 +1962,11 @@ quant_gemm_m1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const f
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 4, true, false, false,
-             false, true, false>(
+             false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1825,11 +1975,11 @@ quant_gemm_nt1q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 4, false, false, false,
-             false, true, true>(
+             false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1838,11 +1988,11 @@ quant_gemm_nt2q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<2, 4, false, false, false,
-             false, true, true>(
+             false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1851,11 +2001,11 @@ quant_gemm_nt3q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<3, 4, false, false, false,
-             false, true, true>(
+             false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 2)
@@ -1864,11 +2014,50 @@ quant_gemm_nt4q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<4, 4, false, false, false,
-             false, true, true>(
+             false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_nt2q6p(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+  quant_gemm<2, 4, false, false, false,
+             false, true, true, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
+quant_gemm_nt3q6p(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+  quant_gemm<3, 4, false, false, false,
+             false, true, true, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+}
+
+extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 2)
+quant_gemm_nt4q6p(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
+                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
+                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
+                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+  quant_gemm<4, 4, false, false, false,
+             false, true, true, true>(
+      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
@@ -1877,11 +2066,11 @@ quant_gemm_nt1q6_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 4, false, false, false,
-             false, true, true>(
+             false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1890,11 +2079,11 @@ quant_gemm_m1q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 4, true, false, false,
-             false, true, true>(
+             false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
@@ -1903,9 +2092,9 @@ quant_gemm_m1q6_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const 
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
   quant_gemm<1, 4, true, false, false,
-             false, true, true>(
+             false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count);
+      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
 }
