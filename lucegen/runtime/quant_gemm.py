@@ -269,9 +269,11 @@ class QuantMatrix:
 
 class QuantGemm:
     """The quantised GEMM module on ``device`` with the three epilogues of the prefill contract; the row scale
-    completes the RMSNorm over ``norm_dim`` columns with epsilon ``eps`` (the model's hidden size and rms_norm_eps)."""
+    completes the RMSNorm over ``norm_dim`` columns with epsilon ``eps`` (the model's hidden size and rms_norm_eps).
+    ``max_k``: the longest K of the int8 groups to come, whose prequantised launches' workspace is then allocated
+    here, before the matrices (allocated between them, it cost the 27B's decode step 4%: H100, notes session 58)."""
 
-    def __init__(self, device, target, norm_dim: int, eps: float):
+    def __init__(self, device, target, norm_dim: int, eps: float, max_k: int = 0):
         self.device, self.target, self.norm_dim, self.eps = device, target, norm_dim, eps
         self.module = device.load(codegen.build(target, "quant_gemm"))
         self.functions, self.kernels, self.static_smem = {}, {}, {}
@@ -303,6 +305,7 @@ class QuantGemm:
         # captured later keeps its addresses), and every size kept until free()
         self.q8_k, self.q8_buffers = 0, []
         self.use_prequantised = True  # nt<N>qp where they apply (tools/quant_gemm_bench.py --prequantised 0,1)
+        self._reserve_q8(max_k)
         self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
         self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
         self.use_one_row = True  # m1q.. for one-row int8 launches (tools/quant_gemm_bench.py --one-row 0,1 compares)
@@ -321,11 +324,16 @@ class QuantGemm:
         activations if the group holds INT8_TYPES alone and the module takes them (:attr:`int8`), its launches then
         needing their input's magnitudes (``a_amax``)."""
         int8 = int8 and self.int8 and all(s[0] in INT8_TYPES for s in segments)
-        if int8 and K > self.q8_k:
+        if int8:
+            self._reserve_q8(K)
+        return QuantMatrix(self.device, segments, K, pair=pair, int8=int8)
+
+    def _reserve_q8(self, K: int) -> None:
+        """The prequantised launches' workspace for K columns: int8 activations and their da (PREQUANTISED_ROWS rows)."""
+        if self.int8 and K > self.q8_k:
             self.q8_k = K
             self.q8_buffers.append(self.device.alloc(PREQUANTISED_ROWS * K))  # aq
             self.q8_buffers.append(self.device.alloc(PREQUANTISED_ROWS * K // 256 * 4))  # da
-        return QuantMatrix(self.device, segments, K, pair=pair, int8=int8)
 
     @staticmethod
     def warps(W: QuantMatrix) -> int:
@@ -425,8 +433,8 @@ class QuantGemm:
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
             address(xn), address(ss_out), address(argmax_key), address(a_amax), address(amax_out),
-            address(self.ss_count.ptr if ss_out and self.row_totals(M) else 0), address(aq), address(a_da)),
-            smem=smem, stream=stream)
+            address(self.ss_count.ptr if ss_out and self.row_totals(M) else 0))
+            + ((address(aq), address(a_da)) if aq else ()), smem=smem, stream=stream)
 
     def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:

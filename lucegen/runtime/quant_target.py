@@ -110,7 +110,9 @@ class QuantDecoder(SequenceState):
             raise LucegenError(f"max_context {max_context} exceeds the model's max_position_embeddings "
                                f"{c.max_position_embeddings}")
         self.max_context = max_context
-        self.qgemm = QuantGemm(self.device, self.target, c.hidden_size, c.rms_norm_eps)
+        self.qgemm = QuantGemm(self.device, self.target, c.hidden_size, c.rms_norm_eps,
+                               max_k=max(c.hidden_size, c.intermediate_size, c.linear_value_dim,
+                                         c.num_attention_heads * c.head_dim))
         embed_type = self.checkpoint.dtype("embed_tokens.weight")
         module = self.device.load(codegen.build(self.target, "quant_matvec"))
         self.embed_fn = module.function(f"embed_{embed_type.lower()}")

@@ -1263,37 +1263,20 @@ __device__ __forceinline__ void qg_q8_prologue_staged(QgQ8Scales sc, const float
 
 // qg_tile with int8 activations: tile-blocks b = part, part + parts, .., the next one's bytes loaded while this one
 // computes; the block's scales (qg_q8_prologue) made while the first one loads. ONE_TOKEN (m1q, M = 1): the
-// one-token tile-blocks, whose MMA columns hold sub-blocks. PREQUANTISED (nt<N>qp): the activations from the warp's
-// ring, the next tile-block's copied while this one computes.
-template <typename Q, int NT, int THREADS, bool ONE_TOKEN, bool PREQUANTISED, typename Early>
+// one-token tile-blocks, whose MMA columns hold sub-blocks.
+template <typename Q, int NT, int THREADS, bool ONE_TOKEN, typename Early>
 __device__ __forceinline__ void qg_tile_q8(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K, int part,
                                            int parts, const fp16_t* __restrict__ A, int lda, int m0, int M,
-                                           const unsigned short* __restrict__ amax, const float* __restrict__ a_da,
-                                           QgQ8Scales sc, const QgQ8Ring& ring, Early early) {
+                                           const unsigned short* __restrict__ amax, QgQ8Scales sc, Early early) {
   const int lane = (int)lg_lane_id();
   const int blocks = K / Q::VALUES;
   constexpr int TB = 16 * Q::BYTES;
   typename Q::RawQ8 cur, next;
   if (part < blocks) Q::load_q8(cur, tile + (size_t)part * TB, lane);
-  if constexpr (PREQUANTISED)
-    qg_q8_prologue_staged<NT, THREADS>(sc, a_da, K, early, [&]() { ring.fill<NT>(part, blocks, 0); });
-  else
-    qg_q8_prologue<NT, THREADS>(sc, amax, lda, K, m0, M, early);
-  int slot = 0;
+  qg_q8_prologue<NT, THREADS>(sc, amax, lda, K, m0, M, early);
   for (int b = part; b < blocks; b += parts) {
     if (b + parts < blocks) Q::load_q8(next, tile + (size_t)(b + parts) * TB, lane);
-    if constexpr (PREQUANTISED) {
-      ring.fill<NT>(b + parts, blocks, slot ^ 1);  // the slot the last tile-block read
-      lg_cp_async_wait<1>();
-      __syncwarp();
-      const QgQ8Staged<NT> rows{reinterpret_cast<const uint2*>(ring.slots + slot * 256 * 8 * NT)};
-      if constexpr (Q::HAS_MIN)
-        qg_tile_block_q8<Q, NT>(acc, cur, rows, b, sc);
-      else
-        qg_tile_block_q8_q6k<NT>(acc, cur, rows, b, sc);
-      __syncwarp();  // every lane's reads of the slot done before it is filled again
-      slot ^= 1;
-    } else if constexpr (ONE_TOKEN && Q::HAS_MIN) {
+    if constexpr (ONE_TOKEN && Q::HAS_MIN) {
       qg_tile_block_q8_one<Q>(acc, cur, A, b, sc);
     } else if constexpr (ONE_TOKEN) {
       qg_tile_block_q8_q6k_one(acc, cur, A, b, sc);
@@ -1302,6 +1285,37 @@ __device__ __forceinline__ void qg_tile_q8(float (&acc)[NT][4], const unsigned c
     } else {
       qg_tile_block_q8_q6k<NT>(acc, cur, QgQ8Rows<NT>(A, lda, m0, M, b, sc), b, sc);
     }
+    cur = next;
+  }
+}
+
+// qg_tile_q8 of the prequantised kernels (nt<N>qp): the same tile-blocks in the same order, their activations from
+// the warp's ring (a_da: the block's token group's da), the next tile-block's copied while this one computes. A
+// function of its own: with this walk inside qg_tile_q8, m1q's loops, which share none of it, were scheduled
+// otherwise by the H100's NVRTC 13.0, and the decode step lost 4% (notes session 58).
+template <typename Q, int NT, int THREADS, typename Early>
+__device__ __forceinline__ void qg_tile_q8_staged(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K,
+                                                  int part, int parts, const float* __restrict__ a_da, QgQ8Scales sc,
+                                                  const QgQ8Ring& ring, Early early) {
+  const int lane = (int)lg_lane_id();
+  const int blocks = K / Q::VALUES;
+  constexpr int TB = 16 * Q::BYTES;
+  typename Q::RawQ8 cur, next;
+  if (part < blocks) Q::load_q8(cur, tile + (size_t)part * TB, lane);
+  qg_q8_prologue_staged<NT, THREADS>(sc, a_da, K, early, [&]() { ring.fill<NT>(part, blocks, 0); });
+  int slot = 0;
+  for (int b = part; b < blocks; b += parts) {
+    if (b + parts < blocks) Q::load_q8(next, tile + (size_t)(b + parts) * TB, lane);
+    ring.fill<NT>(b + parts, blocks, slot ^ 1);  // the slot the last tile-block read
+    lg_cp_async_wait<1>();
+    __syncwarp();
+    const QgQ8Staged<NT> rows{reinterpret_cast<const uint2*>(ring.slots + slot * 256 * 8 * NT)};
+    if constexpr (Q::HAS_MIN)
+      qg_tile_block_q8<Q, NT>(acc, cur, rows, b, sc);
+    else
+      qg_tile_block_q8_q6k<NT>(acc, cur, rows, b, sc);
+    __syncwarp();  // every lane's reads of the slot done before it is filled again
+    slot ^= 1;
     cur = next;
   }
 }
@@ -1516,41 +1530,49 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     }
   } else
   if (INT8) {  // QuantGemm.kernel takes nt<N>q (nt<N>q6: INT8_OWN) for groups of int8_types alone
-    // the scales: [K / 256][8 NT] da, then as many inv, then (PREQUANTISED, no inv) every warp's ring slots
-    // (QuantGemm.kernel's dynamic shared memory: families/quant_gemm.py q8_smem_bytes)
+    // the scales: [K / 256][8 NT] da, then as many inv (QuantGemm.kernel's dynamic shared memory)
     extern __shared__ __align__(16) unsigned char qg_q8_bytes[];
-    const int da_bytes = K / 256 * 8 * NT * (int)sizeof(float);
     const QgQ8Scales sc = {reinterpret_cast<float*>(qg_q8_bytes),
-                           reinterpret_cast<unsigned short*>(qg_q8_bytes + da_bytes)};
-    const QgQ8Ring ring = {aq + (size_t)blockIdx.y * (K / 256) * 256 * 8 * NT,
-                           qg_q8_bytes + ((da_bytes + 15) & ~15) + warp * QG_Q8_SLOTS * 256 * 8 * NT};
+                           reinterpret_cast<unsigned short*>(qg_q8_bytes + K / 256 * 8 * NT * sizeof(float))};
+    // PREQUANTISED: no inv; every warp's ring slots after da, and the block's token group's bytes and da
+    // (families/quant_gemm.py q8_smem_bytes)
+    auto ring = [&]() {
+      return QgQ8Ring{aq + (size_t)blockIdx.y * (K / 256) * 256 * 8 * NT,
+                      qg_q8_bytes + ((K / 256 * 8 * NT * 4 + 15) & ~15) + warp * QG_Q8_SLOTS * 256 * 8 * NT};
+    };
+    const float* group_da = a_da + (size_t)blockIdx.y * (K / 256) * 8 * NT;
     const int type = seg >= 0 ? segs.seg[seg].type : -1;
     switch (type) {
       case 1:  // Q4_K
-        qg_tile_q8<QgQ4K, NT, THREADS, ONE_ROW, PREQUANTISED>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K),
-                                                       K, part, parts, A, lda, m0, M, a_amax,
-                                                       a_da + (size_t)blockIdx.y * (K / 256) * 8 * NT, sc, ring,
-                                                       early_copy);
+        if constexpr (PREQUANTISED)
+  qg_tile_q8_staged<QgQ4K, NT, THREADS>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+                                          parts, group_da, sc, ring(), early_copy);
+else
+  qg_tile_q8<QgQ4K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+                                           parts, A, lda, m0, M, a_amax, sc, early_copy);
         break;
       case 2:  // Q5_K
-        qg_tile_q8<QgQ5K, NT, THREADS, ONE_ROW, PREQUANTISED>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K),
-                                                       K, part, parts, A, lda, m0, M, a_amax,
-                                                       a_da + (size_t)blockIdx.y * (K / 256) * 8 * NT, sc, ring,
-                                                       early_copy);
+        if constexpr (PREQUANTISED)
+  qg_tile_q8_staged<QgQ5K, NT, THREADS>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+                                          parts, group_da, sc, ring(), early_copy);
+else
+  qg_tile_q8<QgQ5K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+                                           parts, A, lda, m0, M, a_amax, sc, early_copy);
         break;
       case 3:  // Q6_K: in the twins nt<N>q6 alone (INT8_OWN), whose registers its path sets
         if constexpr (INT8_OWN) {
-          qg_tile_q8<QgQ6K, NT, THREADS, ONE_ROW, PREQUANTISED>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K),
-                                                         K, part, parts, A, lda, m0, M, a_amax,
-                                                         a_da + (size_t)blockIdx.y * (K / 256) * 8 * NT, sc, ring,
-                                                         early_copy);
+          if constexpr (PREQUANTISED)
+    qg_tile_q8_staged<QgQ6K, NT, THREADS>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+                                            parts, group_da, sc, ring(), early_copy);
+  else
+    qg_tile_q8<QgQ6K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K), K, part,
+                                             parts, A, lda, m0, M, a_amax, sc, early_copy);
           break;
         }
         [[fallthrough]];
       default:  // no tile: the scales' share and barrier all the same
         if constexpr (PREQUANTISED)
-          qg_q8_prologue_staged<NT, THREADS>(sc, a_da + (size_t)blockIdx.y * (K / 256) * 8 * NT, K, early_copy,
-                                             []() { lg_cp_async_commit(); });
+          qg_q8_prologue_staged<NT, THREADS>(sc, group_da, K, early_copy, []() { lg_cp_async_commit(); });
         else
           qg_q8_prologue<NT, THREADS>(sc, a_amax, lda, K, m0, M, early_copy);
     }
@@ -1715,11 +1737,13 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 8, true, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1728,11 +1752,13 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1741,11 +1767,13 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1754,11 +1782,13 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1767,11 +1797,13 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1780,11 +1812,13 @@ quant_gemm_nt2s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 8, false, true, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
@@ -1793,11 +1827,13 @@ quant_gemm_nt3s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 8, false, true, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1806,11 +1842,13 @@ quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 8, true, false, true,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1819,11 +1857,13 @@ quant_gemm_nt2w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 8, false, false, false,
              true, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
@@ -1832,11 +1872,13 @@ quant_gemm_nt3w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 8, false, false, false,
              true, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1845,11 +1887,13 @@ quant_gemm_nt1q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, false, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1858,11 +1902,13 @@ quant_gemm_nt2q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 4, false, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1871,11 +1917,13 @@ quant_gemm_nt3q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 4, false, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 2)
@@ -1884,11 +1932,13 @@ quant_gemm_nt4q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 4, false, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1897,7 +1947,10 @@ quant_gemm_nt2qp(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
+                 const float* __restrict__ a_da) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 4, false, false, false,
              false, true, false, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1910,7 +1963,10 @@ quant_gemm_nt3qp(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
+                 const float* __restrict__ a_da) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 4, false, false, false,
              false, true, false, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1923,7 +1979,10 @@ quant_gemm_nt4qp(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
+                 const float* __restrict__ a_da) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 4, false, false, false,
              false, true, false, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1936,11 +1995,13 @@ quant_gemm_nt1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const 
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, false, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1949,11 +2010,13 @@ quant_gemm_m1q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, true, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
@@ -1962,11 +2025,13 @@ quant_gemm_m1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const f
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, true, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1975,11 +2040,13 @@ quant_gemm_nt1q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, false, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -1988,11 +2055,13 @@ quant_gemm_nt2q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 4, false, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -2001,11 +2070,13 @@ quant_gemm_nt3q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 4, false, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 2)
@@ -2014,11 +2085,13 @@ quant_gemm_nt4q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 4, false, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -2027,7 +2100,10 @@ quant_gemm_nt2q6p(const __grid_constant__ QgSegmentTable segs, int nseg, const f
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
+                 const float* __restrict__ a_da) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 4, false, false, false,
              false, true, true, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2040,7 +2116,10 @@ quant_gemm_nt3q6p(const __grid_constant__ QgSegmentTable segs, int nseg, const f
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
+                 const float* __restrict__ a_da) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 4, false, false, false,
              false, true, true, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2053,7 +2132,10 @@ quant_gemm_nt4q6p(const __grid_constant__ QgSegmentTable segs, int nseg, const f
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
+                 const float* __restrict__ a_da) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 4, false, false, false,
              false, true, true, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2066,11 +2148,13 @@ quant_gemm_nt1q6_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, false, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 3)
@@ -2079,11 +2163,13 @@ quant_gemm_m1q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, true, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(4 * LG_WARP_SIZE, 4)
@@ -2092,9 +2178,11 @@ quant_gemm_m1q6_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const 
                  void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, fp16_t* __restrict__ xn,
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
+                 unsigned* __restrict__ ss_count) {
+  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
+  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, true, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, aq, a_da);
+      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
 }
