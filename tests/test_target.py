@@ -359,19 +359,22 @@ def test_quant_table_sets_the_quantised_targets_compute_type():
 
 def test_int8_activations_give_the_quantised_variant_its_int8_kernels():
     """[quant] int8_activations on: the fp16 variant renders quant_gemm_nt<N>q (mma m16n8k32 s8) and nt1q at its other
-    residencies (nt1q_r4), the one-token kernels at both (m1q, m1q_r4), and their twins for groups holding Q6_K
-    (nt<N>q6, m1q6..), the descriptor's own bf16 render does not; without the key (off) the variant has none."""
+    residencies (nt1q_r4), the one-token kernels at both (m1q, m1q_r4), the prequantised nt<N>qp for PREQUANTISED_NT,
+    and their twins for groups holding Q6_K (nt<N>q6, m1q6.., nt<N>q6p), the descriptor's own bf16 render does not;
+    without the key (off) the variant has none."""
     from lucegen import codegen
-    from lucegen.families.quant_gemm import NT_MAX, instances
+    from lucegen.families.quant_gemm import NT_MAX, PREQUANTISED_NT, instances
 
     data = copy.deepcopy(RAW["sm_90"])
     data["quant"]["int8_activations"] = True
     t = target_from_dict(data, "sm_90.toml")
     q = t.quantised_target()
-    names = [f"nt{n}q" for n in range(1, NT_MAX + 1)] + ["nt1q_r4", "m1q", "m1q_r4"]
+    names = ([f"nt{n}q" for n in range(1, NT_MAX + 1)] + [f"nt{n}qp" for n in PREQUANTISED_NT]
+             + ["nt1q_r4", "m1q", "m1q_r4"])
     assert [k.name for k in instances(q) if k.int8] == names + [n.replace("q", "q6") for n in names]
     assert [k.own_types for k in instances(q) if k.int8] == [False] * len(names) + [True] * len(names)
     assert [k.one_row for k in instances(q) if k.int8] == [n.startswith("m1") for n in names] * 2
+    assert [k.prequantised for k in instances(q) if k.int8] == [n.endswith("p") for n in names] * 2
     one_group = ("nt1q", "nt1q_r4", "nt1q6", "nt1q6_r4", "m1q", "m1q_r4", "m1q6", "m1q6_r4")
     by_name = {k.name: k.blocks_per_cu for k in instances(q)}
     assert [by_name[n] for n in one_group] == [3, 4, 3, 4, 3, 4, 3, 4]
