@@ -1140,6 +1140,8 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     }
   }
 }
+// The kernels (families/quant_gemm.py instances); the prequantised ones (nt<N>qp) alone take quant_gemm_q8_rows'
+// bytes, aq and a_da, and the others' parameters are what they were before those kernels existed.
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
@@ -1148,8 +1150,6 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 8, true, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1163,8 +1163,6 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1178,8 +1176,6 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1193,8 +1189,6 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1208,8 +1202,6 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1223,8 +1215,6 @@ quant_gemm_nt2s(const __grid_constant__ QgSegmentTable segs, int nseg, const bf1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 8, false, true, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1238,8 +1228,6 @@ quant_gemm_nt3s(const __grid_constant__ QgSegmentTable segs, int nseg, const bf1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 8, false, true, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1253,8 +1241,6 @@ quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 8, true, false, true,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1268,8 +1254,6 @@ quant_gemm_nt2w(const __grid_constant__ QgSegmentTable segs, int nseg, const bf1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 8, false, false, false,
              true, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1283,8 +1267,6 @@ quant_gemm_nt3w(const __grid_constant__ QgSegmentTable segs, int nseg, const bf1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 8, false, false, false,
              true, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,

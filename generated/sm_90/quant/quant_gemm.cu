@@ -1730,6 +1730,8 @@ else
     }
   }
 }
+// The kernels (families/quant_gemm.py instances); the prequantised ones (nt<N>qp) alone take quant_gemm_q8_rows'
+// bytes, aq and a_da, and the others' parameters are what they were before those kernels existed.
 
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
 quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_t* __restrict__ A, int lda, int M, int K,
@@ -1738,8 +1740,6 @@ quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16_
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 8, true, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1753,8 +1753,6 @@ quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1768,8 +1766,6 @@ quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1783,8 +1779,6 @@ quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1798,8 +1792,6 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 8, false, false, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1813,8 +1805,6 @@ quant_gemm_nt2s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 8, false, true, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1828,8 +1818,6 @@ quant_gemm_nt3s(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 8, false, true, false,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1843,8 +1831,6 @@ quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 8, true, false, true,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1858,8 +1844,6 @@ quant_gemm_nt2w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 8, false, false, false,
              true, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1873,8 +1857,6 @@ quant_gemm_nt3w(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 8, false, false, false,
              true, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1888,8 +1870,6 @@ quant_gemm_nt1q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, false, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1903,8 +1883,6 @@ quant_gemm_nt2q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 4, false, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1918,8 +1896,6 @@ quant_gemm_nt3q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 4, false, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1933,8 +1909,6 @@ quant_gemm_nt4q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 4, false, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1949,8 +1923,6 @@ quant_gemm_nt2qp(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
                  const float* __restrict__ a_da) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 4, false, false, false,
              false, true, false, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1965,8 +1937,6 @@ quant_gemm_nt3qp(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
                  const float* __restrict__ a_da) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 4, false, false, false,
              false, true, false, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1981,8 +1951,6 @@ quant_gemm_nt4qp(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
                  const float* __restrict__ a_da) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 4, false, false, false,
              false, true, false, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -1996,8 +1964,6 @@ quant_gemm_nt1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const 
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, false, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2011,8 +1977,6 @@ quant_gemm_m1q(const __grid_constant__ QgSegmentTable segs, int nseg, const fp16
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, true, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2026,8 +1990,6 @@ quant_gemm_m1q_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const f
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, true, false, false,
              false, true, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2041,8 +2003,6 @@ quant_gemm_nt1q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, false, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2056,8 +2016,6 @@ quant_gemm_nt2q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 4, false, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2071,8 +2029,6 @@ quant_gemm_nt3q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 4, false, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2086,8 +2042,6 @@ quant_gemm_nt4q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 4, false, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2102,8 +2056,6 @@ quant_gemm_nt2q6p(const __grid_constant__ QgSegmentTable segs, int nseg, const f
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
                  const float* __restrict__ a_da) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<2, 4, false, false, false,
              false, true, true, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2118,8 +2070,6 @@ quant_gemm_nt3q6p(const __grid_constant__ QgSegmentTable segs, int nseg, const f
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
                  const float* __restrict__ a_da) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<3, 4, false, false, false,
              false, true, true, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2134,8 +2084,6 @@ quant_gemm_nt4q6p(const __grid_constant__ QgSegmentTable segs, int nseg, const f
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count, const unsigned char* __restrict__ aq,
                  const float* __restrict__ a_da) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<4, 4, false, false, false,
              false, true, true, true>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2149,8 +2097,6 @@ quant_gemm_nt1q6_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, false, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2164,8 +2110,6 @@ quant_gemm_m1q6(const __grid_constant__ QgSegmentTable segs, int nseg, const fp1
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, true, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
@@ -2179,8 +2123,6 @@ quant_gemm_m1q6_r4(const __grid_constant__ QgSegmentTable segs, int nseg, const 
                  float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
-  // (the others' parameters end at ss_count: a longer list moved the schedule of m1q's loops on the H100's NVRTC
-  // 13.0, and the decode step lost 4%, notes session 58)
   quant_gemm<1, 4, true, false, false,
              false, true, true, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
