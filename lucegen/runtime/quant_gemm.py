@@ -270,8 +270,8 @@ class QuantMatrix:
 class QuantGemm:
     """The quantised GEMM module on ``device`` with the three epilogues of the prefill contract; the row scale
     completes the RMSNorm over ``norm_dim`` columns with epsilon ``eps`` (the model's hidden size and rms_norm_eps).
-    ``max_k``: the longest K of the int8 groups to come, whose prequantised launches' workspace is then allocated
-    here, before the matrices (allocated between them, it cost the 27B's decode step 4%: H100, notes session 58)."""
+    ``max_k``: the longest K of the int8 groups to come, so that the prequantised launches' workspace is one
+    allocation, made here (else :meth:`matrix` grows it as the groups come)."""
 
     def __init__(self, device, target, norm_dim: int, eps: float, max_k: int = 0):
         self.device, self.target, self.norm_dim, self.eps = device, target, norm_dim, eps
@@ -300,9 +300,10 @@ class QuantGemm:
         self.int8 = has_int8(target)
         self.amax_fn = self.module.function("quant_gemm_amax") if self.int8 else None
         self.q8_rows_fn = self.module.function("quant_gemm_q8_rows", programmatic=True) if self.int8 else None
-        # the prequantised launches' int8 activations [K / 32][M][32] and da [K / 256][M], for PREQUANTISED_ROWS rows
-        # of the longest K of this module's int8 groups: sized as matrix() builds them, before any launch (a graph
-        # captured later keeps its addresses), and every size kept until free()
+        # the prequantised launches' int8 activations and da (quant_gemm_q8_rows' layout: token group by token group)
+        # for PREQUANTISED_ROWS rows of the longest K of this module's int8 groups: sized before any launch (max_k, or
+        # as matrix() builds the groups; a graph captured later keeps its addresses), every size kept until free(),
+        # and one launch's at a time, as ss_count (launches on one stream)
         self.q8_k, self.q8_buffers = 0, []
         self.use_prequantised = True  # nt<N>qp where they apply (tools/quant_gemm_bench.py --prequantised 0,1)
         self._reserve_q8(max_k)
