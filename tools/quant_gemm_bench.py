@@ -19,7 +19,8 @@ descriptor's [quant] int8_activations is off). The kernels are the quantised tar
 [quant] compute_dtype); ``--descriptor-dtype`` times them in the descriptor's own.
 
     python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--one-row 0,1]
-                                      [--prequantised 0,1] [--wgmma 0,1] [--int8 0,1 --int8-kernels] [--descriptor-dtype] [--norm]
+                                      [--prequantised 0,1] [--wgmma 0,1] [--int8 0,1 --int8-kernels]
+                                      [--descriptor-dtype] [--norm]
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ class QuantGemm:
         return QuantMatrix(self.device, segments, K, pair=pair, int8=int8)
 
     def _reserve_q8(self, K: int) -> None:
-        """The prequantised launches' workspace for K columns: int8 activations and their da (PREQUANTISED_ROWS rows)."""
+        """The prequantised launches' workspace for K columns: int8 activations and da of PREQUANTISED_ROWS rows."""
         if self.int8 and K > self.q8_k:
             self.q8_k = K
             self.q8_buffers.append(self.device.alloc(PREQUANTISED_ROWS * K))  # aq
