@@ -1232,6 +1232,7 @@ __device__ __forceinline__ void qg_tile_block_q8_q6k_one(float (&acc)[1][4], con
 #define QG_Q8_SLOTS 2
 struct QgQ8Ring {
   const unsigned char* aq;  // the block's token group's bytes of quant_gemm_q8_rows: a slot's worth per block of K
+  const float* da;  // and its da [b][mm]
   unsigned char* slots;  // this warp's QG_Q8_SLOTS slots of 256 x 8 NT bytes
   // Copy tile-block b's activations into slot, and commit them as one group (an empty one past the last block, so
   // that every tile-block waits for the same count).
@@ -1246,15 +1247,14 @@ struct QgQ8Ring {
     lg_cp_async_commit();
   }
 };
-// The prequantised launch's prologue: the dependency wait, the block's da [b][mm] copied from a_da (its token
-// group's), then first() (the warp's first slot, or an empty group); every thread of the block takes part, then a
-// block barrier.
+// The prequantised launch's prologue: the dependency wait, the block's da (ring.da) copied into sc, then first()
+// (the warp's first slot, or an empty group); every thread of the block takes part, then a block barrier.
 template <int NT, int THREADS, typename Early, typename First>
-__device__ __forceinline__ void qg_q8_prologue_staged(QgQ8Scales sc, const float* __restrict__ a_da, int K,
-                                                      Early early, First first) {
+__device__ __forceinline__ void qg_q8_prologue_staged(QgQ8Scales sc, const QgQ8Ring& ring, int K, Early early,
+                                                      First first) {
   lg_grid_dependency_wait();
   early();
-  for (int i = 4 * threadIdx.x; i < K / 256 * 8 * NT; i += 4 * THREADS) lg_copy16(sc.da + i, a_da + i);
+  for (int i = 4 * threadIdx.x; i < K / 256 * 8 * NT; i += 4 * THREADS) lg_copy16(sc.da + i, ring.da + i);
   lg_cp_async_commit();
   first();
   lg_cp_async_wait<1>();  // the scales (the first slot may still be on its way)
@@ -1290,19 +1290,19 @@ __device__ __forceinline__ void qg_tile_q8(float (&acc)[NT][4], const unsigned c
 }
 
 // qg_tile_q8 of the prequantised kernels (nt<N>qp): the same tile-blocks in the same order, their activations from
-// the warp's ring (a_da: the block's token group's da), the next tile-block's copied while this one computes. A
+// the warp's ring, the next tile-block's copied while this one computes. A
 // function of its own: with this walk inside qg_tile_q8, m1q's loops, which share none of it, were scheduled
 // otherwise by the H100's NVRTC 13.0, and the decode step lost 4% (notes session 58).
 template <typename Q, int NT, int THREADS, typename Early>
 __device__ __forceinline__ void qg_tile_q8_staged(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K,
-                                                  int part, int parts, const float* __restrict__ a_da, QgQ8Scales sc,
-                                                  const QgQ8Ring& ring, Early early) {
+                                                  int part, int parts, QgQ8Scales sc, const QgQ8Ring& ring,
+                                                  Early early) {
   const int lane = (int)lg_lane_id();
   const int blocks = K / Q::VALUES;
   constexpr int TB = 16 * Q::BYTES;
   typename Q::RawQ8 cur, next;
   if (part < blocks) Q::load_q8(cur, tile + (size_t)part * TB, lane);
-  qg_q8_prologue_staged<NT, THREADS>(sc, a_da, K, early, [&]() { ring.fill<NT>(part, blocks, 0); });
+  qg_q8_prologue_staged<NT, THREADS>(sc, ring, K, early, [&]() { ring.fill<NT>(part, blocks, 0); });
   int slot = 0;
   for (int b = part; b < blocks; b += parts) {
     if (b + parts < blocks) Q::load_q8(next, tile + (size_t)(b + parts) * TB, lane);
@@ -1358,6 +1358,8 @@ quant_gemm_q8_rows(const fp16_t* __restrict__ A, int lda, const unsigned short* 
   lg_grid_dependency_wait();  // A and its magnitudes come from the previous kernel, which may still read aq
   int most = lane < 16 && m < M ? (int)amax[(size_t)m * (lda / 16) + 16 * b + lane] : 0;  // fp16 bits >= 0
   for (int offset = 16; offset > 0; offset >>= 1) most = max(most, lg_shfl_xor(most, offset));
+  // inv and da as qg_q8_scales writes them (its text is left as it is: a helper shared with it moved the schedule
+  // of m1q's loops, notes session 58)
   const float a = qg_f16((unsigned)most);
   const __half inv = __float2half_rz(a > 0.0f ? __fdiv_rn(127.0f, a) : 0.0f);
   const unsigned inv2 = (unsigned)__half_as_ushort(inv) * 0x00010001u;
@@ -1534,19 +1536,19 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     extern __shared__ __align__(16) unsigned char qg_q8_bytes[];
     const QgQ8Scales sc = {reinterpret_cast<float*>(qg_q8_bytes),
                            reinterpret_cast<unsigned short*>(qg_q8_bytes + K / 256 * 8 * NT * sizeof(float))};
-    // PREQUANTISED: no inv; every warp's ring slots after da, and the block's token group's bytes and da
+    // PREQUANTISED: the block's token group's bytes and da, and (no inv) every warp's ring slots after da
     // (families/quant_gemm.py q8_smem_bytes)
     auto ring = [&]() {
-      return QgQ8Ring{aq + (size_t)blockIdx.y * (K / 256) * 256 * 8 * NT,
+      const size_t group = (size_t)blockIdx.y * (K / 256) * 8 * NT;  // the group's blocks of K x tokens
+      return QgQ8Ring{aq + 256 * group, a_da + group,
                       qg_q8_bytes + ((K / 256 * 8 * NT * 4 + 15) & ~15) + warp * QG_Q8_SLOTS * 256 * 8 * NT};
     };
-    const float* group_da = a_da + (size_t)blockIdx.y * (K / 256) * 8 * NT;
     const int type = seg >= 0 ? segs.seg[seg].type : -1;
     switch (type) {
       case 1:  // Q4_K
         if constexpr (PREQUANTISED)
   qg_tile_q8_staged<QgQ4K, NT, THREADS>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part,
-                                          parts, group_da, sc, ring(), early_copy);
+                                          parts, sc, ring(), early_copy);
 else
   qg_tile_q8<QgQ4K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part,
                                            parts, A, lda, m0, M, a_amax, sc, early_copy);
@@ -1554,7 +1556,7 @@ else
       case 2:  // Q5_K
         if constexpr (PREQUANTISED)
   qg_tile_q8_staged<QgQ5K, NT, THREADS>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part,
-                                          parts, group_da, sc, ring(), early_copy);
+                                          parts, sc, ring(), early_copy);
 else
   qg_tile_q8<QgQ5K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part,
                                            parts, A, lda, m0, M, a_amax, sc, early_copy);
@@ -1563,7 +1565,7 @@ else
         if constexpr (INT8_OWN) {
           if constexpr (PREQUANTISED)
     qg_tile_q8_staged<QgQ6K, NT, THREADS>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K), K, part,
-                                            parts, group_da, sc, ring(), early_copy);
+                                            parts, sc, ring(), early_copy);
   else
     qg_tile_q8<QgQ6K, NT, THREADS, ONE_ROW>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K), K, part,
                                              parts, A, lda, m0, M, a_amax, sc, early_copy);
@@ -1572,7 +1574,7 @@ else
         [[fallthrough]];
       default:  // no tile: the scales' share and barrier all the same
         if constexpr (PREQUANTISED)
-          qg_q8_prologue_staged<NT, THREADS>(sc, group_da, K, early_copy, []() { lg_cp_async_commit(); });
+          qg_q8_prologue_staged<NT, THREADS>(sc, ring(), K, early_copy, []() { lg_cp_async_commit(); });
         else
           qg_q8_prologue<NT, THREADS>(sc, a_amax, lda, K, m0, M, early_copy);
     }
