@@ -30,11 +30,17 @@ class Module:
     """What TreeAttention asks of a loaded module: its functions by name (no launches here)."""
 
     class Function:
+        def __init__(self, name: str):
+            self.name = name
+
         def set_max_dynamic_smem(self, n: int) -> None:
             self.smem = n
 
+        def max_active_blocks_per_cu(self, block_threads: int, smem: int = 0) -> int:
+            return 1  # tree_attention's 16 warps of ~100 registers on the H100
+
     def function(self, name: str, programmatic: bool = False):
-        return self.Function()
+        return self.Function(name)
 
 
 def test_which_chips_render_the_tensor_core_body():
@@ -71,6 +77,18 @@ def test_a_pass_launches_the_bodies_its_slots_need():
     assert short.mma_keys is None and short.bodies(23, 150) == (True, False) and short.fma_ranges == 1
     fma = TreeAttention(Module(), t, pf, slots=23, max_context=4096, tensor_core_keys=NEVER)
     assert fma.mma_keys is None and fma.fma_ranges == attention_ranges(4096)
+
+
+def test_a_pass_of_more_blocks_than_the_chip_holds_takes_the_packed_kernel():
+    """tree_attention and tree_attention_packed compute the same sums (the GPU tests compare their bits); a pass takes
+    the packed one once its (slot, head) blocks are more than the chip holds of tree_attention's at once."""
+    pf, t = params_27b("sm_90")
+    att = TreeAttention(Module(), t, pf, slots=23, max_context=4096)
+    most = t.compute_units // pf["NH"]  # slots whose blocks fit one wave of tree_attention (1 a CU)
+    fn, threads = att.fma_kernel(most)
+    assert fn.name == "tree_attention" and threads == 16 * t.warp_size
+    fn, threads = att.fma_kernel(most + 1)
+    assert fn.name == "tree_attention_packed" and threads == 4 * t.warp_size
 
 
 def test_bad_tensor_core_bounds_are_refused():

@@ -278,8 +278,13 @@ __device__ __forceinline__ KvReader kv_reader(const kv_elem_t* kv, int max_conte
 template <int N>
 __device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int d0, float (&x)[N]) {
   const kv_elem_t* p = kv.rows + row * KV_HD + d0;
+  if constexpr (N == 8 && KV_HD % 8 == 0) {  // one 16-byte load: rows of whole 16-byte runs, d0 a multiple of 8
+    const lg_vec16_t run = *reinterpret_cast<const lg_vec16_t*>(p);
+    lg_unpack8<kv_elem_t>(run, x);
+  } else {
 #pragma unroll
-  for (int i = 0; i < N; ++i) x[i] = lg_to_float(p[i]);
+    for (int i = 0; i < N; ++i) x[i] = lg_to_float(p[i]);
+  }
 }
 
 // Cache row `row`, value d: x. Called by 32 consecutive lanes together with d = d0 + lane (d0 a multiple of 32), all
@@ -322,7 +327,10 @@ template <int HD, int THREADS, bool BASE2 = false, typename M, typename L, typen
 __device__ __forceinline__ void lg_softmax_merge_parts(int n, M m, L l, O o, Store store) {
   float mmax = m(0);
   for (int p = 1; p < n; ++p) mmax = fmaxf(mmax, m(p));
-  for (int d = threadIdx.x; d < HD; d += THREADS) {
+#pragma unroll
+  for (int k = 0; k < (HD + THREADS - 1) / THREADS; ++k) {
+    const int d = threadIdx.x + k * THREADS;
+    if (d >= HD) break;
     float od = 0.0f, lsum = 0.0f;
     for (int p = 0; p < n; ++p) {
       const float c = BASE2 ? exp2f(m(p) - mmax) : expf(m(p) - mmax);
@@ -332,24 +340,38 @@ __device__ __forceinline__ void lg_softmax_merge_parts(int n, M m, L l, O o, Sto
     store(d, od, mmax, lsum);
   }
 }
-// The warps meet in order (lg_softmax_merge_parts, a part a warp), leaving the block's partial softmax
-// store(d, sum_w c_w acc_w[d], M, sum_w c_w l_w) for each dim d. Every thread of the block calls it (one barrier);
-// part and stats are the block's shared scratch.
+// The key streams meet in order (lg_softmax_merge_parts, a part a stream), leaving the block's partial softmax
+// store(d, sum_i c_i acc_i[d], M, sum_i c_i l_i) for each dim d. A warp holds SPW of the STREAMS streams, warp w the
+// streams w + r STREAMS / SPW (r < SPW), so with SPW = 1 a stream is a warp. Every thread of the block calls it
+// (one barrier); part and stats are the block's shared scratch.
+template <int STREAMS, int SPW, int HD, int EPL, typename Store>
+__device__ __forceinline__ void lg_softmax_merge_streams_partial(float (&part)[STREAMS][HD], float (&stats)[2][STREAMS],
+                                                                 const float (&acc)[SPW][EPL], const float (&m)[SPW],
+                                                                 const float (&l)[SPW], Store store) {
+  constexpr int WARPS = STREAMS / SPW;
+  const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+#pragma unroll
+  for (int r = 0; r < SPW; ++r) {
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) part[warp + r * WARPS][lane * EPL + e] = acc[r][e];
+    if (lane == 0) {
+      stats[0][warp + r * WARPS] = m[r];
+      stats[1][warp + r * WARPS] = l[r];
+    }
+  }
+  __syncthreads();
+  lg_softmax_merge_parts<HD, WARPS * LG_WARP_SIZE>(
+      STREAMS, [&](int i) { return stats[0][i]; }, [&](int i) { return stats[1][i]; },
+      [&](int i, int d) { return part[i][d]; }, store);
+}
+// The same with a stream a warp (the warps meet in warp order).
 template <int WARPS, int HD, int EPL, typename Store>
 __device__ __forceinline__ void lg_softmax_merge_warps_partial(float (&part)[WARPS][HD], float (&stats)[2][WARPS],
                                                                const float (&acc)[EPL], float m, float l,
                                                                Store store) {
-  const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) part[warp][lane * EPL + e] = acc[e];
-  if (lane == 0) {
-    stats[0][warp] = m;
-    stats[1][warp] = l;
-  }
-  __syncthreads();
-  lg_softmax_merge_parts<HD, WARPS * LG_WARP_SIZE>(
-      WARPS, [&](int w) { return stats[0][w]; }, [&](int w) { return stats[1][w]; },
-      [&](int w, int d) { return part[w][d]; }, store);
+  const float (&accs)[1][EPL] = reinterpret_cast<const float (&)[1][EPL]>(acc);
+  const float ms[1] = {m}, ls[1] = {l};
+  lg_softmax_merge_streams_partial<WARPS, 1>(part, stats, accs, ms, ls, store);
 }
 // The same, normalised: store(d, sum_w c_w acc_w[d] / sum_w c_w l_w).
 template <int WARPS, int HD, int EPL, typename Store>
@@ -374,7 +396,8 @@ __device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD],
 #define TV_NKV 2
 #define TV_HD 256
 #define TV_GROUP 4
-#define TV_AT_WARPS 16
+#define TV_AT_STREAMS 16
+#define TV_AT_PACK 4
 #define TV_AT_KEY_CHUNK 256
 #define TV_AT_HEADS 2
 #define TV_COLS_PER_BLOCK 8
@@ -841,67 +864,105 @@ __device__ __forceinline__ void tv_attention_out(float o, int d, float gate, bf1
 // ------------------------------------------------------------------------------------------------ attention (FMA)
 // The keys split over blocks (blockIdx.z): n = min(gridDim.z, ceil(keys / TV_AT_KEY_CHUNK)) ranges of
 // ceil(keys / n) keys, range z to block z (blocks z >= n leave at once). With one range block y takes head y; with
-// more, block y (y a multiple of TV_AT_HEADS) takes heads y .. y + TV_AT_HEADS - 1 of one kv head, which share each
-// key's loads, and the other blocks leave. In a block warp w takes keys w, w + TV_AT_WARPS, .. of its range
-// (split_softmax.cuh) and the warps meet in order; with one range that is the result. Otherwise each block leaves its
-// range's (sum c_w acc_w, M, sum c_w l_w) per head in `partial` ([S][NH][gridDim.z][HD + 2]) and the last block of
-// the (slot, heads) to arrive (lg_last_to_arrive, a counter in `arrived`, [S][NH]) merges the ranges in order, as
-// the warps merge (lg_softmax_merge_parts). Every choice depends only on the key count and the grid, and a head's
-// arithmetic not on the others', so a slot's result is the same in any tree.
-// Heads h0 .. h0 + HEADS - 1 of slot s over keys [k0, k1) of its n_keys (range blockIdx.z of `ranges`).
-template <int HEADS>
+// more, block y (y a multiple of HEADS) takes heads y .. y + HEADS - 1 of one kv head, which share each key's loads,
+// and the other blocks leave. In a block the range's keys go to TV_AT_STREAMS key streams, stream i the keys i,
+// i + TV_AT_STREAMS, .. of its range, each an online softmax, and the streams meet in order (split_softmax.cuh); with
+// one range that is the result. Otherwise each block leaves its range's (sum c_i acc_i, M, sum c_i l_i) per head in
+// `partial` ([S][NH][gridDim.z][HD + 2]) and the last block of the (slot, heads) to arrive (lg_last_to_arrive, a
+// counter in `arrived`, [S][NH]) merges the ranges in order, as the streams merge (lg_softmax_merge_parts).
+// Two kernels: tree_attention, a warp a stream (the most warps for a slot's few blocks), and tree_attention_packed,
+// TV_AT_PACK streams a warp (a pass of many slots: four times the blocks resident), whose rounds load the K and V
+// rows of a warp's streams at once. Every choice depends only on the key count and the grid, the sums are the same
+// in both kernels, and a head's arithmetic does not depend on the others', so a slot's result is the same in any
+// tree and in either kernel.
+// Heads h0 .. h0 + HEADS - 1 of slot s over keys [k0, k1) of its n_keys (range blockIdx.z of `ranges`); SPW streams
+// a warp.
+template <int HEADS, int SPW>
 __device__ __forceinline__ void tv_attend(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj,
                                           const bf16_t* __restrict__ kv, int max_context,
                                           const int* __restrict__ anc, int anc_stride, bf16_t* __restrict__ out,
                                           int n_slots, unsigned short* __restrict__ amax_out,
                                           float* __restrict__ partial, unsigned* __restrict__ arrived, int s, int h0,
                                           int pos0, int ranges, int k0, int k1) {
-  constexpr int EPL = TV_HD / LG_WARP_SIZE;
+  constexpr int EPL = TV_HD / LG_WARP_SIZE, WARPS = TV_AT_STREAMS / SPW;
   static_assert(TV_GROUP % HEADS == 0, "a block's heads share one kv head");
-  __shared__ float part[TV_AT_WARPS][TV_HD];
-  __shared__ float stats[2][TV_AT_WARPS];
+  static_assert(TV_AT_STREAMS % SPW == 0, "a warp's streams");
+  __shared__ float part[TV_AT_STREAMS][TV_HD];
+  __shared__ float stats[2][TV_AT_STREAMS];
   const int g = h0 / TV_GROUP, warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
   const bf16_t* q_rows = q_ws + (((size_t)g * n_slots + s) * TV_GROUP + h0 % TV_GROUP) * TV_HD;
   const size_t k_head = (size_t)g * max_context, v_head = (size_t)(TV_NKV + g) * max_context;
+  const int* path = anc + (size_t)s * anc_stride;  // key j >= pos0: cache row pos0 + path[j - pos0]
   const KvReader reader = kv_reader(kv, max_context);
-  float q[HEADS][EPL], acc[HEADS][EPL], m[HEADS], l[HEADS], x[EPL];
+  // the warp's streams' rows of a round (r: stream warp + r WARPS), the next round's looked up while this one loads
+  auto rows_of = [&](int j0, size_t (&rows)[SPW]) {
+#pragma unroll
+    for (int r = 0; r < SPW; ++r) {
+      const int j = j0 + r * WARPS;
+      rows[r] = j >= k1 ? 0 : j < pos0 ? (size_t)j : (size_t)pos0 + path[j - pos0];
+    }
+  };
+  size_t rows[SPW];
+  rows_of(k0 + warp, rows);  // the path table came with the pass: read before the wait
+  // the heads' gates at the dims d = threadIdx.x + k THREADS this thread writes: the in-projection, two kernels back,
+  // wrote them (the prepare kernel between waits for it before this one may start)
+  constexpr int THREADS = WARPS * LG_WARP_SIZE, DPT = (TV_HD + THREADS - 1) / THREADS;
+  float gate[HEADS][DPT];
+#pragma unroll
+  for (int i = 0; i < HEADS; ++i)
+#pragma unroll
+    for (int k = 0; k < DPT; ++k) {
+      const int d = threadIdx.x + k * THREADS;
+      gate[i][k] = d < TV_HD ? proj[(size_t)s * TV_NIN_AT + (h0 + i) * 2 * TV_HD + TV_HD + d] : 0.0f;
+    }
+  auto gate_at = [&](int i, int d) { return gate[i][(d - (int)threadIdx.x) / THREADS]; };
+  lg_dependent_start();
+  float q[HEADS][EPL], acc[HEADS][SPW][EPL], m[HEADS][SPW], l[HEADS][SPW];
 #pragma unroll
   for (int i = 0; i < HEADS; ++i) {
-    m[i] = lg_neg_inf();
-    l[i] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) {
-      q[i][e] = lg_to_float(q_rows[i * TV_HD + lane * EPL + e]);
-      acc[i][e] = 0.0f;
+    for (int e = 0; e < EPL; ++e) q[i][e] = lg_to_float(q_rows[i * TV_HD + lane * EPL + e]);
+#pragma unroll
+    for (int r = 0; r < SPW; ++r) {
+      m[i][r] = lg_neg_inf();
+      l[i][r] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) acc[i][r][e] = 0.0f;
     }
   }
-  for (int j = k0 + warp; j < k1; j += TV_AT_WARPS) {
-    const size_t row = j < pos0 ? (size_t)j : (size_t)pos0 + anc[(size_t)s * anc_stride + j - pos0];
-    float p[HEADS], corr[HEADS];
-    kv_load_run<EPL>(reader, k_head + row, lane * EPL, x);
+  for (int j0 = k0 + warp; j0 < k1; j0 += TV_AT_STREAMS) {
+    float kx[SPW][EPL], vx[SPW][EPL];
 #pragma unroll
-    for (int i = 0; i < HEADS; ++i) {
-      float dot = 0.0f;
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) dot += q[i][e] * x[e];
-      lg_softmax_step(m[i], l[i], lg_warp_sum(dot) * 0.0625f, corr[i], p[i]);
+    for (int r = 0; r < SPW; ++r) {
+      if (j0 + r * WARPS < k1) {
+        kv_load_run<EPL>(reader, k_head + rows[r], lane * EPL, kx[r]);
+        kv_load_run<EPL>(reader, v_head + rows[r], lane * EPL, vx[r]);
+      }
     }
-    kv_load_run<EPL>(reader, v_head + row, lane * EPL, x);
+    rows_of(j0 + TV_AT_STREAMS, rows);
 #pragma unroll
-    for (int i = 0; i < HEADS; ++i) {
+    for (int r = 0; r < SPW; ++r) {
+      if (j0 + r * WARPS >= k1) break;
 #pragma unroll
-      for (int e = 0; e < EPL; ++e) acc[i][e] = acc[i][e] * corr[i] + p[i] * x[e];
+      for (int i = 0; i < HEADS; ++i) {
+        float dot = 0.0f, corr, p;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) dot += q[i][e] * kx[r][e];
+        lg_softmax_step(m[i][r], l[i][r], lg_warp_sum(dot) * 0.0625f, corr, p);
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[i][r][e] = acc[i][r][e] * corr + p * vx[r][e];
+      }
     }
   }
   if (ranges == 1) {
 #pragma unroll
     for (int i = 0; i < HEADS; ++i) {
       const int h = h0 + i;
-      const float* gate = proj + (size_t)s * TV_NIN_AT + h * 2 * TV_HD + TV_HD;
       bf16_t* dst = out + (size_t)s * TV_NH * TV_HD + h * TV_HD;
       if (i > 0) __syncthreads();  // the previous head's merge has read part and stats
-      lg_softmax_merge_warps(part, stats, acc[i], m[i], l[i], [&](int d, float o) {  // d = threadIdx.x + k * threads
-        tv_attention_out(o, d, gate[d], dst, amax_out, s, h);
+      lg_softmax_merge_streams_partial<TV_AT_STREAMS, SPW>(part, stats, acc[i], m[i], l[i],
+                                                           [&](int d, float o, float, float lsum) {
+        tv_attention_out(o / lsum, d, gate_at(i, d), dst, amax_out, s, h);  // d = threadIdx.x + k * threads
       });
     }
     return;
@@ -911,34 +972,39 @@ __device__ __forceinline__ void tv_attend(const bf16_t* __restrict__ q_ws, const
   for (int i = 0; i < HEADS; ++i) {
     float* mine = partial + (((size_t)s * TV_NH + h0 + i) * gridDim.z + blockIdx.z) * (TV_HD + 2);
     if (i > 0) __syncthreads();
-    lg_softmax_merge_warps_partial(part, stats, acc[i], m[i], l[i], [&](int d, float o, float mm, float lsum) {
+    lg_softmax_merge_streams_partial<TV_AT_STREAMS, SPW>(part, stats, acc[i], m[i], l[i],
+                                                         [&](int d, float o, float mm, float lsum) {
       mine[d] = o;
       if (d == 0) mine[TV_HD] = mm, mine[TV_HD + 1] = lsum;
     });
   }
   unsigned* count = arrived + (size_t)s * TV_NH + h0;
   if (!lg_last_to_arrive(count, ranges)) return;
+#pragma unroll
   for (int i = 0; i < HEADS; ++i) {
     const int h = h0 + i;
-    const float* gate = proj + (size_t)s * TV_NIN_AT + h * 2 * TV_HD + TV_HD;
     bf16_t* dst = out + (size_t)s * TV_NH * TV_HD + h * TV_HD;
     const float* parts = partial + ((size_t)s * TV_NH + h) * gridDim.z * (TV_HD + 2);  // range z: [z][HD + 2]
-    lg_softmax_merge_parts<TV_HD, TV_AT_WARPS * LG_WARP_SIZE>(
+    lg_softmax_merge_parts<TV_HD, THREADS>(
         ranges, [&](int z) { return parts[z * (TV_HD + 2) + TV_HD]; },
         [&](int z) { return parts[z * (TV_HD + 2) + TV_HD + 1]; }, [&](int z, int d) { return parts[z * (TV_HD + 2) + d]; },
-        [&](int d, float o, float, float lsum) { tv_attention_out(o / lsum, d, gate[d], dst, amax_out, s, h); });
+        [&](int d, float o, float, float lsum) { tv_attention_out(o / lsum, d, gate_at(i, d), dst, amax_out, s, h); });
   }
   lg_arrivals_reset(count);
 }
 
-extern "C" __global__ void __launch_bounds__(TV_AT_WARPS * LG_WARP_SIZE)
-tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
-               int max_context, const int* __restrict__ anc, int anc_stride, const int* __restrict__ depth,
-               bf16_t* __restrict__ out, int n_slots, const int* __restrict__ pos0_at,
-               unsigned short* __restrict__ amax_out, float* __restrict__ partial, unsigned* __restrict__ arrived,
-               int mma_keys) {
+// Slot blockIdx.x, head blockIdx.y, key range blockIdx.z, SPW streams a warp; HEADS: a block's heads while a slot's
+// keys are split.
+template <int HEADS, int SPW>
+__device__ __forceinline__ void tv_attention_block(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj,
+                                                   const bf16_t* __restrict__ kv, int max_context,
+                                                   const int* __restrict__ anc, int anc_stride,
+                                                   const int* __restrict__ depth, bf16_t* __restrict__ out,
+                                                   int n_slots, const int* __restrict__ pos0_at,
+                                                   unsigned short* __restrict__ amax_out, float* __restrict__ partial,
+                                                   unsigned* __restrict__ arrived, int mma_keys) {
   static_assert(TV_HD % LG_WARP_SIZE == 0 && LG_WARP_SIZE % 16 == 0, "a warp's lanes cover whole groups of 16");
-  lg_dependent_start();
+  // pos0 and the tree came with the pass, before its first kernel: read before the wait (in tv_attend)
   const int s = blockIdx.x, h = blockIdx.y;
   const int pos0 = *pos0_at, n_keys = pos0 + depth[s] + 1;
   if (n_keys >= mma_keys) return;  // tree_attention_mma's slot
@@ -946,12 +1012,34 @@ tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, 
   if ((int)blockIdx.z >= ranges) return;
   const int per = (n_keys + ranges - 1) / ranges, k0 = blockIdx.z * per, k1 = min(n_keys, k0 + per);
   if (ranges == 1)  // a block a head: the most blocks for few keys
-    tv_attend<1>(q_ws, proj, kv, max_context, anc, anc_stride, out, n_slots, amax_out, partial, arrived, s, h, pos0,
-                 ranges, k0, k1);
-  else if (h % TV_AT_HEADS == 0)  // the block of heads h .. h + TV_AT_HEADS - 1 (the others leave)
-    tv_attend<TV_AT_HEADS>(q_ws, proj, kv, max_context, anc, anc_stride, out, n_slots, amax_out, partial, arrived,
-                           s, h, pos0, ranges, k0, k1);
+    tv_attend<1, SPW>(q_ws, proj, kv, max_context, anc, anc_stride, out, n_slots, amax_out, partial, arrived, s, h,
+                      pos0, ranges, k0, k1);
+  else if (h % HEADS == 0)  // the block of heads h .. h + HEADS - 1 (the others leave)
+    tv_attend<HEADS, SPW>(q_ws, proj, kv, max_context, anc, anc_stride, out, n_slots, amax_out, partial, arrived, s,
+                          h, pos0, ranges, k0, k1);
 }
+
+extern "C" __global__ void __launch_bounds__(TV_AT_STREAMS * LG_WARP_SIZE, 1)
+tree_attention(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
+               int max_context, const int* __restrict__ anc, int anc_stride, const int* __restrict__ depth,
+               bf16_t* __restrict__ out, int n_slots, const int* __restrict__ pos0_at,
+               unsigned short* __restrict__ amax_out, float* __restrict__ partial, unsigned* __restrict__ arrived,
+               int mma_keys) {
+  tv_attention_block<TV_AT_HEADS, 1>(
+      q_ws, proj, kv, max_context, anc, anc_stride, depth, out, n_slots, pos0_at, amax_out, partial, arrived, mma_keys);
+}
+// The same sums, TV_AT_PACK streams a warp; a head a block also while a slot's keys are split (a head's sums do not
+// depend on the heads beside it).
+extern "C" __global__ void __launch_bounds__(TV_AT_STREAMS / TV_AT_PACK * LG_WARP_SIZE, 1)
+tree_attention_packed(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
+                      int max_context, const int* __restrict__ anc, int anc_stride, const int* __restrict__ depth,
+                      bf16_t* __restrict__ out, int n_slots, const int* __restrict__ pos0_at,
+                      unsigned short* __restrict__ amax_out, float* __restrict__ partial, unsigned* __restrict__ arrived,
+                      int mma_keys) {
+  tv_attention_block<1, TV_AT_PACK>(
+      q_ws, proj, kv, max_context, anc, anc_stride, depth, out, n_slots, pos0_at, amax_out, partial, arrived, mma_keys);
+}
+
 
 // ------------------------------------------------------------------------------------------------ argmax
 // tokens[r] = argmax of logits row r as numpy.argmax over its non-NaN values (the lowest index among equal maxima;

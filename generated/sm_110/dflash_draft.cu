@@ -227,7 +227,10 @@ template <int HD, int THREADS, bool BASE2 = false, typename M, typename L, typen
 __device__ __forceinline__ void lg_softmax_merge_parts(int n, M m, L l, O o, Store store) {
   float mmax = m(0);
   for (int p = 1; p < n; ++p) mmax = fmaxf(mmax, m(p));
-  for (int d = threadIdx.x; d < HD; d += THREADS) {
+#pragma unroll
+  for (int k = 0; k < (HD + THREADS - 1) / THREADS; ++k) {
+    const int d = threadIdx.x + k * THREADS;
+    if (d >= HD) break;
     float od = 0.0f, lsum = 0.0f;
     for (int p = 0; p < n; ++p) {
       const float c = BASE2 ? exp2f(m(p) - mmax) : expf(m(p) - mmax);
@@ -237,24 +240,38 @@ __device__ __forceinline__ void lg_softmax_merge_parts(int n, M m, L l, O o, Sto
     store(d, od, mmax, lsum);
   }
 }
-// The warps meet in order (lg_softmax_merge_parts, a part a warp), leaving the block's partial softmax
-// store(d, sum_w c_w acc_w[d], M, sum_w c_w l_w) for each dim d. Every thread of the block calls it (one barrier);
-// part and stats are the block's shared scratch.
+// The key streams meet in order (lg_softmax_merge_parts, a part a stream), leaving the block's partial softmax
+// store(d, sum_i c_i acc_i[d], M, sum_i c_i l_i) for each dim d. A warp holds SPW of the STREAMS streams, warp w the
+// streams w + r STREAMS / SPW (r < SPW), so with SPW = 1 a stream is a warp. Every thread of the block calls it
+// (one barrier); part and stats are the block's shared scratch.
+template <int STREAMS, int SPW, int HD, int EPL, typename Store>
+__device__ __forceinline__ void lg_softmax_merge_streams_partial(float (&part)[STREAMS][HD], float (&stats)[2][STREAMS],
+                                                                 const float (&acc)[SPW][EPL], const float (&m)[SPW],
+                                                                 const float (&l)[SPW], Store store) {
+  constexpr int WARPS = STREAMS / SPW;
+  const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
+#pragma unroll
+  for (int r = 0; r < SPW; ++r) {
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) part[warp + r * WARPS][lane * EPL + e] = acc[r][e];
+    if (lane == 0) {
+      stats[0][warp + r * WARPS] = m[r];
+      stats[1][warp + r * WARPS] = l[r];
+    }
+  }
+  __syncthreads();
+  lg_softmax_merge_parts<HD, WARPS * LG_WARP_SIZE>(
+      STREAMS, [&](int i) { return stats[0][i]; }, [&](int i) { return stats[1][i]; },
+      [&](int i, int d) { return part[i][d]; }, store);
+}
+// The same with a stream a warp (the warps meet in warp order).
 template <int WARPS, int HD, int EPL, typename Store>
 __device__ __forceinline__ void lg_softmax_merge_warps_partial(float (&part)[WARPS][HD], float (&stats)[2][WARPS],
                                                                const float (&acc)[EPL], float m, float l,
                                                                Store store) {
-  const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) part[warp][lane * EPL + e] = acc[e];
-  if (lane == 0) {
-    stats[0][warp] = m;
-    stats[1][warp] = l;
-  }
-  __syncthreads();
-  lg_softmax_merge_parts<HD, WARPS * LG_WARP_SIZE>(
-      WARPS, [&](int w) { return stats[0][w]; }, [&](int w) { return stats[1][w]; },
-      [&](int w, int d) { return part[w][d]; }, store);
+  const float (&accs)[1][EPL] = reinterpret_cast<const float (&)[1][EPL]>(acc);
+  const float ms[1] = {m}, ls[1] = {l};
+  lg_softmax_merge_streams_partial<WARPS, 1>(part, stats, accs, ms, ls, store);
 }
 // The same, normalised: store(d, sum_w c_w acc_w[d] / sum_w c_w l_w).
 template <int WARPS, int HD, int EPL, typename Store>

@@ -224,8 +224,13 @@ __device__ __forceinline__ KvReader kv_reader(const kv_elem_t* kv, int max_conte
 template <int N>
 __device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int d0, float (&x)[N]) {
   const kv_elem_t* p = kv.rows + row * KV_HD + d0;
+  if constexpr (N == 8 && KV_HD % 8 == 0) {  // one 16-byte load: rows of whole 16-byte runs, d0 a multiple of 8
+    const lg_vec16_t run = *reinterpret_cast<const lg_vec16_t*>(p);
+    lg_unpack8<kv_elem_t>(run, x);
+  } else {
 #pragma unroll
-  for (int i = 0; i < N; ++i) x[i] = lg_to_float(p[i]);
+    for (int i = 0; i < N; ++i) x[i] = lg_to_float(p[i]);
+  }
 }
 
 // Cache row `row`, value d: x. Called by 32 consecutive lanes together with d = d0 + lane (d0 a multiple of 32), all

@@ -11,9 +11,13 @@ THREADS = 256
 #: Value columns a warp of tree_delta_rule holds (tuning choice: the template's TV_RULE_CPW; 2 and 4 measured alike on
 #: the H100, 4 kept).
 RULE_COLUMNS_PER_WARP = 4
-#: tree_attention's warps a block (the template's TV_AT_WARPS; tuning choice): a one-slot pass at a 16K context is
+#: tree_attention's key streams a block, each an online softmax over every ATTENTION_STREAMS-th key (the template's
+#: TV_AT_STREAMS; tuning choice): a warp a stream in tree_attention, since a one-slot pass at a 16K context is
 #: latency-bound in the key walk (4 warps: 71 ms a token).
-ATTENTION_WARPS = 16
+ATTENTION_STREAMS = 16
+#: tree_attention_packed's streams a warp (the template's TV_AT_PACK; tuning choice): the same sums on a quarter of the
+#: threads, for passes whose (slot, head) blocks are more than the chip holds of tree_attention's.
+ATTENTION_PACK = 4
 #: tree_attention's key split (tuning choice: the template's TV_AT_KEY_CHUNK): a (slot, head)'s keys go to
 #: min(blocks, ceil(keys / chunk)) blocks of equal ranges, so that a long context's key walk spreads over the chip.
 ATTENTION_KEY_CHUNK = 256
@@ -112,8 +116,9 @@ def attention_tiling(pf: dict, target) -> dict:
 def template_params(pf: dict, target) -> dict:
     """The tree kernels' tiling for the model of ``pf`` on ``target``, given to the template by the family and by the
     runtime's own render alike."""
-    return {"tv_threads": THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP, "tv_at_warps": ATTENTION_WARPS,
-            "tv_at_key_chunk": ATTENTION_KEY_CHUNK, "tv_at_heads": attention_heads(pf), "ta_slots": ATTENTION_SLOTS,
+    return {"tv_threads": THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP, "tv_at_streams": ATTENTION_STREAMS,
+            "tv_at_pack": ATTENTION_PACK, "tv_at_key_chunk": ATTENTION_KEY_CHUNK, "tv_at_heads": attention_heads(pf),
+            "ta_slots": ATTENTION_SLOTS,
             "kv_code_chunk": (kv_raw_chunks(pf) or (0, 0))[0], "kv_scale_chunk": (kv_raw_chunks(pf) or (0, 0))[1],
             **attention_tiling(pf, target)}
 

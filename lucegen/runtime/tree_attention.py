@@ -5,6 +5,8 @@ keys and its path's, in one of two bodies chosen by the slot's key count alone.
     attention.enqueue(S, attention.bodies(S, position), q_ws=..., proj=..., kv=..., ...)
 
 - ``tree_attention`` (plain FMAs): a block per (slot, query head), or per key range of one; the fastest for few keys.
+  Where a pass has more of those blocks than the chip holds at once, ``tree_attention_packed`` takes them: the same
+  sums (so the same bits) on a quarter of the threads.
 - ``tree_attention_mma`` + ``tree_attention_merge`` (tensor cores, where families.tree_verify.attention_tiling
   renders them): every slot of a kv head against one read of each key range, the ranges joined in order; the
   fastest for many keys and many slots.
@@ -20,8 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import LucegenError
-from ..families.tree_verify import (ATTENTION_SLOTS, ATTENTION_WARPS, MMA_WAVES, THREADS, attention_ranges,
-                                    attention_smem, attention_tiling, mma_range_keys, partial_ranges)
+from ..families.tree_verify import (ATTENTION_PACK, ATTENTION_SLOTS, ATTENTION_STREAMS, MMA_WAVES, THREADS,
+                                    attention_ranges, attention_smem, attention_tiling, mma_range_keys,
+                                    partial_ranges)
 from .device import address
 
 #: mma_keys for "never": past any context.
@@ -52,6 +55,8 @@ class TreeAttention:
         # the FMA body's blocks per (slot, head): for its slots' keys (below mma_keys), whatever the pass
         self.fma_ranges = attention_ranges(max_context if self.mma_keys is None else self.mma_keys - 1)
         self.fma_fn = module.function("tree_attention", programmatic=True)
+        self.packed_fn = module.function("tree_attention_packed", programmatic=True)
+        self._fma_resident: int | None = None  # tree_attention's blocks the chip holds at once (fma_kernel)
         if self.mma_keys is None:
             return
         self.mma_fn = module.function("tree_attention_mma", programmatic=True)
@@ -81,6 +86,18 @@ class TreeAttention:
             self._mma_grids[S] = ((groups, per_range, pf["NKV"]), smem)
         return self._mma_grids[S]
 
+    def fma_kernel(self, S: int) -> tuple[object, int]:
+        """The FMA body's kernel for an S-slot pass and its threads a block: tree_attention (a warp a key stream)
+        while the chip holds all of the pass's blocks at once, else tree_attention_packed (the same sums on a quarter
+        of the threads): one wave instead of several."""
+        warp = self.target.warp_size
+        if self._fma_resident is None:
+            per_cu = self.fma_fn.max_active_blocks_per_cu(ATTENTION_STREAMS * warp)
+            self._fma_resident = self.target.compute_units * per_cu
+        if S * self.pf["NH"] * self.fma_ranges <= self._fma_resident:
+            return self.fma_fn, ATTENTION_STREAMS * warp
+        return self.packed_fn, ATTENTION_STREAMS // ATTENTION_PACK * warp
+
     def bodies(self, S: int, position: int) -> tuple[bool, bool]:
         """(FMA, tensor cores): whether an S-slot pass at ``position`` has slots for each body (its slots have
         position + 1 .. position + S keys)."""
@@ -100,8 +117,8 @@ class TreeAttention:
                   address(depth), address(out), np.int32(S), address(pos0_at), address(amax), address(partial))
         fma, mma = bodies
         if fma:
-            self.fma_fn.launch((S, pf["NH"], self.fma_ranges), ATTENTION_WARPS * warp,
-                               common + (address(arrived), mma_keys), stream=stream)
+            fn, threads = self.fma_kernel(S)
+            fn.launch((S, pf["NH"], self.fma_ranges), threads, common + (address(arrived), mma_keys), stream=stream)
         if not mma:
             return
         grid, smem = self._mma_grid(S)

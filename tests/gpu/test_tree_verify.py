@@ -222,6 +222,30 @@ def test_commit_replays_the_pass_bit_for_bit():
         ver.commit(empty, [], 0)  # the pass was committed already
 
 
+@pytest.mark.parametrize("preset, length", [("tiny-gqa", 9), ("tiny-gqa", 600), ("tiny-q", 40)])
+def test_packed_attention_gives_the_same_bits(preset, length):
+    """tree_attention_packed (several key streams a warp, for passes of many slots) computes tree_attention's sums:
+    a verify pass with every attention launch on the one and on the other gives the same logits, bit for bit. The
+    tiny presets' passes fit one wave of tree_attention, so the packed kernel is forced here; length 600 splits the
+    FMA body's keys into ranges where the chip has no tensor-core body for them."""
+    from lucegen.runtime.tree_attention import NEVER
+    from lucegen.runtime.tree_verify import TreeVerifier
+
+    dec = engine(preset)[0]
+    rng = np.random.default_rng(length)
+    vocab = dec.config.vocab_size
+    prompt = rng.integers(0, vocab, length)
+    tree = random_tree(rng, vocab, BUDGET)
+    logits = {}
+    for packed in (False, True):
+        ver = TreeVerifier(dec, budget=BUDGET, tensor_core_keys=NEVER)
+        ver.tree_attention._fma_resident = 0 if packed else NEVER  # every pass on the one kernel
+        root = start(preset, prompt)
+        _, logits[packed] = ver.verify(tree, root, logits=True)
+        ver.close()
+    assert np.array_equal(logits[False].view(np.uint32), logits[True].view(np.uint32))
+
+
 def test_mixers_leave_their_outputs_magnitudes():
     """On a target whose out-projections take int8 activations, the tree kernels that write a layer's token mix
     (tree_gated_norm, tree_attention) also write its magnitudes per 16 values, from which those GEMMs take their int8
