@@ -202,15 +202,16 @@ def test_tree_budgets_and_the_delta_rules_shared_memory(models, chip):
     t = dev.target
     dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=2048)
     small = TreeVerifier(dec, budget=1)
-    per_slot = small.rule_stage_bytes(1)
-    budget = t.smem_per_block // per_slot + 1  # its slots stage more than 48 KB
+    per_slot = small.rule_stage_bytes(2) - small.rule_stage_bytes(1)
+    fixed = small.rule_stage_bytes(1) - per_slot  # a round's parts of o
+    budget = (t.smem_per_block - fixed) // per_slot + 1  # its slots stage more than 48 KB
     assert small.rule_stage_bytes(budget + 1) > t.smem_per_block
     small.close()
     ver = TreeVerifier(dec, budget=budget)
     ver.verify(ddtree.chain(np.arange(budget) % dec.config.vocab_size), 1)
     assert "tree_delta_rule" in kernels(dev)
     ver.close()
-    too_many = t.smem_per_block_optin // per_slot  # slots = too_many + 1 stage more than the opt-in limit
+    too_many = (t.smem_per_block_optin - fixed) // per_slot  # slots = too_many + 1 stage more than the opt-in limit
     with pytest.raises(LucegenError, match=f"tree budget {too_many}: the delta rule stages .* smem_per_block_optin"):
         TreeVerifier(dec, budget=too_many)
     dec.close()

@@ -350,8 +350,10 @@ __device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD],
 #define TV_AT_HEADS 2
 #define TV_COLS_PER_BLOCK 8
 #define TV_RULE_CPW 4
+#define TV_RULE_NT 128
 #define TV_RULE_LANES (LG_WARP_SIZE / TV_RULE_CPW)
-#define TV_RULE_COLS (TV_NW * TV_RULE_CPW)
+#define TV_RULE_ROUND 8
+#define TV_RULE_COLS (TV_RULE_NT / LG_WARP_SIZE * TV_RULE_CPW)
 
 
 // The f32 workspace of one DeltaNet layer's kernels, slot-major (S = slots of this verify). It outlives the pass:
@@ -535,10 +537,11 @@ __device__ __forceinline__ void tv_rule_store(float* column, const float (&st)[K
 }
 
 // One slot's step of a value column over the rule's lanes (st: the parent's state, kk / qq: the slot's k and q in
-// tv_rule_load's layout): S = S decay;  delta = (v - S^T k) beta;  S = S + k delta;  returns o = S^T q.
+// tv_rule_load's layout): S = S decay;  delta = (v - S^T k) beta;  S = S + k delta;  returns this lane's part of
+// o = S^T q (tv_rule_step: the column's o), whose lanes' sum the next slot's step does not wait for.
 template <int KPL>
-__device__ __forceinline__ float tv_rule_step(float (&st)[KPL], const float (&kk)[KPL], const float (&qq)[KPL],
-                                              float decay, float beta, float value, float& delta) {
+__device__ __forceinline__ float tv_rule_step_part(float (&st)[KPL], const float (&kk)[KPL], const float (&qq)[KPL],
+                                                   float decay, float beta, float value, float& delta) {
   float kv = 0.0f;
 #pragma unroll
   for (int e = 0; e < KPL; ++e) {
@@ -552,28 +555,40 @@ __device__ __forceinline__ float tv_rule_step(float (&st)[KPL], const float (&kk
     st[e] = fmaf(kk[e], delta, st[e]);
     o += st[e] * qq[e];
   }
-  return lg_lanes_sum<TV_RULE_LANES>(o);
+  return o;
+}
+template <int KPL>
+__device__ __forceinline__ float tv_rule_step(float (&st)[KPL], const float (&kk)[KPL], const float (&qq)[KPL],
+                                              float decay, float beta, float value, float& delta) {
+  return lg_lanes_sum<TV_RULE_LANES>(tv_rule_step_part(st, kk, qq, decay, beta, value, delta));
 }
 
 // Shared memory of a block of tree_delta_rule (its TV_RULE_COLS columns lie in one value head, so one key head) over
-// S slots, S (2 DK + 3 + 2 COLS) words (TreeVerifier.rule_stage_bytes): the slots' q and k of the
-// key head [S][DK] each, exp(g) and beta of the value head [S] each, v of the block's columns [S][COLS], each column's
-// deltas [COLS][S] (written by its lanes as they go, read back by their rebuilds) and the slots' parents [S].
-extern "C" __global__ void __launch_bounds__(TV_NT)
+// S slots, S (2 DK + 3 COLS + 3) + TV_RULE_ROUND TV_RULE_NT words (TreeVerifier.rule_stage_bytes), float4 runs
+// first: the slots' q and k of the key head [S][DK] each; v, o and delta of the block's columns [S][COLS] each (delta
+// written as the slots go and read back by the rebuilds, o and delta copied out at the end); every thread's parts of
+// a round's o [TV_RULE_ROUND][TV_RULE_NT]; then exp(g) and beta of the value head [S] each and the slots' parents [S].
+// A column's slots run in order, and the next slot waits only for the state: the sums of o = S^T q over a column's
+// lanes wait for a round of TV_RULE_ROUND slots to end, then go together (a warp issues in order, so a sum right
+// after its slot would hold the next slot back). Every lane of a column writes its delta and o (the same values), so
+// no lane waits on another: each reads back what it wrote itself.
+extern "C" __global__ void __launch_bounds__(TV_RULE_NT)
 tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, const int* __restrict__ depth,
                 const int* __restrict__ anc, const float* __restrict__ committed, int n_slots) {
-  constexpr int KPL = TV_DK / TV_RULE_LANES, COLS = TV_RULE_COLS;
-  static_assert(KPL % 4 == 0 && TV_DV % COLS == 0, "float4 runs; a block's value columns lie in one head");
-  extern __shared__ float rule_stage[];
+  constexpr int KPL = TV_DK / TV_RULE_LANES, COLS = TV_RULE_COLS, QK4 = TV_DK / 4, C4 = COLS / 4;
+  static_assert(KPL % 4 == 0 && TV_DV % COLS == 0 && COLS % 4 == 0, "float4 runs; a block's columns lie in one head");
+  extern __shared__ float4 rule_stage4[];
+  float* q_st = reinterpret_cast<float*>(rule_stage4);
+  float* k_st = q_st + (size_t)n_slots * TV_DK;
+  float* v_st = k_st + (size_t)n_slots * TV_DK;
+  float* o_st = v_st + (size_t)n_slots * COLS;
+  float* delta_st = o_st + (size_t)n_slots * COLS;
+  float* o_part_st = delta_st + (size_t)n_slots * COLS + threadIdx.x;  // this thread's, round slot r at [r NT]
+  float* decay_st = delta_st + (size_t)n_slots * COLS + TV_RULE_ROUND * TV_RULE_NT;
+  float* beta_st = decay_st + n_slots;
+  int* parent_st = reinterpret_cast<int*>(beta_st + n_slots);
   const int lane = lg_lane_id(), j = lane % TV_RULE_LANES;
   const int c = threadIdx.x / LG_WARP_SIZE * TV_RULE_CPW + lane / TV_RULE_LANES;  // the lane's column in the block
-  float* q_st = rule_stage;
-  float* k_st = q_st + (size_t)n_slots * TV_DK;
-  float* decay_st = k_st + (size_t)n_slots * TV_DK;
-  float* beta_st = decay_st + n_slots;
-  float* v_st = beta_st + n_slots;
-  float* delta_st = v_st + (size_t)n_slots * COLS + (size_t)c * n_slots;  // this column's
-  int* parent_st = reinterpret_cast<int*>(v_st + (size_t)n_slots * 2 * COLS);
   const int col0 = blockIdx.x * COLS, col = col0 + c, h = col0 / TV_DV, hk = tv_key_head(h);
   float root[KPL], st[KPL];
   // The committed state is loaded before the wait: a kernel before the previous one (tree_conv_prepare) wrote it
@@ -581,44 +596,67 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
   tv_rule_load(root, committed + (size_t)col * TV_DK, j);
   lg_dependent_start();
   const tree_ws ws = tv_workspace(workspace, n_slots);
-  // Every slot's inputs staged at once: the slots' loop below then waits on no global memory but the path table.
-  for (int i = threadIdx.x; i < n_slots * TV_DK; i += TV_NT) {
-    const size_t at = (size_t)(i / TV_DK) * TV_KD + hk * TV_DK + i % TV_DK;
-    q_st[i] = ws.q[at];
-    k_st[i] = ws.k[at];
+  // Every slot's inputs staged at once in float4 runs: the slots' loop below then waits on no global memory but the
+  // path table. A thread's first v run and slot scalars are loaded before its q and k runs and stored after them, so
+  // that the staging waits on global memory about once.
+  const int t = threadIdx.x;
+  auto v_run = [&](int i) {
+    return *reinterpret_cast<const float4*>(ws.v + (size_t)(i / C4) * TV_VD + col0 + i % C4 * 4);
+  };
+  const float4 v_first = t < n_slots * C4 ? v_run(t) : float4{};
+  const float g_first = t < n_slots ? ws.g[(size_t)t * TV_NV + h] : 0.0f;
+  const float beta_first = t < n_slots ? ws.beta[(size_t)t * TV_NV + h] : 0.0f;
+  const int parent_first = t < n_slots ? parent[t] : 0;
+#pragma unroll 8
+  for (int i = t; i < n_slots * QK4; i += TV_RULE_NT) {
+    const size_t at = (size_t)(i / QK4) * TV_KD + hk * TV_DK + i % QK4 * 4;
+    const float4 qv = *reinterpret_cast<const float4*>(ws.q + at), kv = *reinterpret_cast<const float4*>(ws.k + at);
+    rule_stage4[i] = qv;
+    rule_stage4[n_slots * QK4 + i] = kv;
   }
-  for (int a = threadIdx.x; a < n_slots; a += TV_NT) {
-    decay_st[a] = expf(ws.g[(size_t)a * TV_NV + h]);
-    beta_st[a] = ws.beta[(size_t)a * TV_NV + h];
-    parent_st[a] = parent[a];
+  for (int i = t; i < n_slots * C4; i += TV_RULE_NT) rule_stage4[2 * n_slots * QK4 + i] = i == t ? v_first : v_run(i);
+  for (int a = t; a < n_slots; a += TV_RULE_NT) {
+    decay_st[a] = expf(a == t ? g_first : ws.g[(size_t)a * TV_NV + h]);
+    beta_st[a] = a == t ? beta_first : ws.beta[(size_t)a * TV_NV + h];
+    parent_st[a] = a == t ? parent_first : parent[a];
   }
-  for (int i = threadIdx.x; i < n_slots * COLS; i += TV_NT)
-    v_st[i] = ws.v[(size_t)(i / COLS) * TV_VD + col0 + i % COLS];
   __syncthreads();
   float kk[KPL], qq[KPL];
-  for (int s = 0; s < n_slots; ++s) {
-    const int p = parent_st[s];
+  const float *k_s = k_st, *q_s = q_st;  // slot s's rows, walked along with s
+  int p_next = parent_st[0];
+  for (int s = 0; s < n_slots; ++s, k_s += TV_DK, q_s += TV_DK) {
+    const int p = p_next;
+    p_next = parent_st[min(s + 1, n_slots - 1)];
     if (s == 0 || p != s - 1) {  // the parent's state: the committed one, then the updates on the way to p
 #pragma unroll
       for (int e = 0; e < KPL; ++e) st[e] = root[e];
       if (p >= 0)
         for (int d = 0; d <= depth[p]; ++d) {
           const int a = anc[(size_t)p * n_slots + d];
-          const float decay = decay_st[a], delta = delta_st[a];
+          const float decay = decay_st[a], delta = delta_st[a * COLS + c];
           tv_rule_load(kk, k_st + (size_t)a * TV_DK, j);
           tv_decay_add(st, [&](int e) { return kk[e]; }, decay, delta);
         }
     }
-    tv_rule_load(kk, k_st + (size_t)s * TV_DK, j);
-    tv_rule_load(qq, q_st + (size_t)s * TV_DK, j);
+    tv_rule_load(kk, k_s, j);
+    tv_rule_load(qq, q_s, j);
     float delta;
-    const float o = tv_rule_step(st, kk, qq, decay_st[s], beta_st[s], v_st[s * COLS + c], delta);
-    if (j == 0) {
-      ws.o[(size_t)s * TV_VD + col] = o;
-      ws.delta[(size_t)s * TV_VD + col] = delta;  // for the commit
-      delta_st[s] = delta;
+    const int r = s % TV_RULE_ROUND;
+    o_part_st[r * TV_RULE_NT] = tv_rule_step_part(st, kk, qq, decay_st[s], beta_st[s], v_st[s * COLS + c], delta);
+    delta_st[s * COLS + c] = delta;
+    if (r == TV_RULE_ROUND - 1 || s == n_slots - 1) {  // the round's o: tv_rule_step's sums
+#pragma unroll
+      for (int i = 0; i < TV_RULE_ROUND; ++i) {
+        if (i > r) break;
+        o_st[(s - r + i) * COLS + c] = lg_lanes_sum<TV_RULE_LANES>(o_part_st[i * TV_RULE_NT]);
+      }
     }
-    __syncwarp();  // delta_st[s] is read back by every lane of this column's later rebuilds
+  }
+  __syncthreads();  // o and delta out (delta for the commit)
+  for (int i = threadIdx.x; i < n_slots * C4; i += TV_RULE_NT) {
+    const size_t at = (size_t)(i / C4) * TV_VD + col0 + i % C4 * 4;
+    *reinterpret_cast<float4*>(ws.o + at) = rule_stage4[(2 * n_slots * QK4 + n_slots * C4) + i];
+    *reinterpret_cast<float4*>(ws.delta + at) = rule_stage4[(2 * n_slots * QK4 + 2 * n_slots * C4) + i];
   }
 }
 

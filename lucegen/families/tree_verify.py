@@ -8,9 +8,16 @@ from .prefill import _params as _prefill_params
 
 #: Threads per block of every tree kernel (the template's TV_NT).
 THREADS = 256
+#: Threads per block of tree_delta_rule (tuning choice: the template's TV_RULE_NT): 384 blocks of 16 value columns for
+#: the 27B's 6,144, about 3 a compute unit of the H100's 132, where 192 blocks of 32 left 60 of them two, the rest
+#: one, and a two-block compute unit's warps issue the step's instructions twice as long.
+RULE_THREADS = 128
 #: Value columns a warp of tree_delta_rule holds (tuning choice: the template's TV_RULE_CPW; 2 and 4 measured alike on
 #: the H100, 4 kept).
 RULE_COLUMNS_PER_WARP = 4
+#: tree_delta_rule's slots a round (tuning choice: the template's TV_RULE_ROUND): a column's sums of o wait for the
+#: round's end, so that the next slot's step does not wait behind them.
+RULE_ROUND = 8
 #: tree_attention's key streams a block, each an online softmax over every ATTENTION_STREAMS-th key (the template's
 #: TV_AT_STREAMS; tuning choice): a warp a stream in tree_attention, since a one-slot pass at a 16K context is
 #: latency-bound in the key walk (4 warps: 71 ms a token).
@@ -116,9 +123,9 @@ def attention_tiling(pf: dict, target) -> dict:
 def template_params(pf: dict, target) -> dict:
     """The tree kernels' tiling for the model of ``pf`` on ``target``, given to the template by the family and by the
     runtime's own render alike."""
-    return {"tv_threads": THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP, "tv_at_streams": ATTENTION_STREAMS,
-            "tv_at_pack": ATTENTION_PACK, "tv_at_key_chunk": ATTENTION_KEY_CHUNK, "tv_at_heads": attention_heads(pf),
-            "ta_slots": ATTENTION_SLOTS,
+    return {"tv_threads": THREADS, "tv_rule_threads": RULE_THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP,
+            "tv_rule_round": RULE_ROUND, "tv_at_streams": ATTENTION_STREAMS, "tv_at_pack": ATTENTION_PACK,
+            "tv_at_key_chunk": ATTENTION_KEY_CHUNK, "tv_at_heads": attention_heads(pf), "ta_slots": ATTENTION_SLOTS,
             "kv_code_chunk": (kv_raw_chunks(pf) or (0, 0))[0], "kv_scale_chunk": (kv_raw_chunks(pf) or (0, 0))[1],
             **attention_tiling(pf, target)}
 
