@@ -217,6 +217,24 @@ def test_tree_budgets_and_the_delta_rules_shared_memory(models, chip):
     dec.close()
 
 
+@pytest.mark.parametrize("chip", ["sm_90", "gfx1100"])
+def test_packed_tree_attention_launches(models, chip):
+    """A pass of more (slot, head) blocks than the chip holds of tree_attention launches tree_attention_packed (the
+    tiny models never have that many: forced here), checked against its compiled declaration like every launch."""
+    from lucegen.runtime import ddtree
+    from lucegen.runtime.quant_target import QuantDecoder
+    from lucegen.runtime.tree_verify import TreeVerifier
+
+    dev = host(chip)
+    dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=512)
+    ver = TreeVerifier(dec, budget=8)
+    ver.tree_attention._fma_resident = 0
+    ver.verify(ddtree.chain(np.arange(8) % dec.config.vocab_size), 1)
+    assert "tree_attention_packed" in kernels(dev) and "tree_attention" not in kernels(dev)
+    ver.close()
+    dec.close()
+
+
 def test_the_checks_can_fail(models):
     """A launch with a float where the kernel takes an int, with a freed buffer, or one argument short is refused."""
     from lucegen import codegen
