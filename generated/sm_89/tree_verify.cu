@@ -609,10 +609,10 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
   for (int i = t; i < n_slots * QK4; i += TV_RULE_NT) {
     const size_t at = (size_t)(i / QK4) * TV_KD + hk * TV_DK + i % QK4 * 4;
     const float4 qv = *reinterpret_cast<const float4*>(ws.q + at), kv = *reinterpret_cast<const float4*>(ws.k + at);
-    rule_stage4[i] = qv;
-    rule_stage4[n_slots * QK4 + i] = kv;
+    reinterpret_cast<float4*>(q_st)[i] = qv;
+    reinterpret_cast<float4*>(k_st)[i] = kv;
   }
-  for (int i = t; i < n_slots * C4; i += TV_RULE_NT) rule_stage4[2 * n_slots * QK4 + i] = i == t ? v_first : v_run(i);
+  for (int i = t; i < n_slots * C4; i += TV_RULE_NT) reinterpret_cast<float4*>(v_st)[i] = i == t ? v_first : v_run(i);
   for (int a = t; a < n_slots; a += TV_RULE_NT) {
     decay_st[a] = expf(a == t ? g_first : ws.g[(size_t)a * TV_NV + h]);
     beta_st[a] = a == t ? beta_first : ws.beta[(size_t)a * TV_NV + h];
@@ -653,8 +653,8 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
   __syncthreads();  // o and delta out (delta for the commit)
   for (int i = threadIdx.x; i < n_slots * C4; i += TV_RULE_NT) {
     const size_t at = (size_t)(i / C4) * TV_VD + col0 + i % C4 * 4;
-    *reinterpret_cast<float4*>(ws.o + at) = rule_stage4[(2 * n_slots * QK4 + n_slots * C4) + i];
-    *reinterpret_cast<float4*>(ws.delta + at) = rule_stage4[(2 * n_slots * QK4 + 2 * n_slots * C4) + i];
+    *reinterpret_cast<float4*>(ws.o + at) = reinterpret_cast<const float4*>(o_st)[i];
+    *reinterpret_cast<float4*>(ws.delta + at) = reinterpret_cast<const float4*>(delta_st)[i];
   }
 }
 
