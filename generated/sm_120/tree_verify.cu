@@ -235,6 +235,29 @@ __device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int 
   }
 }
 
+// A run of N values fetched ahead of its use (kv_fetch_run) and decoded later (kv_decode_fetched), the same values as
+// kv_load_run's: a loop's next loads go out before its current sums. An unquantised cache's run is its 2-byte values
+// as stored; a quantised cache's is the row alone, loaded and decoded by kv_decode_fetched.
+template <int N>
+struct KvFetched {
+  kv_elem_t x[N];
+};
+template <int N>
+__device__ __forceinline__ void kv_fetch_run(const KvReader& kv, size_t row, int d0, KvFetched<N>& f) {
+  const kv_elem_t* p = kv.rows + row * KV_HD + d0;
+  if constexpr (N == 8 && KV_HD % 8 == 0) {  // one 16-byte load (kv_load_run's)
+    *reinterpret_cast<lg_vec16_t*>(f.x) = *reinterpret_cast<const lg_vec16_t*>(p);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f.x[i] = p[i];
+  }
+}
+template <int N>
+__device__ __forceinline__ void kv_decode_fetched(const KvReader& kv, const KvFetched<N>& f, int d0, float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = lg_to_float(f.x[i]);
+}
+
 // Cache row `row`, value d: x. Called by 32 consecutive lanes together with d = d0 + lane (d0 a multiple of 32), all
 // of them active: a quantised block is one 32-lane group.
 __device__ __forceinline__ void kv_store_group(kv_elem_t* __restrict__ kv, int max_context, size_t row, int d, float x) {
@@ -858,7 +881,9 @@ __device__ __forceinline__ void tv_attention_out(float o, int d, float gate, bf1
 // counter in `arrived`, [S][NH]) merges the ranges in order, as the streams merge (lg_softmax_merge_parts).
 // Two kernels: tree_attention, a warp a stream (the most warps for a slot's few blocks), and tree_attention_packed,
 // TV_AT_PACK streams a warp (a pass of many slots: four times the blocks resident), whose rounds load the K and V
-// rows of a warp's streams at once. Every choice depends only on the key count and the grid, the sums are the same
+// rows of a warp's streams at once. In both, a round's loads go out a round ahead (kv_fetch_run), before the
+// previous round's sums: a block's few rounds are a chain of L2 round trips otherwise (ncu, 23 slots: 72% of the
+// cycles with no eligible warp, 5% of the L2's throughput). Every choice depends only on the key count and the grid, the sums are the same
 // in both kernels, and a head's arithmetic does not depend on the others', so a slot's result is the same in any
 // tree and in either kernel.
 // Heads h0 .. h0 + HEADS - 1 of slot s over keys [k0, k1) of its n_keys (range blockIdx.z of `ranges`); SPW streams
@@ -880,7 +905,8 @@ __device__ __forceinline__ void tv_attend(const bf16_t* __restrict__ q_ws, const
   const size_t k_head = (size_t)g * max_context, v_head = (size_t)(TV_NKV + g) * max_context;
   const int* path = anc + (size_t)s * anc_stride;  // key j >= pos0: cache row pos0 + path[j - pos0]
   const KvReader reader = kv_reader(kv, max_context);
-  // the warp's streams' rows of a round (r: stream warp + r WARPS), the next round's looked up while this one loads
+  // the warp's streams' rows of a round (r: stream warp + r WARPS), looked up two rounds ahead: a round fetches the
+  // next round's K and V runs (kv_fetch_run, from the rows looked up a round before) before its own sums
   auto rows_of = [&](int j0, size_t (&rows)[SPW]) {
 #pragma unroll
     for (int r = 0; r < SPW; ++r) {
@@ -916,28 +942,42 @@ __device__ __forceinline__ void tv_attend(const bf16_t* __restrict__ q_ws, const
       for (int e = 0; e < EPL; ++e) acc[i][r][e] = 0.0f;
     }
   }
-  for (int j0 = k0 + warp; j0 < k1; j0 += TV_AT_STREAMS) {
-    float kx[SPW][EPL], vx[SPW][EPL];
+  KvFetched<EPL> k_run[SPW], v_run[SPW];  // the round's runs
+  auto fetch = [&](int j0, KvFetched<EPL>(&k_to)[SPW], KvFetched<EPL>(&v_to)[SPW]) {
 #pragma unroll
     for (int r = 0; r < SPW; ++r) {
       if (j0 + r * WARPS < k1) {
-        kv_load_run<EPL>(reader, k_head + rows[r], lane * EPL, kx[r]);
-        kv_load_run<EPL>(reader, v_head + rows[r], lane * EPL, vx[r]);
+        kv_fetch_run<EPL>(reader, k_head + rows[r], lane * EPL, k_to[r]);
+        kv_fetch_run<EPL>(reader, v_head + rows[r], lane * EPL, v_to[r]);
       }
     }
-    rows_of(j0 + TV_AT_STREAMS, rows);
+  };
+  fetch(k0 + warp, k_run, v_run);
+  rows_of(k0 + warp + TV_AT_STREAMS, rows);
+  for (int j0 = k0 + warp; j0 < k1; j0 += TV_AT_STREAMS) {
+    KvFetched<EPL> k_next[SPW], v_next[SPW];
+    fetch(j0 + TV_AT_STREAMS, k_next, v_next);
+    rows_of(j0 + 2 * TV_AT_STREAMS, rows);
 #pragma unroll
     for (int r = 0; r < SPW; ++r) {
       if (j0 + r * WARPS >= k1) break;
+      float kx[EPL], vx[EPL];  // decoded as used: a stream's runs alone in floats
+      kv_decode_fetched<EPL>(reader, k_run[r], lane * EPL, kx);
+      kv_decode_fetched<EPL>(reader, v_run[r], lane * EPL, vx);
 #pragma unroll
       for (int i = 0; i < HEADS; ++i) {
         float dot = 0.0f, corr, p;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) dot += q[i][e] * kx[r][e];
+        for (int e = 0; e < EPL; ++e) dot += q[i][e] * kx[e];
         lg_softmax_step(m[i][r], l[i][r], lg_warp_sum(dot) * 0.0625f, corr, p);
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[i][r][e] = acc[i][r][e] * corr + p * vx[r][e];
+        for (int e = 0; e < EPL; ++e) acc[i][r][e] = acc[i][r][e] * corr + p * vx[e];
       }
+    }
+#pragma unroll
+    for (int r = 0; r < SPW; ++r) {
+      k_run[r] = k_next[r];
+      v_run[r] = v_next[r];
     }
   }
   if (ranges == 1) {

@@ -231,6 +231,29 @@ __device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int 
   }
 }
 
+// A run of N values fetched ahead of its use (kv_fetch_run) and decoded later (kv_decode_fetched), the same values as
+// kv_load_run's: a loop's next loads go out before its current sums. An unquantised cache's run is its 2-byte values
+// as stored; a quantised cache's is the row alone, loaded and decoded by kv_decode_fetched.
+template <int N>
+struct KvFetched {
+  kv_elem_t x[N];
+};
+template <int N>
+__device__ __forceinline__ void kv_fetch_run(const KvReader& kv, size_t row, int d0, KvFetched<N>& f) {
+  const kv_elem_t* p = kv.rows + row * KV_HD + d0;
+  if constexpr (N == 8 && KV_HD % 8 == 0) {  // one 16-byte load (kv_load_run's)
+    *reinterpret_cast<lg_vec16_t*>(f.x) = *reinterpret_cast<const lg_vec16_t*>(p);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f.x[i] = p[i];
+  }
+}
+template <int N>
+__device__ __forceinline__ void kv_decode_fetched(const KvReader& kv, const KvFetched<N>& f, int d0, float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = lg_to_float(f.x[i]);
+}
+
 // Cache row `row`, value d: x. Called by 32 consecutive lanes together with d = d0 + lane (d0 a multiple of 32), all
 // of them active: a quantised block is one 32-lane group.
 __device__ __forceinline__ void kv_store_group(kv_elem_t* __restrict__ kv, int max_context, size_t row, int d, float x) {
