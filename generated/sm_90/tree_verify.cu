@@ -883,9 +883,9 @@ __device__ __forceinline__ void tv_attention_out(float o, int d, float gate, bf1
 // TV_AT_PACK streams a warp (a pass of many slots: four times the blocks resident), whose rounds load the K and V
 // rows of a warp's streams at once. In both, a round's loads go out a round ahead (kv_fetch_run), before the
 // previous round's sums: a block's few rounds are a chain of L2 round trips otherwise (ncu, 23 slots: 72% of the
-// cycles with no eligible warp, 5% of the L2's throughput). Every choice depends only on the key count and the grid, the sums are the same
-// in both kernels, and a head's arithmetic does not depend on the others', so a slot's result is the same in any
-// tree and in either kernel.
+// cycles with no eligible warp, 5% of the L2's throughput). Every choice depends only on the key count and the grid,
+// the sums are the same in both kernels, and a head's arithmetic does not depend on the others', so a slot's result
+// is the same in any tree and in either kernel.
 // Heads h0 .. h0 + HEADS - 1 of slot s over keys [k0, k1) of its n_keys (range blockIdx.z of `ranges`); SPW streams
 // a warp.
 template <int HEADS, int SPW>
