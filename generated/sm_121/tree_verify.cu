@@ -619,30 +619,23 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
   tv_rule_load(root, committed + (size_t)col * TV_DK, j);
   lg_dependent_start();
   const tree_ws ws = tv_workspace(workspace, n_slots);
-  // Every slot's inputs staged at once in float4 runs: the slots' loop below then waits on no global memory but the
-  // path table. A thread's first v run and slot scalars are loaded before its q and k runs and stored after them, so
-  // that the staging waits on global memory about once.
+  // Every slot's inputs staged at once, every copy of a thread in flight together (asynchronous 16-byte copies where
+  // the chip has them): the slots' loop below then waits on no global memory but the path table.
   const int t = threadIdx.x;
-  auto v_run = [&](int i) {
-    return *reinterpret_cast<const float4*>(ws.v + (size_t)(i / C4) * TV_VD + col0 + i % C4 * 4);
-  };
-  const float4 v_first = t < n_slots * C4 ? v_run(t) : float4{};
-  const float g_first = t < n_slots ? ws.g[(size_t)t * TV_NV + h] : 0.0f;
-  const float beta_first = t < n_slots ? ws.beta[(size_t)t * TV_NV + h] : 0.0f;
-  const int parent_first = t < n_slots ? parent[t] : 0;
-#pragma unroll 8
   for (int i = t; i < n_slots * QK4; i += TV_RULE_NT) {
     const size_t at = (size_t)(i / QK4) * TV_KD + hk * TV_DK + i % QK4 * 4;
-    const float4 qv = *reinterpret_cast<const float4*>(ws.q + at), kv = *reinterpret_cast<const float4*>(ws.k + at);
-    reinterpret_cast<float4*>(q_st)[i] = qv;
-    reinterpret_cast<float4*>(k_st)[i] = kv;
+    lg_copy16(q_st + 4 * i, ws.q + at);
+    lg_copy16(k_st + 4 * i, ws.k + at);
   }
-  for (int i = t; i < n_slots * C4; i += TV_RULE_NT) reinterpret_cast<float4*>(v_st)[i] = i == t ? v_first : v_run(i);
+  for (int i = t; i < n_slots * C4; i += TV_RULE_NT)
+    lg_copy16(v_st + 4 * i, ws.v + (size_t)(i / C4) * TV_VD + col0 + i % C4 * 4);
+  lg_cp_async_commit();
   for (int a = t; a < n_slots; a += TV_RULE_NT) {
-    decay_st[a] = expf(a == t ? g_first : ws.g[(size_t)a * TV_NV + h]);
-    beta_st[a] = a == t ? beta_first : ws.beta[(size_t)a * TV_NV + h];
-    parent_st[a] = a == t ? parent_first : parent[a];
+    decay_st[a] = expf(ws.g[(size_t)a * TV_NV + h]);
+    beta_st[a] = ws.beta[(size_t)a * TV_NV + h];
+    parent_st[a] = parent[a];
   }
+  lg_cp_async_wait<0>();
   __syncthreads();
   float kk[KPL], qq[KPL];
   const float *k_s = k_st, *q_s = q_st;  // slot s's rows, walked along with s
