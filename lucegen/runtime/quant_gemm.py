@@ -310,6 +310,9 @@ class QuantGemm:
         self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
         self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
         self.use_one_row = True  # m1q.. for one-row int8 launches (tools/quant_gemm_bench.py --one-row 0,1 compares)
+        #: A residual's rows' RMSNorm totals left to its reader's quantiser (:meth:`residual`, ``totals_by_reader``):
+        #: (ss_out, parts, ss_stride, M), made by the next launch of this module.
+        self._totals_due = None
 
     def free(self) -> None:
         """Free the module's own buffers (its matrices are the caller's)."""
@@ -383,6 +386,13 @@ class QuantGemm:
         and costs a reader of M rows M times the parts."""
         return M > 1
 
+    def quantiser_totals(self, M: int) -> bool:
+        """Whether an M-row reader of this module's int8 groups quantises its activations in a launch of its own
+        (quant_gemm_q8_rows: the prequantised kernels' row counts), which then also totals the RMSNorm parts a residual
+        left for it (:meth:`residual`'s ``totals_by_reader``): at more than one row (:meth:`row_totals`)."""
+        return (self.int8 and self.use_prequantised and self.row_totals(M) and token_groups(M) in PREQUANTISED_NT
+                and M <= PREQUANTISED_ROWS)
+
     def ss_for_readers(self, ss: int, parts: int, stride: int, M: int) -> tuple[int, int]:
         """(ss, ss_parts) for the readers of M rows of partial sums this module's residuals (or its decoder's
         embedding) left over those M rows: their totals, one part, where :meth:`row_totals`; else the ``parts``.
@@ -396,7 +406,8 @@ class QuantGemm:
 
     # ---- launches ------------------------------------------------------------------------------------------------
     def _launch(self, kind: str, A: int, lda: int, W: QuantMatrix, M: int, K: int, *, ss=0, ss_parts=0, ss_stride=0,
-                out=0, ldo=0, x=0, norm_w=0, xn=0, ss_out=0, argmax_key=0, a_amax=0, amax_out=0, stream=None) -> None:
+                out=0, ldo=0, x=0, norm_w=0, xn=0, ss_out=0, argmax_key=0, a_amax=0, amax_out=0, stream=None,
+                row_totals=True) -> None:
         if not isinstance(W, QuantMatrix):
             raise LucegenError(f"quant_gemm_{kind}: W must be a QuantMatrix, got {type(W).__name__}")
         if M < 1 or K != W.K:
@@ -422,20 +433,37 @@ class QuantGemm:
         if grid[1] > MAX_ROW_GROUPS:
             raise LucegenError(f"quant_gemm_{kind}: M={M} is over {MAX_ROW_GROUPS} groups of {8 * NT_MAX} rows")
         name, smem = self.kernel(W, M, A, lda)
+        due, self._totals_due = self._totals_due, None
+        prequantised = self.kernels[name].prequantised
+        if due and not (prequantised and int(ss) == self._totals_at(due)):
+            self._q8_rows(0, 0, 0, 0, 0, 8, 0, 0, due, stream)  # a reader without a quantiser: the totals alone
+            due = None
         aq = a_da = 0
-        if self.kernels[name].prequantised:  # the launch's int8 activations, once
+        if prequantised:  # the launch's int8 activations, once (and the totals due, beside them)
             aq, a_da = self.q8_buffers[-2].ptr, self.q8_buffers[-1].ptr
-            group = 8 * self.kernels[name].nt  # the launch's tokens a block, zero past M in the last group
-            self.q8_rows_fn.launch((K // 256, grid[1] * group // 8), self.threads, (
-                address(A), np.int32(lda), address(a_amax), np.int32(M), np.int32(K), np.int32(group), address(aq),
-                address(a_da)), stream=stream)
+            self._q8_rows(A, lda, a_amax, M, K, 8 * self.kernels[name].nt, aq, a_da, due, stream)
         self.functions[name].launch(grid, self.warps(W) * self.target.warp_size, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
             np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
             address(xn), address(ss_out), address(argmax_key), address(a_amax), address(amax_out),
-            address(self.ss_count.ptr if ss_out and self.row_totals(M) else 0))
+            address(self.ss_count.ptr if ss_out and row_totals and self.row_totals(M) else 0))
             + ((address(aq), address(a_da)) if aq else ()), smem=smem, stream=stream)
+
+    @staticmethod
+    def _totals_at(due) -> int:
+        """Where the rows' totals of a residual's ``due`` = (ss_out, parts, ss_stride, M) go: after its parts."""
+        ss_out, parts, stride, _ = due
+        return int(ss_out) + 4 * parts * stride
+
+    def _q8_rows(self, A, lda, a_amax, M, K, group, aq, a_da, due, stream) -> None:
+        """quant_gemm_q8_rows: M rows of A (K columns; none at K = 0) as int8 bytes in the launch's groups of ``group``
+        tokens, and, with ``due`` (:meth:`_totals_at`), that residual's rows' RMSNorm totals."""
+        ss_out, parts, stride, rows = due or (0, 0, 0, 0)
+        y = -(-max(M, rows) // group) * group // 8  # blocks of 8 tokens
+        self.q8_rows_fn.launch((K // 256 + (1 if due else 0), y), self.threads, (
+            address(A), np.int32(lda), address(a_amax), np.int32(M), np.int32(K), np.int32(group), address(aq),
+            address(a_da), address(ss_out), np.int32(parts), np.int32(stride), np.int32(rows)), stream=stream)
 
     def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:
@@ -530,11 +558,18 @@ class QuantGemm:
 
     def residual(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, x: int, ldx: int, norm_w: int,
                  xn: int, ldxn: int, ss_out: int, ss_stride: int, stream=None, workspace: int = 0,
-                 workspace_bytes: int = 0, a_amax: int = 0, amax_out: int = 0) -> None:
+                 workspace_bytes: int = 0, a_amax: int = 0, amax_out: int = 0, totals_by_reader: bool = False) -> None:
         """x f32 += acc; xn = x (1 + norm_w); ss_out: the rows' sums of squares per row tile (:meth:`ss_parts`) and,
         at more than one row, their totals after them (:meth:`ss_scratch_parts` rows of ss_stride; no split-K);
-        ``amax_out``: xn's magnitudes per 16 values too (as :meth:`amax`; int8-activation modules alone)."""
+        ``amax_out``: xn's magnitudes per 16 values too (as :meth:`amax`; int8-activation modules alone).
+        ``totals_by_reader``: the next launch of this module reads these rows (``ss_for_readers``), so where its
+        quantiser runs (:meth:`quantiser_totals`) the totals are made there, beside the quantising, not by this
+        launch's last block after every other (the same sums: lg_parts_sums' one order); any other next launch makes
+        them first."""
         if W.count != 1 or N != W.rows or ldx != ldxn or ldx < N or ss_stride < M:
             raise LucegenError(f"quant_gemm_residual: one matrix of N={N} rows, ldx == ldxn >= N, ss_stride >= M")
+        defer = totals_by_reader and self.quantiser_totals(M)
         self._launch("residual", A, lda, W, M, K, ldo=ldx, x=x, norm_w=norm_w, xn=xn, ss_out=ss_out,
-                     ss_stride=ss_stride, a_amax=a_amax, amax_out=amax_out, stream=stream)
+                     ss_stride=ss_stride, a_amax=a_amax, amax_out=amax_out, stream=stream, row_totals=not defer)
+        if defer:
+            self._totals_due = (ss_out, W.tiles, ss_stride, M)

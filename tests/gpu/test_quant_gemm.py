@@ -374,6 +374,52 @@ def test_row_totals_equal_a_one_row_readers_sum(qg):
     np.testing.assert_allclose(totals, (x1 ** 2).sum(axis=1), rtol=1e-5)
 
 
+@pytest.mark.parametrize("M", [9, 23])
+def test_totals_by_reader_equal_the_residuals_own(M):
+    """QuantGemm.residual(totals_by_reader=True) leaves its rows' RMSNorm totals to the next launch: the quantiser of
+    a prequantised reader makes them beside its bytes, any other reader in a launch of their own first. Either way the
+    totals and the reader's rows equal those of a residual that made them itself, bit for bit."""
+    qg = int8_qg(gpu_device())
+    d, rng = qg.device, np.random.default_rng(60 + M)
+    K, N = 256, 5120
+    Wd = qg.matrix(group(rng, ["Q4_K"], [N], K, "quantized")[0], K, int8=True)
+    reader = group(rng, ["Q4_K"], [64], N, "quantized")[0]
+    Wq, Wf = qg.matrix(reader, N, int8=True), qg.matrix(reader, N)  # int8 (prequantised at M) and float readers
+    parts, scratch = qg.ss_parts(Wd), qg.ss_scratch_parts(Wd)
+    a = activations(qg, rng, M, K)
+    x0 = rng.standard_normal((M, N)).astype(np.float32)
+    norm_w = rng.standard_normal(N).astype(np.float32) * 0.1
+
+    def run(W, by_reader):
+        with d.upload(a) as da, d.upload(x0) as dx, d.upload(norm_w) as dw, d.alloc(M * N * 2) as dxn, \
+                d.alloc(scratch * M * 4) as dss, d.alloc(M * K // 8) as da_am, d.alloc(M * N // 8) as dam, \
+                d.alloc(M * 64 * 4) as dout:
+            d.memset(dss)
+            qg.amax(da.ptr, K, M, K, da_am.ptr)
+            qg.residual(da.ptr, K, Wd, None, M, N, K, dx.ptr, N, dw.ptr, dxn.ptr, N, dss.ptr, M, a_amax=da_am.ptr,
+                        amax_out=dam.ptr, totals_by_reader=by_reader)
+            assert (qg._totals_due is not None) == by_reader
+            qg.rows_f32(dxn.ptr, N, W, None, M, 64, N, *qg.ss_for_readers(dss.ptr, parts, M, M), M, dout.ptr, 64,
+                        a_amax=dam.ptr)
+            assert qg._totals_due is None
+            d.synchronize()
+            return d.download(dss, np.float32, (scratch, M)), d.download(dout, np.float32, (M, 64))
+
+    try:
+        with d.upload(a) as da:
+            assert qg.quantiser_totals(M) and qg.kernels[qg.kernel(Wq, M, da.ptr, N)[0]].prequantised
+            assert not qg.kernels[qg.kernel(Wf, M, da.ptr, N)[0]].prequantised
+        for W in (Wq, Wf):
+            ss_own, out_own = run(W, False)
+            ss_by_reader, out_by_reader = run(W, True)
+            np.testing.assert_array_equal(ss_by_reader.view(np.uint32), ss_own.view(np.uint32))
+            np.testing.assert_array_equal(out_by_reader.view(np.uint32), out_own.view(np.uint32))
+            assert np.abs(out_own).max() > 0 and ss_own[parts].min() > 0
+    finally:
+        for W in (Wd, Wq, Wf):
+            W.free()
+
+
 def int8_qg(device) -> QuantGemm:
     """The GEMM of the device's quantised target with [quant] int8_activations on (whatever its descriptor chose),
     where the chip can have it."""

@@ -1349,11 +1349,24 @@ quant_gemm_amax(const fp16_t* __restrict__ A, int lda, int K, unsigned short* __
 //   aq[y][b][s][mm][32]  (values 32 s .. 32 s + 31 of the block)      a_da[y][b][mm]
 // zero for the tokens m >= M of the last group. Warp w of block (b, z) takes token 8 z + w, its lane l the values
 // 8 l .. 8 l + 7 (step l / 4's, lane t = l % 4's).
+// With ss (a residual's RMSNorm parts, [parts][ss_stride] floats, of `rows` rows), the blocks (K / 256, z) also leave
+// those rows' totals after the parts, ss[parts ss_stride + m] (qg_row_totals' sums, lg_parts_sums' one order), which a
+// residual's last block would otherwise make after every other (QuantGemm.residual, totals_by_reader): warp w of
+// block z row 8 z + w. K = 0: the totals alone.
 extern "C" __global__ void __launch_bounds__(QG_THREADS)
 quant_gemm_q8_rows(const fp16_t* __restrict__ A, int lda, const unsigned short* __restrict__ amax, int M, int K,
-                   int group, unsigned char* __restrict__ aq, float* __restrict__ a_da) {
+                   int group, unsigned char* __restrict__ aq, float* __restrict__ a_da, float* __restrict__ ss,
+                   int ss_parts, int ss_stride, int rows) {
   lg_launch_dependents();
   const int b = blockIdx.x, m = 8 * blockIdx.y + (int)(threadIdx.x / LG_WARP_SIZE), lane = (int)lg_lane_id();
+  if (b == K / 256) {  // the residual's row totals
+    lg_grid_dependency_wait();  // its parts come from the previous kernel
+    const float* const p[1] = {m < rows ? ss + m : nullptr};
+    float total[1];
+    lg_parts_sums<1, 12>(total, p, ss_parts, ss_stride);
+    if (lane == 0 && m < rows) ss[(size_t)ss_parts * ss_stride + m] = total[0];
+    return;
+  }
   const int y = m / group, mm = m % group;
   lg_grid_dependency_wait();  // A and its magnitudes come from the previous kernel, which may still read aq
   int most = lane < 16 && m < M ? (int)amax[(size_t)m * (lda / 16) + 16 * b + lane] : 0;  // fp16 bits >= 0

@@ -196,6 +196,9 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
     xn_am, mix_am, act_am = (acts.magnitudes(n) for n in ("xn", "mix", "act"))
     reads = (lambda am: {"a_amax": am}) if xn_am else (lambda am: {})
     writes = (lambda am: {"amax_out": am}) if xn_am else (lambda am: {})
+    # a residual whose rows the GEMM right after it reads (every one but the last layer's, which the lm_head reads
+    # later): their RMSNorm totals may be made by that reader's quantiser (QuantGemm.residual)
+    then_read = (lambda read: {"totals_by_reader": read}) if xn_am else (lambda read: {})
     weights.embed(tokens, T, x, xn, ss, seg, stream)
     if xn_am:
         gemm.amax(xn, H, T, H, xn_am, stream=stream)
@@ -209,11 +212,11 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
         if not mix(l, T, mix_am if mix_reads else 0) and mix_reads:
             gemm.amax(out, k_out, T, k_out, mix_am, stream=stream)
         gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
-                      stream=stream, **resid_ws, **reads(mix_am), **writes(xn_am))
+                      stream=stream, **resid_ws, **reads(mix_am), **writes(xn_am), **then_read(True))
         gemm.swiglu(xn, H, wmat(l.gateup), H, T, 2 * I, H, *gemm.ss_for_readers(ss, ss_parts, seg, T), seg, act, I,
                     stream=stream, **reads(xn_am), **writes(act_am))
         gemm.residual(act, I, wmat(l.down), I, T, H, I, x, H, wvec(next_norm), xn, H, ss, seg, stream=stream,
-                      **resid_ws, **reads(act_am), **writes(xn_am))
+                      **resid_ws, **reads(act_am), **writes(xn_am), **then_read(i + 1 < len(layers)))
         if after_layer:
             after_layer(i, T, x)
 
