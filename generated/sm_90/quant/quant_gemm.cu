@@ -1369,14 +1369,16 @@ quant_gemm_q8_rows(const fp16_t* __restrict__ A, int lda, const unsigned short* 
   }
   const int y = m / group, mm = m % group;
   lg_grid_dependency_wait();  // A and its magnitudes come from the previous kernel, which may still read aq
-  int most = lane < 16 && m < M ? (int)amax[(size_t)m * (lda / 16) + 16 * b + lane] : 0;  // fp16 bits >= 0
+  // the values and their magnitudes asked for together: one round trip, not two
+  const uint4 x = m < M ? __ldg(reinterpret_cast<const uint4*>(A + (size_t)m * lda + 256 * b + 8 * lane))
+                        : uint4{0, 0, 0, 0};
+  int most = lane < 16 && m < M ? (int)__ldg(amax + (size_t)m * (lda / 16) + 16 * b + lane) : 0;  // fp16 bits >= 0
   for (int offset = 16; offset > 0; offset >>= 1) most = max(most, lg_shfl_xor(most, offset));
   // inv and da as qg_q8_scales writes them (its text is left as it is: a helper shared with it moved the schedule
   // of m1q's loops, notes session 58)
   const float a = qg_f16((unsigned)most);
   const __half inv = __float2half_rz(a > 0.0f ? __fdiv_rn(127.0f, a) : 0.0f);
   const unsigned inv2 = (unsigned)__half_as_ushort(inv) * 0x00010001u;
-  const uint4 x = m < M ? *reinterpret_cast<const uint4*>(A + (size_t)m * lda + 256 * b + 8 * lane) : uint4{0, 0, 0, 0};
   const size_t block = (size_t)y * (K / 256) + b;
   *reinterpret_cast<uint2*>(aq + ((block * 8 + (lane >> 2)) * group + mm) * 32 + 8 * (lane & 3)) =
       make_uint2(qg_q8_word(x.x, x.y, inv2), qg_q8_word(x.z, x.w, inv2));
