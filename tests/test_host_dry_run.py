@@ -87,6 +87,7 @@ def test_speculative_engine_on_a_quantised_target(models, chip, draft_file, kv):
         if hasattr(part, "close"):
             part.close()
     assert dev.allocated == 0, f"{dev.allocated} bytes left allocated: {sorted(dev.live.values())}"
+    assert dev.pinned_live == 0, f"{dev.pinned_live} pinned host arrays left"
 
 
 def test_memory_plan_predicts_the_ledger(models):
@@ -138,7 +139,7 @@ def test_megakernel_decoder_prefill_and_chain_verify(models, chip):
     assert dev.launches[-1][:2] == (KERNEL_NAME, (dev.target.megakernel.blocks,))
     for part in (ver, pre, draft, dec):
         part.close()
-    assert dev.allocated == 0, f"{dev.allocated} bytes left allocated"
+    assert dev.allocated == 0 and dev.pinned_live == 0, f"{dev.allocated} bytes left allocated"
 
 
 def test_cli_run_and_bench_with_a_bounded_draft_ring(models, monkeypatch, capsys):

@@ -87,6 +87,21 @@ def upload_pair(device, array: np.ndarray, buffer: Buffer | None) -> tuple[np.nd
     return array, buffer
 
 
+@dataclasses.dataclass
+class PinnedArray:
+    """Page-locked host memory as a numpy array (``array``, at host address ``ptr``): what the device copies to and
+    from asynchronously (:meth:`Device.upload_pinned_async`, :meth:`Device.download_pinned_async`), inside a captured
+    graph too, where a pageable array cannot be. Free with :meth:`free`."""
+
+    array: np.ndarray
+    ptr: int
+
+    def free(self) -> None:
+        if self.ptr:
+            _check("cuMemFreeHost", _driver().cuMemFreeHost(self.ptr))
+            self.ptr, self.array = 0, None
+
+
 class Stream:
     def __init__(self, handle):
         self.handle = handle
@@ -449,6 +464,34 @@ class Device:
         if array.nbytes:
             _check("cuMemcpyHtoDAsync", _driver().cuMemcpyHtoDAsync(buffer.ptr, array.ctypes.data, array.nbytes,
                                                                     stream.handle))
+
+    def pinned(self, count: int, dtype) -> PinnedArray:
+        """``count`` elements of ``dtype`` of page-locked host memory (cuMemHostAlloc), zeroed."""
+        import ctypes
+
+        nbytes = count * np.dtype(dtype).itemsize
+        if nbytes <= 0:
+            raise DeviceError(f"cannot pin {nbytes} bytes")
+        ptr = int(_check(f"cuMemHostAlloc({nbytes})", _driver().cuMemHostAlloc(nbytes, 0)))
+        array = np.frombuffer((ctypes.c_byte * nbytes).from_address(ptr), dtype=dtype, count=count)
+        array[:] = 0
+        return PinnedArray(array, ptr)
+
+    def upload_pinned_async(self, host: PinnedArray, buffer: Buffer, stream: Stream) -> None:
+        """Copy all of ``host`` into ``buffer``, queued on ``stream`` (capturable in a graph: the graph then reads
+        ``host`` as it is when the copy runs)."""
+        if host.array.nbytes > buffer.nbytes:
+            raise DeviceError(f"upload of {host.array.nbytes} bytes into a {buffer.nbytes}-byte buffer")
+        _check("cuMemcpyHtoDAsync", _driver().cuMemcpyHtoDAsync(buffer.ptr, host.ptr, host.array.nbytes,
+                                                                stream.handle))
+
+    def download_pinned_async(self, buffer: Buffer, host: PinnedArray, stream: Stream) -> None:
+        """Copy the first ``host.array.nbytes`` of ``buffer`` into ``host``, queued on ``stream`` (capturable);
+        readable once the stream is synchronised."""
+        if host.array.nbytes > buffer.nbytes:
+            raise DeviceError(f"download of {host.array.nbytes} bytes from a {buffer.nbytes}-byte buffer")
+        _check("cuMemcpyDtoHAsync", _driver().cuMemcpyDtoHAsync(host.ptr, buffer.ptr, host.array.nbytes,
+                                                                stream.handle))
 
     def download(self, buffer: Buffer, dtype, shape: int | Sequence[int]) -> np.ndarray:
         out = np.empty(shape, dtype=dtype)

@@ -83,6 +83,18 @@ class HostBuffer(Buffer):
             self.ptr = 0
 
 
+class HostPinnedArray:
+    """Device.pinned's stand-in: a numpy array of ordinary memory, counted live until freed."""
+
+    def __init__(self, array: np.ndarray, release):
+        self.array, self.ptr, self._release = array, 1, release
+
+    def free(self) -> None:
+        if self.ptr:
+            self._release()
+            self.ptr, self.array = 0, None
+
+
 class HostFunction:
     def __init__(self, module: "HostModule", name: str):
         self.module, self.name = module, name
@@ -220,6 +232,7 @@ class HostDevice:
         self.live: dict[int, int] = {}  # address -> bytes
         self.launches: list = []
         self.reply = None
+        self.pinned_live = 0  # pinned arrays not yet freed
         self._next = 1 << 40
 
     # ---- memory ------------------------------------------------------------------------------------------------
@@ -262,6 +275,22 @@ class HostDevice:
     def upload_async(self, array: np.ndarray, buffer: Buffer, stream) -> None:
         array, buffer = upload_pair(self, array, buffer)
         self.check_range("upload_async", buffer.ptr, array.nbytes)
+
+    def pinned(self, count: int, dtype) -> HostPinnedArray:
+        if count <= 0:
+            raise DeviceError(f"cannot pin {count} elements")
+        self.pinned_live += 1
+        return HostPinnedArray(np.zeros(count, dtype), self._release_pinned)
+
+    def _release_pinned(self) -> None:
+        self.pinned_live -= 1
+
+    def upload_pinned_async(self, host, buffer: Buffer, stream) -> None:
+        self.check_range("upload_pinned_async", buffer.ptr, host.array.nbytes)
+
+    def download_pinned_async(self, buffer: Buffer, host, stream) -> None:
+        """As :meth:`download`, into ``host`` (``reply`` answers, or zeros)."""
+        host.array[:] = self.download(buffer, host.array.dtype, host.array.shape)
 
     def download(self, buffer: Buffer, dtype, shape) -> np.ndarray:
         out = np.zeros(shape, dtype=dtype)

@@ -78,11 +78,20 @@ def step_input_words(slots: int) -> int:
     return 1 + slots + (2 + slots) * slots
 
 
+def write_step_inputs(out: np.ndarray, position: int, tokens: np.ndarray, layout: np.ndarray, slots: int) -> None:
+    """The step inputs of a pass at ``position`` into the int32 array ``out`` (at least 1 + slots + layout.size):
+    pos0, ``tokens`` (its slots', padded with zeros to ``slots``), ``layout``."""
+    out[0] = position
+    out[1 : 1 + tokens.size] = tokens
+    out[1 + tokens.size : 1 + slots] = 0
+    out[1 + slots : 1 + slots + layout.size] = layout
+
+
 def step_inputs(position: int, tokens: np.ndarray, layout: np.ndarray, slots: int) -> np.ndarray:
-    """The step inputs of a pass at ``position``: pos0, ``tokens`` (its slots', padded to ``slots``), ``layout``."""
-    padded = np.zeros(slots, np.int32)
-    padded[: tokens.size] = tokens
-    return np.concatenate([np.array([position], np.int32), padded, layout.astype(np.int32)])
+    """:func:`write_step_inputs` into a new array of exactly that length."""
+    out = np.empty(1 + slots + layout.size, np.int32)
+    write_step_inputs(out, position, tokens, layout, slots)
+    return out
 
 
 def tree_layout(tree: ddtree.Tree) -> np.ndarray:
@@ -165,6 +174,10 @@ class TreeVerifier:
         self.pos0 = Buffer(self.step_in.ptr, 4, None)
         self.tokens = Buffer(self.step_in.ptr + 4, 4 * S, None)
         self.layout_buf = Buffer(self.step_in.ptr + 4 * (1 + S), 4 * (2 + S) * S, None)
+        # a verify's step inputs and greedy tokens in page-locked memory, copied by its graph (no copy calls of the
+        # host's on the step's way: they cost more than the copies)
+        self.step_in_host = d.pinned(step_input_words(S), np.int32)
+        self.argmax_host = d.pinned(S, np.int32)
         self.history = d.alloc(4 * self.token_buffers * self.dec.max_context)
         d.memset(self.argmax_arrived)  # rows_argmax's counters start at zero and end every launch there
         d.memset(self.att_arrived)  # so do tree_attention's
@@ -176,6 +189,9 @@ class TreeVerifier:
             g.destroy()
         if hasattr(self, "acts"):
             self.acts.free()
+        for name in ("step_in_host", "argmax_host"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).free()
         names = (*slot_buffer_bytes(self.dec, self.pf), "step_in", "history", "dn_arrived") \
             if hasattr(self, "pf") else ()
         for name in names:  # what _allocate made
@@ -266,8 +282,14 @@ class TreeVerifier:
         graph.launch(self.stream)
 
     def _run_pass(self, S: int) -> None:
+        """A verify pass of S slots: its step inputs from ``step_in_host``, its greedy tokens into ``argmax_host``."""
         bodies = self.tree_attention.bodies(S, self.dec.position)
-        self._replay(self._graphs, (S, bodies), lambda: self._enqueue_pass(S, bodies))
+
+        def enqueue():
+            self.device.upload_pinned_async(self.step_in_host, self.step_in, self.stream)
+            self._enqueue_pass(S, bodies)
+            self.device.download_pinned_async(self.argmax, self.argmax_host, self.stream)
+        self._replay(self._graphs, (S, bodies), enqueue)
 
     def verify(self, tree: ddtree.Tree, root_token: int, *, logits: bool = False):
         """The target's greedy token after every slot of ``[root] + tree`` (int64 [1 + n]; with ``logits`` also the
@@ -282,12 +304,12 @@ class TreeVerifier:
         tokens = tree.verify_tokens(int(root_token))
         if tokens.min() < 0 or tokens.max() >= c.vocab_size:
             raise LucegenError(f"verify token id out of range [0, {c.vocab_size})")
-        self.device.upload_async(step_inputs(dec.position, tokens, tree_layout(tree), self.slots), self.step_in,
-                                 self.stream)  # after any pass still queued, which may read the last step's
+        # step_in_host is free: the last verify's graph, its only reader, ran before that verify returned
+        write_step_inputs(self.step_in_host.array, dec.position, tokens, tree_layout(tree), self.slots)
         self._run_pass(S)
         self._verified = S  # the commit replays the updates this pass left in the layer workspaces
         self.stream.synchronize()
-        argmax = self.device.download(self.argmax, np.int32, (S,)).astype(np.int64)
+        argmax = self.argmax_host.array[:S].astype(np.int64)
         if logits:
             return argmax, self.device.download(self.logits, np.float32, (S, c.vocab_size))
         return argmax
