@@ -13,6 +13,7 @@ because their C type would be a guess. Every driver call is checked: a failure i
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from typing import Iterable, Sequence
 
@@ -467,8 +468,6 @@ class Device:
 
     def pinned(self, count: int, dtype) -> PinnedArray:
         """``count`` elements of ``dtype`` of page-locked host memory (cuMemHostAlloc), zeroed."""
-        import ctypes
-
         nbytes = count * np.dtype(dtype).itemsize
         if nbytes <= 0:
             raise DeviceError(f"cannot pin {nbytes} bytes")
