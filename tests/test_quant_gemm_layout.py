@@ -224,3 +224,62 @@ def test_densest_row_tiles_come_first():
     assert list(table["col0"]) == [0, 40, 60] and list(table["rows"]) == [40, 20, 16] and W.tiles == 6
     pair = QuantMatrix(device, [("Q4_K", raw("Q4_K", 32), 32, 0), ("Q6_K", raw("Q6_K", 32), 32, 0)], K, pair=True)
     assert list(np.frombuffer(pair.table.raw, SEGMENT_DTYPE)[:2]["tile0"]) == [0, 2]
+
+
+def test_a_residual_leaves_its_row_totals_to_the_next_launch():
+    """QuantGemm.residual(totals_by_reader=True) at 23 rows launches without its last block's tail (no ss_count), and
+    the module's next launch makes the rows' totals: a prequantised reader's quantiser in one more column of blocks,
+    any other launch in a quantiser launch of the totals alone (K = 0) before it. At one row, or without
+    totals_by_reader, the residual keeps its tail and no quantiser makes totals."""
+    from lucegen.runtime.host_device import HostDevice
+    from lucegen.runtime.quant_gemm import QuantGemm
+    from lucegen.target import load_target
+
+    target = load_target("sm_90").quantised_target()
+    dev = HostDevice(target)
+    qg = QuantGemm(dev, target, 5120, 1e-6)
+    rng = np.random.default_rng(1)
+    K, N, M = 256, 5120, 23
+
+    def matrix(rows, k, int8=True):
+        raw = rng.integers(0, 256, rows * k // 256 * TYPES["Q4_K"][2], dtype=np.uint8)
+        return qg.matrix([("Q4_K", raw, rows, 0)], k, int8=int8)
+
+    down, reader, float_reader = matrix(N, K), matrix(64, N), matrix(64, N, int8=False)
+    parts = qg.ss_parts(down)
+    buf = {n: dev.alloc(b) for n, b in (("a", M * N * 2), ("am", M * N // 8), ("x", M * N * 4), ("w", N * 4),
+                                         ("xn", M * N * 2), ("ss", (parts + 1) * M * 4), ("out", M * 64 * 4))}
+    ss, ss_parts = qg.ss_for_readers(buf["ss"].ptr, parts, M, M)
+    tail_counter = 22  # quant_gemm's last argument: the residual's ss_count
+
+    def launches(rows, by_reader, W):
+        del dev.launches[:]
+        qg.residual(buf["a"].ptr, K, down, None, rows, N, K, buf["x"].ptr, N, buf["w"].ptr, buf["xn"].ptr, N,
+                    buf["ss"].ptr, M, a_amax=buf["am"].ptr, amax_out=buf["am"].ptr, totals_by_reader=by_reader)
+        r_ss, r_parts = qg.ss_for_readers(buf["ss"].ptr, parts, M, rows)
+        qg.rows_f32(buf["xn"].ptr, N, W, None, rows, 64, N, r_ss, r_parts, M, buf["out"].ptr, 64,
+                    a_amax=buf["am"].ptr)
+        assert qg._totals_due is None
+        return [(name, grid, args) for name, grid, _, _, _, args in dev.launches]
+
+    def totals_job(args):  # quant_gemm_q8_rows' (ss, parts, stride, rows)
+        return tuple(int(a.ptr) if hasattr(a, "ptr") else int(a) for a in args[8:])
+
+    # deferred to a prequantised reader: no tail; its quantiser (K / 256 + 1 columns of blocks) totals the parts
+    seq = launches(M, True, reader)
+    assert [n for n, _, _ in seq] == ["quant_gemm_q8_rows", "quant_gemm_nt3qp", "quant_gemm_q8_rows",
+                                      "quant_gemm_nt3qp"]
+    assert int(seq[1][2][tail_counter]) == 0
+    assert seq[2][1] == (N // 256 + 1, 3) and totals_job(seq[2][2]) == (buf["ss"].ptr, parts, M, M)
+    assert ss == buf["ss"].ptr + 4 * parts * M and ss_parts == 1
+    # deferred, but the next launch quantises as it loads: the totals alone first
+    seq = launches(M, True, float_reader)
+    assert [n for n, _, _ in seq][1:] == ["quant_gemm_nt3qp", "quant_gemm_q8_rows", "quant_gemm_nt3"]
+    assert seq[2][1] == (1, 3) and int(seq[2][2][4]) == 0 and totals_job(seq[2][2]) == (buf["ss"].ptr, parts, M, M)
+    # not deferred: the residual's tail, and a quantiser without totals
+    seq = launches(M, False, reader)
+    assert int(seq[1][2][tail_counter]) != 0
+    assert seq[2][1] == (N // 256, 3) and totals_job(seq[2][2]) == (0, 0, 0, 0)
+    # one row: the readers total the parts themselves; nothing deferred
+    seq = launches(1, True, reader)
+    assert [n for n, _, _ in seq] == ["quant_gemm_m1q", "quant_gemm_m1q"] and int(seq[0][2][tail_counter]) == 0
