@@ -274,22 +274,10 @@ __device__ __forceinline__ KvReader kv_reader(const kv_elem_t* kv, int max_conte
 }
 
 
-// x[i] = value d0 + i of cache row `row`, i < N (N divides 32, d0 a multiple of N: one quantised block).
-template <int N>
-__device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int d0, float (&x)[N]) {
-  const kv_elem_t* p = kv.rows + row * KV_HD + d0;
-  if constexpr (N == 8 && KV_HD % 8 == 0) {  // one 16-byte load: rows of whole 16-byte runs, d0 a multiple of 8
-    const lg_vec16_t run = *reinterpret_cast<const lg_vec16_t*>(p);
-    lg_unpack8<kv_elem_t>(run, x);
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = lg_to_float(p[i]);
-  }
-}
-
-// A run of N values fetched ahead of its use (kv_fetch_run) and decoded later (kv_decode_fetched), the same values as
-// kv_load_run's: a loop's next loads go out before its current sums. An unquantised cache's run is its 2-byte values
-// as stored; a quantised cache's is the row alone, loaded and decoded by kv_decode_fetched.
+// A run of N values of cache row `row` from value d0 (N divides 32, d0 a multiple of N: one quantised block), in two
+// steps so that a loop's next loads can go out before its current sums: kv_fetch_run loads what the run needs (an
+// unquantised cache's 2-byte values as stored; a quantised cache's row alone), kv_decode_fetched makes the floats
+// (a quantised cache's block loaded and decoded there). kv_load_run is the two at once.
 template <int N>
 struct KvFetched {
   kv_elem_t x[N];
@@ -297,7 +285,7 @@ struct KvFetched {
 template <int N>
 __device__ __forceinline__ void kv_fetch_run(const KvReader& kv, size_t row, int d0, KvFetched<N>& f) {
   const kv_elem_t* p = kv.rows + row * KV_HD + d0;
-  if constexpr (N == 8 && KV_HD % 8 == 0) {  // one 16-byte load (kv_load_run's)
+  if constexpr (N == 8 && KV_HD % 8 == 0) {  // one 16-byte load: rows of whole 16-byte runs, d0 a multiple of 8
     *reinterpret_cast<lg_vec16_t*>(f.x) = *reinterpret_cast<const lg_vec16_t*>(p);
   } else {
 #pragma unroll
@@ -308,6 +296,13 @@ template <int N>
 __device__ __forceinline__ void kv_decode_fetched(const KvReader& kv, const KvFetched<N>& f, int d0, float (&x)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) x[i] = lg_to_float(f.x[i]);
+}
+// x[i] = value d0 + i of cache row `row`, i < N.
+template <int N>
+__device__ __forceinline__ void kv_load_run(const KvReader& kv, size_t row, int d0, float (&x)[N]) {
+  KvFetched<N> f;
+  kv_fetch_run<N>(kv, row, d0, f);
+  kv_decode_fetched<N>(kv, f, d0, x);
 }
 
 // Cache row `row`, value d: x. Called by 32 consecutive lanes together with d = d0 + lane (d0 a multiple of 32), all
