@@ -565,23 +565,6 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
     cur = next;
   }
 }
-
-#define QG_EARLY 768  // floats of a block's early epilogue inputs (quant_gemm's early_in)
-#define QG_ROWS_F32 0
-#define QG_SWIGLU 1
-#define QG_RESIDUAL 2
-
-// Block b: WARPS / parts row tiles of the launch's matrices (swiglu: the same tiles of gate, segment 0, and of
-// up, segment 1), warp w on tile w / parts and blocks w % parts, .. of K; tokens m0 .. m0 + 8 NT - 1 with
-// m0 = 8 NT blockIdx.y. The parts' sums meet in shared memory in warp order, then one epilogue:
-//   rows_f32:  out[m, col0 + n] = acc r[m]                 r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps)
-//              (argmax_key, M = 1: the row's argmax folded into an 8-byte key, zeroed beforehand)
-//   swiglu:    out[m, n] = silu(gate r[m]) (up r[m])      (compute type)
-//   residual:  x[m, n] += acc; xn[m, n] = x (1 + norm_w[n]); ss_out[tile ss_stride + m] = sum over the row tile's
-//              16 columns of x^2, in column order (one part per row tile, whatever the block's warps); with
-//              ss_count (a zeroed counter per blockIdx.y, left zeroed), the launch's last block of rows m then adds
-//              the tiles' parts (qg_row_totals) into ss_out[tiles ss_stride + m]: one part a row for readers of
-//              more than one row (QuantGemm.row_totals; a reader of one row totals the parts alike itself)
 // The totals of rows m0 .. m0 + rows - 1's parts (lg_parts_sums, the one order), a warp a row (rows w, w + WARPS,
 // ..): store(mm, total) by the row's lane 0. A reader's row scales (its parts, or the one total a producer left) and
 // a residual's last block (its row tiles' parts) both take them here.
@@ -602,6 +585,23 @@ __device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int st
     if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
 }
 
+
+#define QG_EARLY 768  // floats of a block's early epilogue inputs (quant_gemm's early_in)
+#define QG_ROWS_F32 0
+#define QG_SWIGLU 1
+#define QG_RESIDUAL 2
+
+// Block b: WARPS / parts row tiles of the launch's matrices (swiglu: the same tiles of gate, segment 0, and of
+// up, segment 1), warp w on tile w / parts and blocks w % parts, .. of K; tokens m0 .. m0 + 8 NT - 1 with
+// m0 = 8 NT blockIdx.y. The parts' sums meet in shared memory in warp order, then one epilogue:
+//   rows_f32:  out[m, col0 + n] = acc r[m]                 r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps)
+//              (argmax_key, M = 1: the row's argmax folded into an 8-byte key, zeroed beforehand)
+//   swiglu:    out[m, n] = silu(gate r[m]) (up r[m])      (compute type)
+//   residual:  x[m, n] += acc; xn[m, n] = x (1 + norm_w[n]); ss_out[tile ss_stride + m] = sum over the row tile's
+//              16 columns of x^2, in column order (one part per row tile, whatever the block's warps); with
+//              ss_count (a zeroed counter per blockIdx.y, left zeroed), the launch's last block of rows m then adds
+//              the tiles' parts (qg_row_totals) into ss_out[tiles ss_stride + m]: one part a row for readers of
+//              more than one row (QuantGemm.row_totals; a reader of one row totals the parts alike itself)
 template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN,
           bool PREQUANTISED>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const fp16_t* __restrict__ A,

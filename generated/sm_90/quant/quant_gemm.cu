@@ -922,6 +922,26 @@ __device__ __forceinline__ void qg_tile_wgmma(float (&acc)[NT][4], const unsigne
     }
   }
 }
+// The totals of rows m0 .. m0 + rows - 1's parts (lg_parts_sums, the one order), a warp a row (rows w, w + WARPS,
+// ..): store(mm, total) by the row's lane 0. A reader's row scales (its parts, or the one total a producer left) and
+// a residual's last block (its row tiles' parts) both take them here.
+template <int NT, int WARPS, typename Store>
+__device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int stride, int m0, int rows, Store store) {
+  constexpr int ROWS = (8 * NT + WARPS - 1) / WARPS, LOADS = ROWS >= 24 ? 1 : (24 / ROWS < 12 ? 24 / ROWS : 12);
+  const int warp = threadIdx.x / LG_WARP_SIZE;
+  const float* p[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const int mm = warp + r * WARPS;
+    p[r] = mm < rows ? ss + m0 + mm : nullptr;
+  }
+  float total[ROWS];
+  lg_parts_sums<ROWS, LOADS>(total, p, parts, stride);
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+    if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
+}
+
 
 // ---- int8 activations ([quant] int8_activations; QuantGemm.kernel takes nt<N>q for groups of
 // Q4_K / Q5_K / Q6_K alone, at every row count). Per token m and 256-value block b the fp16 activations are quantised as they load, as GGML's
@@ -1359,12 +1379,11 @@ quant_gemm_q8_rows(const fp16_t* __restrict__ A, int lda, const unsigned short* 
                    int ss_parts, int ss_stride, int rows) {
   lg_launch_dependents();
   const int b = blockIdx.x, m = 8 * blockIdx.y + (int)(threadIdx.x / LG_WARP_SIZE), lane = (int)lg_lane_id();
-  if (b == K / 256) {  // the residual's row totals
+  if (b == K / 256) {  // the residual's row totals, as its last block would make them
     lg_grid_dependency_wait();  // its parts come from the previous kernel
-    const float* const p[1] = {m < rows ? ss + m : nullptr};
-    float total[1];
-    lg_parts_sums<1, 12>(total, p, ss_parts, ss_stride);
-    if (lane == 0 && m < rows) ss[(size_t)ss_parts * ss_stride + m] = total[0];
+    const int m0 = 8 * blockIdx.y;
+    qg_row_totals<1, QG_WARPS>(ss, ss_parts, ss_stride, m0, min(8, rows - m0),
+                               [&](int mm, float v) { ss[(size_t)ss_parts * ss_stride + m0 + mm] = v; });
     return;
   }
   const int y = m / group, mm = m % group;
@@ -1401,26 +1420,6 @@ quant_gemm_q8_rows(const fp16_t* __restrict__ A, int lda, const unsigned short* 
 //              ss_count (a zeroed counter per blockIdx.y, left zeroed), the launch's last block of rows m then adds
 //              the tiles' parts (qg_row_totals) into ss_out[tiles ss_stride + m]: one part a row for readers of
 //              more than one row (QuantGemm.row_totals; a reader of one row totals the parts alike itself)
-// The totals of rows m0 .. m0 + rows - 1's parts (lg_parts_sums, the one order), a warp a row (rows w, w + WARPS,
-// ..): store(mm, total) by the row's lane 0. A reader's row scales (its parts, or the one total a producer left) and
-// a residual's last block (its row tiles' parts) both take them here.
-template <int NT, int WARPS, typename Store>
-__device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int stride, int m0, int rows, Store store) {
-  constexpr int ROWS = (8 * NT + WARPS - 1) / WARPS, LOADS = ROWS >= 24 ? 1 : (24 / ROWS < 12 ? 24 / ROWS : 12);
-  const int warp = threadIdx.x / LG_WARP_SIZE;
-  const float* p[ROWS];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int mm = warp + r * WARPS;
-    p[r] = mm < rows ? ss + m0 + mm : nullptr;
-  }
-  float total[ROWS];
-  lg_parts_sums<ROWS, LOADS>(total, p, parts, stride);
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-    if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
-}
-
 template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN,
           bool PREQUANTISED>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const fp16_t* __restrict__ A,
