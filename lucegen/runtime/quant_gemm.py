@@ -436,12 +436,13 @@ class QuantGemm:
         due, self._totals_due = self._totals_due, None
         prequantised = self.kernels[name].prequantised
         if due and not (prequantised and int(ss) == self._totals_at(due)):
-            self._q8_rows(0, 0, 0, 0, 0, 8, 0, 0, due, stream)  # a reader without a quantiser: the totals alone
+            self._q8_rows(stream, due)  # a reader without a quantiser: the totals alone
             due = None
         aq = a_da = 0
         if prequantised:  # the launch's int8 activations, once (and the totals due, beside them)
             aq, a_da = self.q8_buffers[-2].ptr, self.q8_buffers[-1].ptr
-            self._q8_rows(A, lda, a_amax, M, K, 8 * self.kernels[name].nt, aq, a_da, due, stream)
+            self._q8_rows(stream, due, A=A, lda=lda, a_amax=a_amax, M=M, K=K, group=8 * self.kernels[name].nt, aq=aq,
+                          a_da=a_da)
         self.functions[name].launch(grid, self.warps(W) * self.target.warp_size, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
@@ -456,7 +457,7 @@ class QuantGemm:
         ss_out, parts, stride, _ = due
         return int(ss_out) + 4 * parts * stride
 
-    def _q8_rows(self, A, lda, a_amax, M, K, group, aq, a_da, due, stream) -> None:
+    def _q8_rows(self, stream, due, *, A=0, lda=0, a_amax=0, M=0, K=0, group=8, aq=0, a_da=0) -> None:
         """quant_gemm_q8_rows: M rows of A (K columns; none at K = 0) as int8 bytes in the launch's groups of ``group``
         tokens, and, with ``due`` (:meth:`_totals_at`), that residual's rows' RMSNorm totals."""
         ss_out, parts, stride, rows = due or (0, 0, 0, 0)
