@@ -942,6 +942,42 @@ __device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int st
     if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
 }
 
+// Per token and 256-value block of fp16 activations (GGML's Q8_K, lucegen/model/quant.py q8_activations):
+//   inv = 127 / amax, to fp16 rounded toward zero (0 where amax = max |A| over the block is 0);  qa = rint(A inv);
+//   da = 1 / inv
+// amax as a float of one of the values' own magnitudes (exact).
+__device__ __forceinline__ __half lg_q8_inv(float amax) {
+  return __float2half_rz(amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f);
+}
+__device__ __forceinline__ float lg_q8_da(float amax, __half inv) {
+  return amax > 0.0f ? __frcp_rn(__half2float(inv)) : 0.0f;
+}
+// 4 fp16 values as int8 bytes: hfma2(x, inv, 1536) rounds x inv to an integer k (|k| <= 127) at 1536 + k, whose
+// bits' low byte is k's two's complement (unit steps on [1024, 2048)); one byte permute packs the four.
+__device__ __forceinline__ unsigned lg_q8_word(unsigned x01, unsigned x23, unsigned inv2) {
+  constexpr unsigned MAGIC = 0x66006600u;  // (1536, 1536)
+  const __half2 lo = __hfma2(*reinterpret_cast<const __half2*>(&x01), *reinterpret_cast<const __half2*>(&inv2),
+                             *reinterpret_cast<const __half2*>(&MAGIC));
+  const __half2 hi = __hfma2(*reinterpret_cast<const __half2*>(&x23), *reinterpret_cast<const __half2*>(&inv2),
+                             *reinterpret_cast<const __half2*>(&MAGIC));
+  return __byte_perm(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi), 0x6420u);
+}
+// The prequantised layout: tokens in groups of `group` (m = group y + mm), each group's bytes in the order its
+// launch's warps' ring slots hold them, one slot a block b of the row's `blocks`:
+//   aq[y][b][step][mm][32]  (values 32 step .. 32 step + 31 of the block)      a_da[y][b][mm]
+// A warp stores token m's block b, lane l holding its values 8 l .. 8 l + 7 (x, fp16) and amax the block's: the int8
+// bytes and da. Zero values and amax 0 give zero bytes and da 0 (a group's tokens past the launch's rows).
+__device__ __forceinline__ void lg_q8_store_block(uint4 x, float amax, unsigned char* __restrict__ aq,
+                                                  float* __restrict__ a_da, int m, int b, int blocks, int group,
+                                                  int lane) {
+  const int y = m / group, mm = m % group;
+  const __half inv = lg_q8_inv(amax);
+  const unsigned inv2 = (unsigned)__half_as_ushort(inv) * 0x00010001u;
+  const size_t block = (size_t)y * blocks + b;
+  *reinterpret_cast<uint2*>(aq + ((block * 8 + (lane >> 2)) * group + mm) * 32 + 8 * (lane & 3)) =
+      make_uint2(lg_q8_word(x.x, x.y, inv2), lg_q8_word(x.z, x.w, inv2));
+  if (lane == 0) a_da[block * group + mm] = lg_q8_da(amax, inv);
+}
 
 // ---- int8 activations ([quant] int8_activations; QuantGemm.kernel takes nt<N>q for groups of
 // Q4_K / Q5_K / Q6_K alone, at every row count). Per token m and 256-value block b the fp16 activations are quantised as they load, as GGML's
@@ -997,9 +1033,9 @@ __device__ __forceinline__ void qg_q8_scales(QgQ8Scales sc, const unsigned short
       const int i = i0 + u * THREADS, mm = i / blocks, b = i % blocks;
       if (i >= n) break;
       const float a = qg_f16(max(most[u] & 0xFFFFu, most[u] >> 16));
-      const __half inv = __float2half_rz(a > 0.0f ? __fdiv_rn(127.0f, a) : 0.0f);
+      const __half inv = lg_q8_inv(a);
       sc.inv[b * 8 * NT + mm] = __half_as_ushort(inv);
-      sc.da[b * 8 * NT + mm] = a > 0.0f ? __frcp_rn(__half2float(inv)) : 0.0f;
+      sc.da[b * 8 * NT + mm] = lg_q8_da(a, inv);
     }
   }
 }
@@ -1012,12 +1048,6 @@ __device__ __forceinline__ void qg_q8_prologue(QgQ8Scales sc, const unsigned sho
   early();
   qg_q8_scales<NT, THREADS>(sc, amax, lda, K, m0, M);
   __syncthreads();
-}
-// 4 fp16 values as int8 bytes: hfma2(x, inv, 1536) rounds x inv to an integer k (|k| <= 127) at 1536 + k, whose
-// bits' low byte is k's two's complement (unit steps on [1024, 2048)); one byte permute packs the four.
-__device__ __forceinline__ unsigned qg_q8_word(unsigned x01, unsigned x23, unsigned inv2) {
-  constexpr unsigned MAGIC = 0x66006600u;  // (1536, 1536)
-  return __byte_perm(qg_fma2(x01, inv2, MAGIC), qg_fma2(x23, inv2, MAGIC), 0x6420u);
 }
 
 // Lane (g, t)'s int8 activations of tokens m0 + 8 nt + g (zero beyond M) in block b: an int8 matrix's tile-blocks hold
@@ -1041,8 +1071,8 @@ struct QgQ8Rows {
     b0 = b1 = 0u;
     if (row[nt] != nullptr) {
       const uint4 x = __ldg(reinterpret_cast<const uint4*>(row[nt] + 32 * s));
-      b0 = qg_q8_word(x.x, x.y, inv2[nt]);
-      b1 = qg_q8_word(x.z, x.w, inv2[nt]);
+      b0 = lg_q8_word(x.x, x.y, inv2[nt]);
+      b1 = lg_q8_word(x.z, x.w, inv2[nt]);
     }
   }
 };
@@ -1173,7 +1203,7 @@ __device__ __forceinline__ uint2 qg_q8_one_token_b(const fp16_t* __restrict__ A,
   const int lane = (int)lg_lane_id(), g = lane >> 2, t = lane & 3;
   const uint4 x = __ldg(reinterpret_cast<const uint4*>(A + 256 * b + 32 * g + 8 * t));
   const unsigned inv2 = (unsigned)sc.inv[8 * b] * 0x00010001u;
-  return make_uint2(qg_q8_word(x.x, x.y, inv2), qg_q8_word(x.z, x.w, inv2));
+  return make_uint2(lg_q8_word(x.x, x.y, inv2), lg_q8_word(x.z, x.w, inv2));
 }
 // The 4 lanes of a row's columns add their exact partial sums.
 __device__ __forceinline__ int qg_sum4(int v) {
@@ -1362,13 +1392,11 @@ quant_gemm_amax(const fp16_t* __restrict__ A, int lda, int K, unsigned short* __
   amax[(size_t)m * (lda / 16) + g] = qg_magnitude(A + (size_t)m * lda + 16 * g, 16);
 }
 
-// The prequantised kernels' activations (nt<N>qp): per token m and block b of 256 values, inv and da from the 16
-// magnitudes as qg_q8_scales makes them and qa = rint(A inv) as QgQ8Rows rounds them (so the same bytes). Tokens go
-// in the launch's groups of 8 NT = group (m = group y + mm), each group's bytes in the order its warps' ring slots
-// hold them (QgQ8Staged), one slot a block of K:
-//   aq[y][b][s][mm][32]  (values 32 s .. 32 s + 31 of the block)      a_da[y][b][mm]
-// zero for the tokens m >= M of the last group. Warp w of block (b, z) takes token 8 z + w, its lane l the values
-// 8 l .. 8 l + 7 (step l / 4's, lane t = l % 4's).
+// The prequantised kernels' activations (nt<N>qp): per token m and block b of 256 values, amax from the 16
+// magnitudes, then inv, da and qa as qg_q8_scales and QgQ8Rows make them (lg_q8_store_block: the same bytes), in
+// the launch's groups of 8 NT = group tokens, each group's bytes in the order its warps' ring slots hold them
+// (QgQ8Staged; common/q8_activations.cuh), zero for the tokens m >= M of the last group. Warp w of block (b, z)
+// takes token 8 z + w, its lane l the values 8 l .. 8 l + 7.
 // With ss (a residual's RMSNorm parts, [parts][ss_stride] floats, of `rows` rows), the blocks (K / 256, z) also leave
 // those rows' totals after the parts, ss[parts ss_stride + m] (qg_row_totals' sums, lg_parts_sums' one order), which a
 // residual's last block would otherwise make after every other (QuantGemm.residual, totals_by_reader): warp w of
@@ -1386,22 +1414,13 @@ quant_gemm_q8_rows(const fp16_t* __restrict__ A, int lda, const unsigned short* 
                                [&](int mm, float v) { ss[(size_t)ss_parts * ss_stride + m0 + mm] = v; });
     return;
   }
-  const int y = m / group, mm = m % group;
   lg_grid_dependency_wait();  // A and its magnitudes come from the previous kernel, which may still read aq
   // the values and their magnitudes asked for together: one round trip, not two
   const uint4 x = m < M ? __ldg(reinterpret_cast<const uint4*>(A + (size_t)m * lda + 256 * b + 8 * lane))
                         : uint4{0, 0, 0, 0};
   int most = lane < 16 && m < M ? (int)__ldg(amax + (size_t)m * (lda / 16) + 16 * b + lane) : 0;  // fp16 bits >= 0
   for (int offset = 16; offset > 0; offset >>= 1) most = max(most, lg_shfl_xor(most, offset));
-  // inv and da as qg_q8_scales writes them (its text is left as it is: a helper shared with it moved the schedule
-  // of m1q's loops, notes session 58)
-  const float a = qg_f16((unsigned)most);
-  const __half inv = __float2half_rz(a > 0.0f ? __fdiv_rn(127.0f, a) : 0.0f);
-  const unsigned inv2 = (unsigned)__half_as_ushort(inv) * 0x00010001u;
-  const size_t block = (size_t)y * (K / 256) + b;
-  *reinterpret_cast<uint2*>(aq + ((block * 8 + (lane >> 2)) * group + mm) * 32 + 8 * (lane & 3)) =
-      make_uint2(qg_q8_word(x.x, x.y, inv2), qg_q8_word(x.z, x.w, inv2));
-  if (lane == 0) a_da[block * group + mm] = a > 0.0f ? __frcp_rn(__half2float(inv)) : 0.0f;
+  lg_q8_store_block(x, qg_f16((unsigned)most), aq, a_da, m, b, K / 256, group, lane);
 }
 
 #define QG_EARLY 768  // floats of a block's early epilogue inputs (quant_gemm's early_in)
