@@ -236,6 +236,37 @@ def test_packed_tree_attention_launches(models, chip):
     dec.close()
 
 
+def test_the_gated_norm_quantises_for_a_prequantised_out_projection(models):
+    """Where the DeltaNet out-projection's launch is prequantised (9+ slots, sm_90's int8 activations), the verify's
+    gated norm writes its int8 activations (tree_gated_norm_q8) and no quant_gemm_q8_rows runs for it: one launch
+    fewer a DeltaNet layer than with the mixers' quantising off, the rest the same; below 9 slots nothing changes."""
+    from lucegen.runtime import ddtree
+    from lucegen.runtime.quant_target import QuantDecoder
+    from lucegen.runtime.tree_verify import TreeVerifier
+
+    dev = host("sm_90")
+    dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=512)
+    ver = TreeVerifier(dec, budget=12)
+    ver.use_graphs = False  # each pass's launches, not a graph captured before the switch
+    deltanets = sum(layer.kind == 0 for layer in dec.layout.layers)
+    assert deltanets and dec.int8_weights, "tiny-q has DeltaNet layers on int8 activations"
+
+    def pass_launches(nodes: int, quantise: bool) -> list[str]:
+        ver.mixers_quantise = quantise
+        dev.launches.clear()
+        ver.verify(ddtree.chain(np.arange(nodes) % dec.config.vocab_size), 1)
+        return [name for name, *_ in dev.launches]
+
+    on, off = pass_launches(12, True), pass_launches(12, False)
+    assert on.count("tree_gated_norm_q8") == deltanets and "tree_gated_norm" not in on
+    assert off.count("tree_gated_norm") == deltanets and "tree_gated_norm_q8" not in off
+    assert off.count("quant_gemm_q8_rows") - on.count("quant_gemm_q8_rows") == deltanets
+    assert len(off) - len(on) == deltanets
+    assert pass_launches(4, True) == pass_launches(4, False)  # nt1q quantises as it loads: nothing to write
+    ver.close()
+    dec.close()
+
+
 def test_the_checks_can_fail(models):
     """A launch with a float where the kernel takes an int, with a freed buffer, or one argument short is refused."""
     from lucegen import codegen

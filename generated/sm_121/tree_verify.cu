@@ -677,7 +677,8 @@ tree_delta_rule(float* __restrict__ workspace, const int* __restrict__ parent, c
 // lg_store_magnitude16: column c's value sits on a lane with lane % 16 == c % 16, the group's first column writes).
 
 // Value head h of one slot, by a warp: o its DV outputs; the lane's i-th output, o[lane + 32 i], has weight w(i) and
-// gate(i) = silu(z); out / amax the slot's rows (amax nullptr: none).
+// gate(i) = silu(z); out / amax the slot's rows (amax nullptr: none), the head's outputs at out[h DV ..] (h places
+// them alone).
 template <typename Weight, typename Gate>
 __device__ __forceinline__ void tv_gated_norm_head(const float* o, const Weight& w, const Gate& gate,
                                                    bf16_t* __restrict__ out, unsigned short* __restrict__ amax, int h,

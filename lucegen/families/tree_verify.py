@@ -120,6 +120,15 @@ def attention_tiling(pf: dict, target) -> dict:
     return {"ta_mma": False, "ta_bkv": 0, "ta_mma_keys": 0}
 
 
+def gated_norm_quantises(pf: dict, target) -> bool:
+    """Whether tree_gated_norm_q8 is rendered for the model of ``pf``: a quantised target's int8 activations
+    (``pf["int8"]``), and value heads that tile a block of 256 values inside one block of the gated norm's warps (a
+    warp a head)."""
+    heads = 256 // pf["DV"] if 256 % pf["DV"] == 0 else 0
+    return bool(pf.get("int8")) and heads > 0 and (THREADS // target.warp_size) % heads == 0 and \
+        pf["VD"] % 256 == 0 and pf["DV"] % target.warp_size == 0
+
+
 def template_params(pf: dict, target) -> dict:
     """The tree kernels' tiling for the model of ``pf`` on ``target``, given to the template by the family and by the
     runtime's own render alike."""
@@ -127,7 +136,7 @@ def template_params(pf: dict, target) -> dict:
             "tv_rule_round": RULE_ROUND, "tv_at_streams": ATTENTION_STREAMS, "tv_at_pack": ATTENTION_PACK,
             "tv_at_key_chunk": ATTENTION_KEY_CHUNK, "tv_at_heads": attention_heads(pf), "ta_slots": ATTENTION_SLOTS,
             "kv_code_chunk": (kv_raw_chunks(pf) or (0, 0))[0], "kv_scale_chunk": (kv_raw_chunks(pf) or (0, 0))[1],
-            **attention_tiling(pf, target)}
+            "tv_norm_q8": gated_norm_quantises(pf, target), **attention_tiling(pf, target)}
 
 
 def _params(target) -> dict:

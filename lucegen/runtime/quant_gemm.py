@@ -17,6 +17,7 @@ inverts it. The bytes are not changed, only moved.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -267,6 +268,16 @@ class QuantMatrix:
         self.buffers = []
 
 
+
+@dataclasses.dataclass(frozen=True)
+class Prequantised:
+    """Where a prequantised launch (nt<N>qp) takes its int8 activations, for a producer that writes them itself
+    (:meth:`QuantGemm.prequantised`): the bytes at ``aq``, their scales at ``da``, tokens in groups of ``group``
+    (templates/common/q8_activations.cuh.j2, lg_q8_store_block's layout, the one quant_gemm_q8_rows writes)."""
+    aq: int
+    da: int
+    group: int
+
 class QuantGemm:
     """The quantised GEMM module on ``device`` with the three epilogues of the prefill contract; the row scale
     completes the RMSNorm over ``norm_dim`` columns with epsilon ``eps`` (the model's hidden size and rms_norm_eps).
@@ -393,6 +404,18 @@ class QuantGemm:
         return (self.int8 and self.use_prequantised and self.row_totals(M) and token_groups(M) in PREQUANTISED_NT
                 and M <= PREQUANTISED_ROWS)
 
+    def prequantised(self, W: QuantMatrix, M: int, A: int, lda: int) -> Prequantised | None:
+        """Where an M-row launch over ``W`` reading A (row stride lda) takes its int8 activations, if it runs a
+        prequantised kernel (:meth:`kernel`): a producer of A that holds whole 256-value blocks may write them there
+        itself, with the same bytes quant_gemm_q8_rows would make from A and its magnitudes, and pass the launch
+        ``a_prequantised``; None where the launch quantises otherwise."""
+        if not isinstance(W, QuantMatrix) or not W.int8:
+            return None
+        kernel = self.kernels[self.kernel(W, M, A, lda)[0]]
+        if not kernel.prequantised:
+            return None
+        return Prequantised(self.q8_buffers[-2].ptr, self.q8_buffers[-1].ptr, 8 * kernel.nt)
+
     def ss_for_readers(self, ss: int, parts: int, stride: int, M: int) -> tuple[int, int]:
         """(ss, ss_parts) for the readers of M rows of partial sums this module's residuals (or its decoder's
         embedding) left over those M rows: their totals, one part, where :meth:`row_totals`; else the ``parts``.
@@ -407,7 +430,7 @@ class QuantGemm:
     # ---- launches ------------------------------------------------------------------------------------------------
     def _launch(self, kind: str, A: int, lda: int, W: QuantMatrix, M: int, K: int, *, ss=0, ss_parts=0, ss_stride=0,
                 out=0, ldo=0, x=0, norm_w=0, xn=0, ss_out=0, argmax_key=0, a_amax=0, amax_out=0, stream=None,
-                row_totals=True) -> None:
+                row_totals=True, a_prequantised=False) -> None:
         if not isinstance(W, QuantMatrix):
             raise LucegenError(f"quant_gemm_{kind}: W must be a QuantMatrix, got {type(W).__name__}")
         if M < 1 or K != W.K:
@@ -435,14 +458,18 @@ class QuantGemm:
         name, smem = self.kernel(W, M, A, lda)
         due, self._totals_due = self._totals_due, None
         prequantised = self.kernels[name].prequantised
-        if due and not (prequantised and int(ss) == self._totals_at(due)):
-            self._q8_rows(stream, due)  # a reader without a quantiser: the totals alone
+        if a_prequantised and not prequantised:
+            raise LucegenError(f"quant_gemm_{kind}: int8 activations written for a prequantised launch, but this one "
+                               f"runs quant_gemm_{name} (QuantGemm.prequantised says where they apply)")
+        if due and not (prequantised and not a_prequantised and int(ss) == self._totals_at(due)):
+            self._q8_rows(stream, due)  # a reader without a quantiser of its own: the totals alone
             due = None
         aq = a_da = 0
         if prequantised:  # the launch's int8 activations, once (and the totals due, beside them)
             aq, a_da = self.q8_buffers[-2].ptr, self.q8_buffers[-1].ptr
-            self._q8_rows(stream, due, A=A, lda=lda, a_amax=a_amax, M=M, K=K, group=8 * self.kernels[name].nt, aq=aq,
-                          a_da=a_da)
+            if not a_prequantised:  # else their producer wrote them
+                self._q8_rows(stream, due, A=A, lda=lda, a_amax=a_amax, M=M, K=K, group=8 * self.kernels[name].nt,
+                              aq=aq, a_da=a_da)
         self.functions[name].launch(grid, self.warps(W) * self.target.warp_size, (
             W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
             np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
@@ -559,18 +586,21 @@ class QuantGemm:
 
     def residual(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, x: int, ldx: int, norm_w: int,
                  xn: int, ldxn: int, ss_out: int, ss_stride: int, stream=None, workspace: int = 0,
-                 workspace_bytes: int = 0, a_amax: int = 0, amax_out: int = 0, totals_by_reader: bool = False) -> None:
+                 workspace_bytes: int = 0, a_amax: int = 0, amax_out: int = 0, totals_by_reader: bool = False,
+                 a_prequantised: bool = False) -> None:
         """x f32 += acc; xn = x (1 + norm_w); ss_out: the rows' sums of squares per row tile (:meth:`ss_parts`) and,
         at more than one row, their totals after them (:meth:`ss_scratch_parts` rows of ss_stride; no split-K);
         ``amax_out``: xn's magnitudes per 16 values too (as :meth:`amax`; int8-activation modules alone).
         ``totals_by_reader``: the next launch of this module reads these rows (``ss_for_readers``), so where its
         quantiser runs (:meth:`quantiser_totals`) the totals are made there, beside the quantising, not by this
         launch's last block after every other (the same sums: lg_parts_sums' one order); any other next launch makes
-        them first."""
+        them first. ``a_prequantised``: A's producer wrote the launch's int8 activations (:meth:`prequantised`), so
+        A itself and a_amax are not read."""
         if W.count != 1 or N != W.rows or ldx != ldxn or ldx < N or ss_stride < M:
             raise LucegenError(f"quant_gemm_residual: one matrix of N={N} rows, ldx == ldxn >= N, ss_stride >= M")
         defer = totals_by_reader and self.quantiser_totals(M)
         self._launch("residual", A, lda, W, M, K, ldo=ldx, x=x, norm_w=norm_w, xn=xn, ss_out=ss_out,
-                     ss_stride=ss_stride, a_amax=a_amax, amax_out=amax_out, stream=stream, row_totals=not defer)
+                     ss_stride=ss_stride, a_amax=a_amax, amax_out=amax_out, stream=stream, row_totals=not defer,
+                     a_prequantised=a_prequantised)
         if defer:
             self._totals_due = (ss_out, W.tiles, ss_stride, M)

@@ -29,11 +29,12 @@ import numpy as np
 from .. import codegen
 from ..compile import compile_source
 from ..errors import LucegenError
-from ..families.tree_verify import RULE_COLUMNS_PER_WARP, RULE_ROUND, RULE_THREADS, THREADS, template_params
+from ..families.tree_verify import (RULE_COLUMNS_PER_WARP, RULE_ROUND, RULE_THREADS, THREADS, gated_norm_quantises,
+                                     template_params)
 from . import ddtree
 from .device import Buffer, address
 from .prefill.attention import AttentionKernels, query_workspace_bytes
-from .prefill.runner import Activations, conv_layer, enqueue_layers, kv_layer, recurrent_layer, wvec_at
+from .prefill.runner import Activations, MixWrote, conv_layer, enqueue_layers, kv_layer, recurrent_layer, wvec_at
 from .tree_attention import TreeAttention, partial_bytes
 
 TEMPLATE = "dflash/tree_verify.cu.j2"
@@ -145,6 +146,12 @@ class TreeVerifier:
 
         self.conv_fn, self.rule_fn = waits_first("tree_conv_prepare"), waits_first("tree_delta_rule")
         self.norm_fn = waits_first("tree_gated_norm")
+        # a quantised target's: the gated norm's values as the out-projection's int8 activations (tree_gated_norm_q8)
+        self.norm_q8_fn = waits_first("tree_gated_norm_q8") if gated_norm_quantises(pf, t) else None
+        #: Whether the DeltaNet mixers write the out-projection's int8 activations themselves where its launch is
+        #: prequantised (the same bytes as its own quantiser's: one launch fewer a layer); tests turn it off to
+        #: compare, before the passes they compare are captured.
+        self.mixers_quantise = True
         self.step_fn = waits_first("deltanet_decode_step")
         self.tree_attention = TreeAttention(self.module, t, pf, self.slots, decoder.max_context, tensor_core_keys)
         self.argmax_fn = waits_first("rows_argmax")
@@ -213,7 +220,7 @@ class TreeVerifier:
         depth, anc = parent + 4 * S, parent + 8 * S
         n = np.int32(S)
 
-        def mix(l, T, amax=0):  # amax: the output's magnitudes per 16 values, written beside it (True)
+        def mix(l, T, amax=0, int8=None):  # amax: the output's magnitudes per 16 values, written beside it
             if l.kind == 0 and in_place:  # the whole mixer in one launch, over the live state and window
                 self.step_fn.launch(pf["NV"], 2 * THREADS,
                                     (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv_layer(dec, l)),
@@ -232,7 +239,13 @@ class TreeVerifier:
                                     (address(ws), address(parent), address(depth), address(anc),
                                      address(recurrent_layer(dec, l)), n),
                                     smem=self.rule_stage_bytes(S), stream=st)
-                self.norm_fn.launch((S, -(-pf["NV"] // self._warps_per_block())), THREADS,  # a warp per value head
+                heads = -(-pf["NV"] // self._warps_per_block())  # blocks of a slot: a warp per value head
+                if int8 is not None and self.norm_q8_fn is not None and self.mixers_quantise:
+                    self.norm_q8_fn.launch((-(-S // int8.group) * int8.group, heads), THREADS,  # the group's rows
+                                           (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws), n,
+                                            address(int8.aq), address(int8.da), np.int32(int8.group)), stream=st)
+                    return MixWrote.INT8
+                self.norm_fn.launch((S, heads), THREADS,
                                     (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws),
                                      address(acts.mix.ptr), n, address(amax)), stream=st)
             else:
@@ -244,7 +257,7 @@ class TreeVerifier:
                 self.tree_attention.enqueue(S, bodies, q_ws=self.q_ws.ptr, proj=acts.proj.ptr, kv=kv, anc=anc,
                                               depth=depth, out=acts.mix.ptr, pos0_at=self.pos0.ptr, amax=amax,
                                               partial=self.att_partial.ptr, arrived=self.att_arrived.ptr, stream=st)
-            return True
+            return MixWrote.MAGNITUDES if amax else MixWrote.ROWS
         return mix
 
     def _enqueue_pass(self, S: int, bodies: tuple[bool, bool], in_place: bool = False) -> None:

@@ -30,6 +30,7 @@ from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.reference import Reference
 from lucegen.runtime import ddtree
 from lucegen.runtime.dflash import OracleDrafter, RandomDrafter, SpecDecoder
+from lucegen.runtime.prefill.runner import MixWrote
 
 from gpu_models import checkpoint_dir, compare, gguf_file, gpu_device, state_errors  # tests/gpu/gpu_models.py
 from test_prefill import BOUNDS
@@ -264,12 +265,61 @@ def test_mixers_leave_their_outputs_magnitudes():
         layer = [l for l in dec.layout.layers if l.kind == kind][-1]
         with d.alloc(S * width // 8) as amax:
             d.memset(amax)
-            assert ver._mix(S, ver.tree_attention.bodies(S, dec.position))(layer, S, amax.ptr)
+            wrote = ver._mix(S, ver.tree_attention.bodies(S, dec.position))(layer, S, amax.ptr)
+            assert wrote == MixWrote.MAGNITUDES
             ver.stream.synchronize()
             out = d.download(ver.acts.mix, np.uint16, (S * width,)).view(np.float16).reshape(S, width // 16, 16)
             want = np.abs(out).max(axis=-1).view(np.uint16)
             np.testing.assert_array_equal(d.download(amax, np.uint16, (S, width // 16)), want, err_msg=f"kind {kind}")
             assert want.any()
+
+
+@pytest.mark.parametrize("nodes", [8, 15, 20])
+def test_gated_norm_quantises_as_the_gemms_quantiser(nodes):
+    """Where the DeltaNet out-projection's launch is prequantised, tree_gated_norm_q8 writes its int8 activations and
+    da: byte for byte what quant_gemm_q8_rows makes from tree_gated_norm's rows and magnitudes (zero for the group's
+    tokens past the pass), checked on the last DeltaNet layer of a pass; and a whole verify pass gives the same logits
+    with the mixers quantising and without, bit for bit."""
+    from lucegen.runtime.quant_gemm import Prequantised
+
+    dec, _, ver = engine("tiny-q")
+    if ver.norm_q8_fn is None:
+        pytest.skip(f"{dec.target.name}: no tree_gated_norm_q8 for tiny-q")
+    c, d, gemm = dec.config, dec.device, ver.gemm
+    rng = np.random.default_rng(nodes)
+    root = start("tiny-q", rng.integers(0, c.vocab_size, 11))
+    tree = ddtree.chain(rng.integers(0, c.vocab_size, nodes))
+    S, VD = nodes + 1, ver.pf["VD"]
+    ver.use_graphs = False
+    logits = {}
+    for quantise in (False, True):
+        ver.mixers_quantise = quantise
+        _, logits[quantise] = ver.verify(tree, root, logits=True)
+    ver.mixers_quantise, ver.use_graphs = True, True
+    assert np.array_equal(logits[False].view(np.uint32), logits[True].view(np.uint32))
+    layer = [l for l in dec.layout.layers if l.kind == 0][-1]
+    W = ver.weights.matrix(layer.out_mat)
+    dest = gemm.prequantised(W, S, ver.acts.mix.ptr, VD)
+    assert dest is not None, f"{S} slots: the out-projection's launch is prequantised"
+    group_rows = -(-S // dest.group) * dest.group
+    mix = ver._mix(S, ver.tree_attention.bodies(S, dec.position))
+    sizes = (group_rows * VD, group_rows * VD // 256 * 4)
+    with d.alloc(sizes[0]) as aq, d.alloc(sizes[1]) as da, d.alloc(S * VD // 8) as amax:
+        got = {}
+        for name in ("own", "gemm"):
+            for b in (aq, da):
+                d.memset(b, 0x5A)
+            if name == "own":
+                assert mix(layer, S, amax.ptr, Prequantised(aq.ptr, da.ptr, dest.group)) == MixWrote.INT8
+            else:
+                assert mix(layer, S, amax.ptr) == MixWrote.MAGNITUDES
+                gemm._q8_rows(ver.stream, None, A=ver.acts.mix.ptr, lda=VD, a_amax=amax.ptr, M=S, K=VD,
+                              group=dest.group, aq=aq.ptr, a_da=da.ptr)
+            ver.stream.synchronize()
+            got[name] = (d.download(aq, np.uint8, (sizes[0],)), d.download(da, np.uint32, (sizes[1] // 4,)))
+        np.testing.assert_array_equal(got["own"][0], got["gemm"][0])
+        np.testing.assert_array_equal(got["own"][1], got["gemm"][1])
+        assert got["own"][0].any() and got["own"][1].any()
 
 
 def test_rows_argmax_takes_the_first_of_equal_maxima():

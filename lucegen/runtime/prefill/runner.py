@@ -20,6 +20,8 @@ stream; a segment is captured once as a CUDA graph per (T, pos0) and replayed.
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 
 from ... import codegen
@@ -170,19 +172,28 @@ class DenseWeights(LayerWeights):
                                                 address(xn), address(ss), np.int32(ss_stride)), stream=stream)
 
 
+class MixWrote(enum.Enum):
+    """What a layer loop's ``mix`` left for the out-projection (:func:`enqueue_layers`)."""
+    ROWS = "rows"  # acts.mix alone
+    MAGNITUDES = "magnitudes"  # acts.mix and its magnitudes per 16 values (the ``amax`` it was given)
+    INT8 = "int8"  # the out-projection's int8 activations (the ``int8`` it was given), not acts.mix
+
+
 def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: int, mix, stream,
                    resid_ws: dict | None = None, after_layer=None) -> None:
     """Queue the embedding and every layer for ``T`` rows (device int32 ``tokens``), the prefill contract:
 
-        proj = gemm_rows_f32(xn, in_mat) * r;   mix(layer, T, amax) queues the token mixing proj -> acts.mix;
+        proj = gemm_rows_f32(xn, in_mat) * r;   mix(layer, T, amax, int8) queues the token mixing proj -> acts.mix;
         x += gemm(mix, out_mat);   act = gemm_swiglu(xn, gateup) * r;   x += gemm(act, down)
 
     on ``weights`` (a decoder's ``layer_weights``, a :class:`LayerWeights`), leaving the final-normed rows in
     ``acts.xn`` / ``acts.ss`` for the lm_head. ``resid_ws``: the residual GEMMs' split-K workspace (``workspace``,
     ``workspace_bytes``), or None for the unsplit GEMMs. ``mix``'s ``amax`` (0: none) is where the out-projection
-    wants its input's magnitudes per 16 values (int8-activation groups); it returns whether it wrote them, else
-    ``gemm.amax`` follows. ``after_layer(i, T, x)`` queues work that reads layer i's
-    output rows (the residual stream ``x``, f32 [T, H]): a draft's capture."""
+    wants its input's magnitudes per 16 values (int8-activation groups), and ``int8`` (None: none) where a mixer that
+    holds whole 256-value blocks may write the out-projection's int8 activations instead (QuantGemm.prequantised);
+    it returns a :class:`MixWrote`, and ``gemm.amax`` follows where magnitudes are wanted and not written.
+    ``after_layer(i, T, x)`` queues work that reads layer i's output rows (the residual stream ``x``, f32 [T, H]): a
+    draft's capture."""
     c, lay, seg, gemm = dec.config, dec.layout, acts.rows, weights.gemm
     H, I = c.hidden_size, c.intermediate_size
     x, xn, ss, proj, out, act = (getattr(acts, n).ptr for n in Activations.NAMES)
@@ -209,10 +220,13 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
         gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, in_ss, in_parts, seg, proj, n_in, stream=stream,
                       **reads(xn_am))
         mix_reads = mix_am and wmat(l.out_mat).int8  # its magnitudes: from the mixer, or amax
-        if not mix(l, T, mix_am if mix_reads else 0) and mix_reads:
+        wrote = mix(l, T, mix_am if mix_reads else 0,
+                    gemm.prequantised(wmat(l.out_mat), T, out, k_out) if mix_reads else None)
+        if wrote == MixWrote.ROWS and mix_reads:
             gemm.amax(out, k_out, T, k_out, mix_am, stream=stream)
+        prequantised = {"a_prequantised": True} if wrote == MixWrote.INT8 else {}
         gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
-                      stream=stream, **resid_ws, **reads(mix_am), **writes(xn_am), **then_read(True))
+                      stream=stream, **resid_ws, **reads(mix_am), **writes(xn_am), **then_read(True), **prequantised)
         gemm.swiglu(xn, H, wmat(l.gateup), H, T, 2 * I, H, *gemm.ss_for_readers(ss, ss_parts, seg, T), seg, act, I,
                     stream=stream, **reads(xn_am), **writes(act_am))
         gemm.residual(act, I, wmat(l.down), I, T, H, I, x, H, wvec(next_norm), xn, H, ss, seg, stream=stream,
@@ -277,7 +291,7 @@ class Prefiller:
         dec, st, acts = self.dec, self.stream, self.acts
         wvec = lambda off: wvec_at(dec, off)  # noqa: E731
 
-        def mix(l, T, amax=0):  # the output's magnitudes are left to the caller (False)
+        def mix(l, T, amax=0, int8=None):  # the output's magnitudes are left to the caller
             if l.kind == 0:
                 self.deltanet.run(proj=acts.proj.ptr, T=T, conv_w=wvec(l.conv_w), a_log=wvec(l.a_log),
                                   dt_bias=wvec(l.dt_bias), gnorm_w=wvec(l.gnorm), conv_state=conv_layer(dec, l),
@@ -287,7 +301,7 @@ class Prefiller:
                 self.attention.run(proj=acts.proj.ptr, T=T, pos0=pos0, q_norm=wvec(l.q_norm),
                                    k_norm=wvec(l.k_norm), inv_freq=wvec(dec.layout.inv_freq), kv=kv_layer(dec, l),
                                    max_context=dec.max_context, out=acts.mix.ptr, workspace=self.ws_at.ptr, stream=st)
-            return False
+            return MixWrote.ROWS
         return mix
 
     def _enqueue_segment(self, tok_offset: int, T: int, pos0: int, last: bool) -> None:
