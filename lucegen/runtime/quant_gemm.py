@@ -268,7 +268,6 @@ class QuantMatrix:
         self.buffers = []
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Prequantised:
     """Where a prequantised launch (nt<N>qp) takes its int8 activations, for a producer that writes them itself
@@ -277,6 +276,7 @@ class Prequantised:
     aq: int
     da: int
     group: int
+
 
 class QuantGemm:
     """The quantised GEMM module on ``device`` with the three epilogues of the prefill contract; the row scale
