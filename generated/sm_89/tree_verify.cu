@@ -694,6 +694,16 @@ __device__ __forceinline__ void tv_gated_norm_head(const float* o, const Weight&
     if (amax != nullptr) lg_store_magnitude16(amax + c / 16, v, c % 16 == 0);
   }
 }
+// Value head h of slot s from the pass's workspace (o) and in-projection (z), tv_gated_norm_head's out / amax / at.
+__device__ __forceinline__ void tv_gated_norm_slot_head(const float* __restrict__ proj,
+                                                        const float* __restrict__ gnorm_w, const tree_ws& ws, int s,
+                                                        int h, bf16_t* __restrict__ out,
+                                                        unsigned short* __restrict__ amax, int at, int lane) {
+  const float* z = proj + (size_t)s * TV_NIN_DN + TV_CD + h * TV_DV;
+  tv_gated_norm_head(
+      ws.o + (size_t)s * TV_VD + h * TV_DV, [&](int i) { return gnorm_w[lane + i * LG_WARP_SIZE]; },
+      [&](int i) { return lg_silu(z[lane + i * LG_WARP_SIZE]); }, out, amax, at, lane);
+}
 extern "C" __global__ void __launch_bounds__(TV_NT)
 tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_w, const float* __restrict__ workspace,
                 bf16_t* __restrict__ out, int n_slots, unsigned short* __restrict__ amax_out) {
@@ -703,11 +713,8 @@ tree_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_
   const int s = blockIdx.x, lane = lg_lane_id();
   const int h = blockIdx.y * TV_NW + threadIdx.x / LG_WARP_SIZE;  // a warp per value head
   if (h >= TV_NV) return;
-  const float* z = proj + (size_t)s * TV_NIN_DN + TV_CD + h * TV_DV;
-  tv_gated_norm_head(
-      ws.o + (size_t)s * TV_VD + h * TV_DV, [&](int i) { return gnorm_w[lane + i * LG_WARP_SIZE]; },
-      [&](int i) { return lg_silu(z[lane + i * LG_WARP_SIZE]); }, out + (size_t)s * TV_VD,
-      amax_out == nullptr ? nullptr : amax_out + (size_t)s * (TV_VD / 16), h, lane);
+  tv_gated_norm_slot_head(proj, gnorm_w, ws, s, h, out + (size_t)s * TV_VD,
+                          amax_out == nullptr ? nullptr : amax_out + (size_t)s * (TV_VD / 16), h, lane);
 }
 
 // ------------------------------------------------------------------------------------------------ decode step

@@ -401,8 +401,12 @@ class QuantGemm:
         """Whether an M-row reader of this module's int8 groups quantises its activations in a launch of its own
         (quant_gemm_q8_rows: the prequantised kernels' row counts), which then also totals the RMSNorm parts a residual
         left for it (:meth:`residual`'s ``totals_by_reader``): at more than one row (:meth:`row_totals`)."""
-        return (self.int8 and self.use_prequantised and self.row_totals(M) and token_groups(M) in PREQUANTISED_NT
-                and M <= PREQUANTISED_ROWS)
+        return self.int8 and self.row_totals(M) and self._prequantises(M)
+
+    def _prequantises(self, M: int) -> bool:
+        """Whether M-row launches over this module's int8 groups take the prequantised kernels (nt<N>qp) where the
+        workspace and shared memory let them (:meth:`kernel`)."""
+        return self.use_prequantised and token_groups(M) in PREQUANTISED_NT and M <= PREQUANTISED_ROWS
 
     def prequantised(self, W: QuantMatrix, M: int, A: int, lda: int) -> Prequantised | None:
         """Where an M-row launch over ``W`` reading A (row stride lda) takes its int8 activations, if it runs a
@@ -509,7 +513,7 @@ class QuantGemm:
         nt = token_groups(M)
         if W.int8:
             own = any(t in INT8_OWN_KERNEL_TYPES for t in W.types)
-            if self.use_prequantised and nt in PREQUANTISED_NT and M <= PREQUANTISED_ROWS and W.K <= self.q8_k:
+            if self._prequantises(M) and W.K <= self.q8_k:
                 name, smem = int8_kernel(nt, 0, own, prequantised=True), q8_smem_bytes(nt, W.K, prequantised=True)
                 if smem_fits(self.target, smem, self.static_smem[name], self.kernels[name].blocks_per_cu):
                     return name, smem
