@@ -3,6 +3,7 @@ launches cycle through copies of each matrix (over 200 MB in all), so the weight
 step, not from the L2. Every launch reads its input's magnitudes per 16 values and the epilogues write their
 output's, as in the layer loop (they matter to int8-activation groups alone). ``--parts`` also times the given K
 splits (QuantGemm.parts overridden) beside the planned one.
+``--shape TEXT`` times only the shapes whose name holds TEXT (``--shape lm_head``: one kernel for a profiler).
 ``--tiles`` times Q4_K matrices of those many 16-row tiles instead of the 27B's (an in-projection-like one, K = 5120,
 and a down-like one, K = 17408): how the grid's fill of the chip (waves of resident blocks) sets the bandwidth.
 
@@ -20,7 +21,7 @@ descriptor's [quant] int8_activations is off). The kernels are the quantised tar
 
     python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--one-row 0,1]
                                       [--prequantised 0,1] [--wgmma 0,1] [--int8 0,1 --int8-kernels]
-                                      [--descriptor-dtype] [--norm]
+                                      [--descriptor-dtype] [--norm] [--shape TEXT]
 """
 
 from __future__ import annotations
@@ -155,9 +156,14 @@ if __name__ == "__main__":
     cli.add_argument("--descriptor-dtype", action="store_true",
                      help="the descriptor's compute_dtype, not the quantised target's [quant] one")
     cli.add_argument("--norm", action="store_true", help="the readers take RMSNorm row scales, as in the layer loop")
+    cli.add_argument("--shape", help="only the shapes whose name holds this text (e.g. lm_head)")
     args = cli.parse_args()
     if args.tiles:
         SHAPES = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
                   for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in args.tiles}
+    if args.shape:
+        SHAPES = {name: shape for name, shape in SHAPES.items() if args.shape in name}
+        if not SHAPES:
+            cli.error(f"--shape {args.shape}: no shape's name holds it")
     main(args.rows, args.parts, args.ring, args.wgmma, args.descriptor_dtype, args.int8, args.int8_kernels,
          args.one_row, args.norm, args.prequantised)

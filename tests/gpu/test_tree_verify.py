@@ -26,9 +26,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lucegen.errors import LucegenError
+from lucegen.families.tree_verify import THREADS
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.reference import Reference
 from lucegen.runtime import ddtree
+from lucegen.runtime.device import address
 from lucegen.runtime.dflash import OracleDrafter, RandomDrafter, SpecDecoder
 from lucegen.runtime.prefill.runner import MixWrote
 
@@ -324,23 +326,31 @@ def test_gated_norm_quantises_as_the_gemms_quantiser(nodes):
 
 def test_rows_argmax_takes_the_first_of_equal_maxima():
     """rows_argmax (each row split over blocks) as numpy.argmax over finite values: the lowest index among equal
-    maxima, wherever they fall among the blocks; NaN never wins; a row of -inf gives 0. Every row count of a pass."""
+    maxima, wherever they fall among the blocks; NaN never wins; a row of -inf gives 0. Every row count of a pass,
+    over rows of whole float4s (the vocabulary's 512) and rows of an odd length (the kernel's scalar loads)."""
     dec, _, ver = engine("tiny")
     V, rng = dec.config.vocab_size, np.random.default_rng(5)
-    for S in (1, 7, ver.slots):
-        logits = rng.standard_normal((S, V)).astype(np.float32)
-        for s in range(S):
-            cols = np.sort(rng.choice(V, 3, replace=False))  # a tie of three, maybe in three blocks' slices
-            logits[s, cols] = 9.0
-            logits[s, rng.choice(V, 4)] = np.nan
-        logits[0, :] = -np.inf
-        logits[0, 3] = np.nan
-        ver.device.upload(logits, ver.logits)
-        ver._enqueue_argmax(S)
-        ver.stream.synchronize()
-        got = ver.device.download(ver.argmax, np.int32, (S,))
-        want = np.nan_to_num(logits, nan=-np.inf).argmax(axis=1)
-        np.testing.assert_array_equal(got, want)
+    assert V % 4 == 0
+    for n_cols in (V, V - 3):
+        for S in (1, 7, ver.slots):
+            logits = rng.standard_normal((S, n_cols)).astype(np.float32)
+            for s in range(S):
+                cols = np.sort(rng.choice(n_cols, 3, replace=False))  # a tie of three, maybe in three blocks' slices
+                logits[s, cols] = 9.0
+                logits[s, rng.choice(n_cols, 4)] = np.nan
+            logits[0, :] = -np.inf
+            logits[0, 3] = np.nan
+            if S > 1:
+                logits[1, [n_cols - 2, n_cols - 1]] = 10.0  # the maxima in the last slice's last columns
+            ver.device.upload(logits, ver.logits)
+            ver.argmax_fn.launch((S, ver._argmax_slices(S)), THREADS,
+                                 (address(ver.logits.ptr), np.int32(n_cols), address(ver.argmax_v.ptr),
+                                  address(ver.argmax_i.ptr), address(ver.argmax_arrived.ptr), address(ver.argmax.ptr)),
+                                 stream=ver.stream)
+            ver.stream.synchronize()
+            got = ver.device.download(ver.argmax, np.int32, (S,))
+            want = np.nan_to_num(logits, nan=-np.inf).argmax(axis=1)
+            np.testing.assert_array_equal(got, want, err_msg=f"{n_cols} columns, {S} rows")
 
 
 def test_verify_rejects_bad_requests():

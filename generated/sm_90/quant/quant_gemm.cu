@@ -787,6 +787,13 @@ __device__ __forceinline__ void qg_wg_stage_round(unsigned char* stage, const fp
 __device__ __forceinline__ unsigned long long qg_wg_desc(const unsigned char* p) {
   return ((unsigned long long)(lg_smem_addr(p) & 0x3FFFFu) >> 4) | ((128ull >> 4) << 16) | ((256ull >> 4) << 32);
 }
+// qg_wg_desc(p + bytes) from qg_wg_desc(p) (bytes a multiple of 16): the low word's address field moves by bytes / 16
+// with no carry out of it, shared memory lying below 256 KB.
+__device__ __forceinline__ unsigned long long qg_wg_desc_add(unsigned long long desc, int bytes) {
+  unsigned long long moved;
+  asm("mov.b64 %0, { %1, %2 };" : "=l"(moved) : "r"((unsigned)desc + (unsigned)(bytes >> 4)), "r"((unsigned)(desc >> 32)));
+  return moved;
+}
 // Before a warpgroup's first wgmma reads registers or shared memory written since its last one.
 __device__ __forceinline__ void lg_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 // Close the wgmmas issued since the last commit into one group.
@@ -842,21 +849,30 @@ template <typename Q, int NT, int BUFFERS>
 __device__ __forceinline__ void qg_tile_block_wgmma(float (&acc)[NT][4], const typename Q::Raw& cur,
                                                     const unsigned char* steps) {
   float dot[BUFFERS][NT][4], mins[NT][4];
+  const unsigned long long steps_desc = qg_wg_desc(steps);
+  unsigned a[2][Q::STEPS][4], mf[2][4];  // sub-block s's fragments in a[s & 1], mf[s & 1]
   auto scale = [&](int s) { qg_scale_sums<Q, NT, false>(acc, cur, s, dot[s % BUFFERS]); };
+  auto fragments = [&](int s) {
+#pragma unroll
+    for (int j = 0; j < Q::STEPS; ++j) Q::fragment(cur, s, j, a[s & 1][j]);
+    Q::mins(cur, s, mf[s & 1]);
+  };
+  // Types without mins (Q6_K: one step, 4 registers) build the next sub-block's fragments while these products run;
+  // the others' (12 registers more) would spill nt3w at two blocks a compute unit.
+  constexpr bool AHEAD = !Q::HAS_MIN;
+  if (AHEAD) fragments(0);
 #pragma unroll
   for (int s = 0; s < Q::SUBS; ++s) {
-    unsigned a[Q::STEPS][4], mf[4];
-#pragma unroll
-    for (int j = 0; j < Q::STEPS; ++j) Q::fragment(cur, s, j, a[j]);
-    Q::mins(cur, s, mf);
+    if (!AHEAD) fragments(s);
     lg_wgmma_fence();
 #pragma unroll
     for (int j = 0; j < Q::STEPS; ++j) {
-      const unsigned long long b = qg_wg_desc(steps + (s * Q::STEPS + j) * NT * 256);
-      qg_wgmma<NT>(dot[Q::FOLD ? 0 : s % BUFFERS], a[j], b, Q::FOLD ? s | j : j);
-      if (Q::HAS_MIN) qg_wgmma<NT>(mins, mf, b, s | j);
+      const unsigned long long b = qg_wg_desc_add(steps_desc, (s * Q::STEPS + j) * NT * 256);
+      qg_wgmma<NT>(dot[Q::FOLD ? 0 : s % BUFFERS], a[s & 1][j], b, Q::FOLD ? s | j : j);
+      if (Q::HAS_MIN) qg_wgmma<NT>(mins, mf[s & 1], b, s | j);
     }
     lg_wgmma_commit();
+    if (AHEAD && s + 1 < Q::SUBS) fragments(s + 1);
     if (Q::FOLD) {
       lg_wgmma_wait<0>();
       if (s == Q::SUBS - 1) scale(0);
