@@ -271,10 +271,12 @@ class TreeVerifier:
         self.weights.lm_head(acts.xn.ptr, S, ss, ss_parts, self.slots, self.logits.ptr, st)
         self._enqueue_argmax(S)
 
-    def _enqueue_argmax(self, S: int) -> None:
-        """argmax [s] = the greedy token of logits row s, for s < S (rows_argmax)."""
+    def _enqueue_argmax(self, S: int, n_cols: int | None = None) -> None:
+        """argmax [s] = the greedy token of logits row s, for s < S (rows_argmax), rows of ``n_cols`` (the
+        vocabulary's unless given: the tests' other lengths)."""
+        n_cols = self.config.vocab_size if n_cols is None else n_cols
         self.argmax_fn.launch((S, self._argmax_slices(S)), THREADS,
-                              (address(self.logits.ptr), np.int32(self.config.vocab_size), address(self.argmax_v.ptr),
+                              (address(self.logits.ptr), np.int32(n_cols), address(self.argmax_v.ptr),
                                address(self.argmax_i.ptr), address(self.argmax_arrived.ptr), address(self.argmax.ptr)),
                               stream=self.stream)
 

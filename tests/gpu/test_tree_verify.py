@@ -26,11 +26,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lucegen.errors import LucegenError
-from lucegen.families.tree_verify import THREADS
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.reference import Reference
 from lucegen.runtime import ddtree
-from lucegen.runtime.device import address
 from lucegen.runtime.dflash import OracleDrafter, RandomDrafter, SpecDecoder
 from lucegen.runtime.prefill.runner import MixWrote
 
@@ -343,10 +341,7 @@ def test_rows_argmax_takes_the_first_of_equal_maxima():
             if S > 1:
                 logits[1, [n_cols - 2, n_cols - 1]] = 10.0  # the maxima in the last slice's last columns
             ver.device.upload(logits, ver.logits)
-            ver.argmax_fn.launch((S, ver._argmax_slices(S)), THREADS,
-                                 (address(ver.logits.ptr), np.int32(n_cols), address(ver.argmax_v.ptr),
-                                  address(ver.argmax_i.ptr), address(ver.argmax_arrived.ptr), address(ver.argmax.ptr)),
-                                 stream=ver.stream)
+            ver._enqueue_argmax(S, n_cols)
             ver.stream.synchronize()
             got = ver.device.download(ver.argmax, np.int32, (S,))
             want = np.nan_to_num(logits, nan=-np.inf).argmax(axis=1)
