@@ -1440,6 +1440,13 @@ quant_gemm_q8_rows(const fp16_t* __restrict__ A, int lda, const unsigned short* 
 }
 
 #define QG_EARLY 768  // floats of a block's early epilogue inputs (quant_gemm's early_in)
+// An int8 launch's dynamic shared memory (the prequantised kernels': da, then the warps' rings) as floats (a template:
+// emitted only where used, so that the other kernels' static shared memory keeps its layout).
+template <typename = void>
+__device__ __forceinline__ float* qg_q8_dynamic_floats() {
+  extern __shared__ __align__(16) unsigned char qg_q8_bytes[];
+  return reinterpret_cast<float*>(qg_q8_bytes);
+}
 #define QG_ROWS_F32 0
 #define QG_SWIGLU 1
 #define QG_RESIDUAL 2
@@ -1478,19 +1485,16 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   __shared__ float squares[EPILOGUE_DYNAMIC ? 1 : 8 * NT][16 * WARPS + 1];
   __shared__ float early_in[QG_EARLY];
   auto part_sum = [&](int w, int i, int lane) -> float& {
-    if constexpr (EPILOGUE_DYNAMIC) {
-      extern __shared__ __align__(16) unsigned char qg_q8_bytes[];
-      return reinterpret_cast<float(*)[NT * 4][LG_WARP_SIZE]>(qg_q8_bytes)[w][i][lane];
-    } else
+    if constexpr (EPILOGUE_DYNAMIC)
+      return reinterpret_cast<float(*)[NT * 4][LG_WARP_SIZE]>(qg_q8_dynamic_floats())[w][i][lane];
+    else
       return red[w][i][lane];
   };
   auto square = [&](int mm, int cl) -> float& {
     if constexpr (EPILOGUE_DYNAMIC) {  // after the part sums
       static_assert(WARPS * NT * 4 * LG_WARP_SIZE + 8 * NT * (16 * WARPS + 1) <= WARPS * QG_Q8_SLOTS * 256 * 8 * NT / 4,
                     "the rings hold the part sums and the squares");
-      extern __shared__ __align__(16) unsigned char qg_q8_bytes[];
-      return reinterpret_cast<float(*)[16 * WARPS + 1]>(qg_q8_bytes + sizeof(float) * WARPS * NT * 4 * LG_WARP_SIZE)
-          [mm][cl];
+      return reinterpret_cast<float(*)[16 * WARPS + 1]>(qg_q8_dynamic_floats() + WARPS * NT * 4 * LG_WARP_SIZE)[mm][cl];
     } else
       return squares[mm][cl];
   };
