@@ -202,6 +202,22 @@ def test_grid_of_the_27b_launches():
             qg.use_one_row = True
 
 
+def test_a_launch_spreads_its_rows_evenly_over_the_fewest_row_groups():
+    """M rows run as row_groups(M) groups (the grid's first dimension, a column block's groups side by side) of
+    token_groups(M) groups of 8 tokens (the kernel's NT): the fewest groups of at most NT_MAX, each group short of a
+    full one by less than 8 rows a group, so 33 rows take nt3 twice (24 + 9), not nt4 twice (32 + 1)."""
+    from lucegen.families.quant_gemm import NT_MAX
+    from lucegen.runtime.quant_gemm import row_groups, token_groups
+
+    assert [(row_groups(M), token_groups(M)) for M in (1, 8, 9, 23, 32, 33, 49, 65, 128, 520)] == [
+        (1, 1), (1, 1), (1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (3, 3), (4, 4), (17, 4)]
+    for M in range(1, 2000):
+        groups, nt = row_groups(M), token_groups(M)
+        assert 1 <= nt <= NT_MAX and groups == -(-M // (8 * NT_MAX)), M
+        padding = groups * 8 * nt - M
+        assert 0 <= padding < 8 * nt and padding < 8 * groups, M  # the last group holds rows; under 8 padded a group
+
+
 def test_densest_row_tiles_come_first():
     """A group's row tiles (its launches' blocks, which start in tile order) are ordered by bytes per value, densest
     first, so its slowest blocks start in the first wave; its output columns stay in segment order. A gate/up pair

@@ -185,9 +185,17 @@ def plan_parts(tiles: int, compute_units: int, most: int = WARPS, blocks_per_cu:
     return parts
 
 
+def row_groups(M: int) -> int:
+    """Groups of rows of an M-row launch (its grid's first dimension): the fewest of at most NT_MAX groups of 8 tokens."""
+    return math.ceil(math.ceil(M / 8) / NT_MAX)
+
+
 def token_groups(M: int) -> int:
-    """Groups of 8 tokens per block of an M-row launch (the kernel's NT)."""
-    return min(NT_MAX, math.ceil(M / 8))
+    """Groups of 8 tokens per block of an M-row launch (the kernel's NT): its rows spread evenly over its
+    :func:`row_groups`, so that 33 rows run as 24 + 9 (nt3 twice), not 32 + 1 (nt4 twice, the second group's three
+    empty token groups computed all the same)."""
+    eights = math.ceil(M / 8)
+    return math.ceil(eights / math.ceil(eights / NT_MAX))
 
 
 #: Stage a launch's activations when its blocks' row tiles times its groups of 8 tokens (how many times a block
@@ -456,9 +464,12 @@ class QuantGemm:
             raise LucegenError(f"quant_gemm_{kind}: magnitudes per 16 values need row strides of whole 16s, got "
                                f"lda={lda} ldo={ldo}")
         parts = self.parts(W)
-        grid = (self.grid_width(W), math.ceil(M / (8 * token_groups(M))))
-        if grid[1] > MAX_ROW_GROUPS:
+        grid = (row_groups(M), self.grid_width(W))  # a column block's row groups side by side (the template)
+        if grid[0] > MAX_ROW_GROUPS:
             raise LucegenError(f"quant_gemm_{kind}: M={M} is over {MAX_ROW_GROUPS} groups of {8 * NT_MAX} rows")
+        if grid[1] > 65535:
+            raise LucegenError(f"quant_gemm_{kind}: {grid[1]} column blocks over the grid's 65,535 (a matrix of "
+                               f"{W.tiles} row tiles)")
         name, smem = self.kernel(W, M, A, lda)
         due, self._totals_due = self._totals_due, None
         prequantised = self.kernels[name].prequantised

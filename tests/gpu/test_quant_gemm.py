@@ -25,7 +25,7 @@ from lucegen.errors import LucegenError
 from lucegen.families.quant_gemm import GEMM_TYPES
 from lucegen.model import quant
 from lucegen.kernels_ref import from_device_dtype, to_device_dtype
-from lucegen.runtime.quant_gemm import QuantGemm
+from lucegen.runtime.quant_gemm import QuantGemm, token_groups
 
 from gpu_models import ggml_blocks, gpu_device  # tests/gpu/gpu_models.py
 
@@ -471,11 +471,11 @@ def test_int8_rounding_matches_numpy_bit_for_bit():
         W.free()
 
 
-@pytest.mark.parametrize("M", [1, 9, 23, 32])
+@pytest.mark.parametrize("M", [1, 9, 23, 32, 33])
 def test_int8_groups_match_numpy_and_rows_alone(M):
     """Groups of K-quants alone (Q4_K, Q5_K, Q6_K) take nt<N>q at every row count, within check_close of numpy's
-    product of the int8-rounded activations, each row bit for bit the row alone. A group with a Q8_0 segment keeps
-    float activations."""
+    product of the int8-rounded activations, each row bit for bit the row alone (33 rows: two row groups of nt3). A
+    group with a Q8_0 segment keeps float activations."""
     qg = int8_qg(gpu_device())
     rng = np.random.default_rng(M)
     K = 256 * 6
@@ -486,7 +486,7 @@ def test_int8_groups_match_numpy_and_rows_alone(M):
     try:
         a = activations(qg, rng, M, K)
         with qg.device.upload(a) as da:
-            assert qg.kernel(W, M, da.ptr, K)[0] == (f"nt{-(-M // 8)}q6p" if M > 8 else "m1q6")  # switch holds Q6_K
+            assert qg.kernel(W, M, da.ptr, K)[0] == (f"nt{token_groups(M)}q6p" if M > 8 else "m1q6")  # holds Q6_K
             assert not mixed.int8 and not qg.kernel(mixed, M, da.ptr, K)[0].endswith("q")
         got, _ = run_rows(qg, W, a)
         check_close(got, seen(qg, W, a), dense)
@@ -567,13 +567,14 @@ def test_int8_one_group_residencies_give_the_same_bits():
 def test_prequantised_kernels_equal_nt_q(types, M):
     """From 9 rows an int8 group takes nt<N>qp (nt<N>q6p with Q6_K): quant_gemm_q8_rows quantises the activations
     once and the warps stream them through their rings. Its rows equal nt<N>q's bit for bit, with partial token groups
-    (70 rows: three groups of 32, the last of 6) and a partial last row tile, and numpy's product within check_close."""
+    (70 rows: three row groups of nt3, the last of 22 rows) and a partial last row tile, and numpy's product within
+    check_close."""
     qg = int8_qg(gpu_device())
     rng = np.random.default_rng(M + len(types) + 7 * ("Q6_K" in types))
     K = 256 * 12
     segs, dense = group(rng, types, [16 * 20 + 9] * len(types), K, "quantized")
     W = qg.matrix(segs, K, int8=True)
-    name = f"nt{min(4, -(-M // 8))}q{'6' if 'Q6_K' in types else ''}"
+    name = f"nt{token_groups(M)}q{'6' if 'Q6_K' in types else ''}"
     try:
         a = activations(qg, rng, M, K)
         got = {}

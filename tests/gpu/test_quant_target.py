@@ -33,6 +33,13 @@ def test_every_slot_matches_its_path(length, seed, budget):
     check_slots("tiny-q", length, seed, budget)
 
 
+@pytest.mark.parametrize("budget", [40, 70])
+def test_passes_of_more_than_32_slots_match_their_paths(budget):
+    """Passes wider than one row group (41 slots: every GEMM's rows as two groups of nt3 side by side; 71: three of
+    nt3), a tree of that many nodes over 10 depths of top-8, every slot against the Reference along its path."""
+    check_slots("tiny-q", 77, budget, budget, shape=(10, 8))
+
+
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**16), length=st.integers(1, 200), corrupt=st.frozensets(st.integers(1, 95), max_size=12))
 def test_spec_decoding_is_lossless(seed, length, corrupt):

@@ -118,9 +118,10 @@ def start(preset: str, prompt, tc: int | None = None) -> int:
     return pre.prefill(prompt)
 
 
-def random_tree(rng: np.random.Generator, vocab: int, budget: int) -> ddtree.Tree:
-    """A best-first tree over random top-K rows with random (sorted) log-probabilities: random shapes."""
-    depth, k = int(rng.integers(1, 8)), int(rng.integers(1, 5))
+def random_tree(rng: np.random.Generator, vocab: int, budget: int, shape: tuple[int, int] | None = None) -> ddtree.Tree:
+    """A best-first tree over random top-K rows with random (sorted) log-probabilities: random shapes (``shape``:
+    depth and K given)."""
+    depth, k = shape or (int(rng.integers(1, 8)), int(rng.integers(1, 5)))
     _, tok = RandomDrafter(vocab, depth, k, seed=int(rng.integers(2**31))).propose([])
     lp = -np.cumsum(rng.exponential(1.0, (depth, k)), axis=1)
     return ddtree.build_tree(lp, tok, budget)
@@ -134,10 +135,26 @@ def test_every_slot_matches_its_path(preset, length, seed, budget):
     check_slots(preset, length, seed, budget)
 
 
-def check_slots(preset: str, length: int, seed: int, budget: int, tc: int | None = None) -> None:
-    """Every slot of a random tree against the Reference along its path; then a commit against its state. ``tc``:
-    the verifier's tensor_core_keys."""
+def check_slots(preset: str, length: int, seed: int, budget: int, tc: int | None = None,
+                shape: tuple[int, int] | None = None) -> None:
+    """Every slot of a random tree (``shape``: random_tree's) against the Reference along its path; then a commit
+    against its state. ``tc``: the verifier's tensor_core_keys. A budget over the engine's verifier's takes a verifier
+    of its own on the same decoder."""
     dec, pre, ver = engine(preset, tensor_core_keys=tc)
+    if budget > ver.budget:
+        from lucegen.runtime.tree_verify import TreeVerifier
+
+        ver = TreeVerifier(dec, budget=budget, tensor_core_keys=tc)
+        try:
+            _check_slots(preset, length, seed, budget, tc, shape, ver)
+        finally:
+            ver.close()
+    else:
+        _check_slots(preset, length, seed, budget, tc, shape, ver)
+
+
+def _check_slots(preset, length, seed, budget, tc, shape, ver) -> None:
+    dec = engine(preset, tensor_core_keys=tc)[0]
     ref = reference(preset)
     rng = np.random.default_rng(seed)
     vocab = dec.config.vocab_size
@@ -145,7 +162,7 @@ def check_slots(preset: str, length: int, seed: int, budget: int, tc: int | None
     root = start(preset, prompt, tc)
     state = ref.new_state(dec.max_context)
     ref.forward(prompt, state, logits="none")
-    tree = random_tree(rng, vocab, budget)
+    tree = random_tree(rng, vocab, budget, shape)
     argmax, logits = ver.verify(tree, root, logits=True)
     assert np.array_equal(argmax, logits.argmax(axis=1)), "the device argmax is the argmax of its logits"
     model, kv = model_of(preset)
