@@ -647,6 +647,14 @@ __device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int st
 //              ss_count (a zeroed counter per row group, left zeroed), the launch's last block of rows m then adds
 //              the tiles' parts (qg_row_totals) into ss_out[tiles ss_stride + m]: one part a row for readers of
 //              more than one row (QuantGemm.row_totals; a reader of one row totals the parts alike itself)
+// The grid is (row groups, column blocks): the blocks of one column block's row groups are adjacent in launch order
+// and run side by side, so a launch of more than 8 NT rows reads each weight tile from DRAM about once (the L2 serves
+// the other groups), not once per row group as a grid of row groups one after another did. Read where used, not held
+// in variables: a block index kept across the K loop takes a register there (the loops' SASS moved, nt2qp 9% slower).
+__device__ __forceinline__ unsigned qg_row_group() { return blockIdx.x; }
+__device__ __forceinline__ unsigned qg_column_block() { return blockIdx.y; }
+__device__ __forceinline__ unsigned qg_column_blocks() { return gridDim.y; }
+
 template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN,
           bool PREQUANTISED>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
@@ -677,11 +685,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   };
   lg_launch_dependents();
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = (int)lg_lane_id();
-  // The grid is (row groups, column blocks): the blocks of one column block's row groups are adjacent in launch order
-  // and run side by side, so a launch of more than 8 NT rows reads each weight tile from DRAM about once (the L2
-  // serves the other groups), not once per row group as a grid of row groups after one another did.
-  const int row_group = blockIdx.x, column_block = blockIdx.y;
-  const int tiles_per_block = WARPS / parts, m0 = 8 * NT * row_group;
+  const int tiles_per_block = WARPS / parts, m0 = 8 * NT * qg_row_group();
   // An int8 launch's epilogue inputs that earlier kernels wrote, copied into early_in by every thread right after its
   // dependency wait (qg_q8_prologue), so that they arrive while the weights stream: a residual's x rows
   // [rows_here][cols] and its norm weights [cols] after them; a reader's ss parts [ss_parts][rows_here]. Where they
@@ -697,7 +701,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
                                                    : ss != nullptr && min(8 * NT, M - m0) * ss_parts <= QG_EARLY);
   auto early_copy = [&]() {
     if (!early) return;
-    const int rows_here = min(8 * NT, M - m0), cols = tiles_per_block * 16, n0 = column_block * cols;
+    const int rows_here = min(8 * NT, M - m0), cols = tiles_per_block * 16, n0 = qg_column_block() * cols;
     if (kind == QG_RESIDUAL) {
       const int N = segs.seg[0].rows;
       for (int cl = threadIdx.x; cl < cols; cl += THREADS) {
@@ -719,9 +723,9 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   auto tile_seg = [&](int j) -> int {
     if (kind == QG_SWIGLU) {
       const int half = tiles_per_block / 2, seg = j < half ? 0 : 1;
-      return (column_block * half + (j < half ? j : j - half)) * 16 < segs.seg[seg].rows ? seg : -1;
+      return ((int)qg_column_block() * half + (j < half ? j : j - half)) * 16 < segs.seg[seg].rows ? seg : -1;
     }
-    const int tile = column_block * tiles_per_block + j;
+    const int tile = qg_column_block() * tiles_per_block + j;
     int seg = -1;
     for (int s = 0; s < nseg; ++s)
       if (tile >= segs.seg[s].tile0 && (tile - segs.seg[s].tile0) * 16 < segs.seg[s].rows) seg = s;
@@ -730,9 +734,9 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   auto tile_local = [&](int j, int seg) -> int {
     if (kind == QG_SWIGLU) {
       const int half = tiles_per_block / 2;
-      return column_block * half + (j < half ? j : j - half);
+      return (int)qg_column_block() * half + (j < half ? j : j - half);
     }
-    return column_block * tiles_per_block + j - segs.seg[seg].tile0;
+    return (int)qg_column_block() * tiles_per_block + j - segs.seg[seg].tile0;
   };
 
   float acc[NT][4];
@@ -788,7 +792,7 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) part_sum(WGMMA ? j * parts + part : warp, nt * 4 + c, lane) = acc[nt][c];
-  const int rows_here = min(8 * NT, M - m0), cols = tiles_per_block * 16, n0 = column_block * cols;
+  const int rows_here = min(8 * NT, M - m0), cols = tiles_per_block * 16, n0 = qg_column_block() * cols;
   const bool residual = kind == QG_RESIDUAL;
   if (INT8 && !EPILOGUE_DYNAMIC) lg_cp_async_wait<0>();
   __syncthreads();  // the part sums and early_in
@@ -886,14 +890,14 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
       if (n0 + 16 * jj >= N) break;  // the tiles past the matrix (their parts do not exist)
       float sum_sq = 0.0f;
       for (int r = 0; r < 16; ++r) sum_sq += square(mm, 16 * jj + r);
-      ss_out[(size_t)(column_block * tiles_per_block + jj) * ss_stride + m0 + mm] = sum_sq;
+      ss_out[(size_t)(qg_column_block() * tiles_per_block + jj) * ss_stride + m0 + mm] = sum_sq;
     }
     // the launch's last block of these rows leaves their totals after the tiles' parts
-    if (ss_count != nullptr && lg_last_to_arrive(ss_count + row_group, gridDim.y)) {
+    if (ss_count != nullptr && lg_last_to_arrive(ss_count + qg_row_group(), qg_column_blocks())) {
       const int tiles = (N + 15) / 16;
       qg_row_totals<NT, WARPS>(ss_out, tiles, ss_stride, m0, rows_here,
                                [&](int mm, float v) { ss_out[(size_t)tiles * ss_stride + m0 + mm] = v; });
-      lg_arrivals_reset(ss_count + row_group);  // the next launch counts from zero
+      lg_arrivals_reset(ss_count + qg_row_group());  // the next launch counts from zero
     }
   }
 }
