@@ -38,6 +38,8 @@ SEGMENT_DTYPE = np.dtype([("weights", "<u8"), ("type", "<i4"), ("tile0", "<i4"),
 TILE_ROWS = 16
 #: Groups of rows of one launch, at most (a residual's counters: QuantGemm.ss_count).
 MAX_ROW_GROUPS = 1024
+#: Column blocks of one launch, at most: its grid's second dimension (CUDA's and HIP's limit).
+MAX_COLUMN_BLOCKS = 65535
 #: Rows of a launch, at most, that the prequantised kernels (nt<N>qp) take (tuning choice; a multiple of 8 NT_MAX,
 #: the rows of its last group padded with zeros): its int8 activations go through a workspace of this many rows of the
 #: module's longest int8 K (2.2 MB for the 27B's 17,408), which covers verify passes of up to 127 tree nodes; larger
@@ -194,8 +196,7 @@ def token_groups(M: int) -> int:
     """Groups of 8 tokens per block of an M-row launch (the kernel's NT): its rows spread evenly over its
     :func:`row_groups`, so that 33 rows run as 24 + 9 (nt3 twice), not 32 + 1 (nt4 twice, the second group's three
     empty token groups computed all the same)."""
-    eights = math.ceil(M / 8)
-    return math.ceil(eights / math.ceil(eights / NT_MAX))
+    return math.ceil(math.ceil(M / 8) / row_groups(M))
 
 
 #: Stage a launch's activations when its blocks' row tiles times its groups of 8 tokens (how many times a block
@@ -467,9 +468,9 @@ class QuantGemm:
         grid = (row_groups(M), self.grid_width(W))  # a column block's row groups side by side (the template)
         if grid[0] > MAX_ROW_GROUPS:
             raise LucegenError(f"quant_gemm_{kind}: M={M} is over {MAX_ROW_GROUPS} groups of {8 * NT_MAX} rows")
-        if grid[1] > 65535:
-            raise LucegenError(f"quant_gemm_{kind}: {grid[1]} column blocks over the grid's 65,535 (a matrix of "
-                               f"{W.tiles} row tiles)")
+        if grid[1] > MAX_COLUMN_BLOCKS:
+            raise LucegenError(f"quant_gemm_{kind}: {grid[1]} column blocks over the grid's {MAX_COLUMN_BLOCKS} (a "
+                               f"matrix of {W.tiles} row tiles)")
         name, smem = self.kernel(W, M, A, lda)
         due, self._totals_due = self._totals_due, None
         prequantised = self.kernels[name].prequantised
