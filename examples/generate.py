@@ -67,7 +67,7 @@ def main() -> None:
             try:
                 tokens, where = generate_on_gpu(model, prompt, args.max_tokens), "the GPU"
             except DeviceError as exc:
-                print(f"no GPU ({exc}); generating with the numpy reference")
+                print(f"not on a GPU ({exc}); generating with the numpy reference")
         if tokens is None:
             tokens = generate_on_cpu(model, prompt, args.max_tokens)
         print(f"{len(prompt)} prompt tokens, {len(tokens)} generated on {where}: {tokens}")

@@ -88,7 +88,10 @@ def main() -> None:
             lucegen(["init-weights", "--preset", "dflash-tiny-q", "--out", str(draft), "--quiet"])
         tokenizer = load_tokenizer(model)
         prompt = tokenizer.encode(args.prompt)
-        tokens, greedy, al = speculative_and_greedy(model, draft, prompt, args.max_tokens, args.budget)
+        try:
+            tokens, greedy, al = speculative_and_greedy(model, draft, prompt, args.max_tokens, args.budget)
+        except DeviceError as exc:  # a GPU without a descriptor, for instance: the error says which to add
+            sys.exit(f"speculative.py: {exc}")
         print(args.prompt + tokenizer.decode(tokens))
         print(f"acceptance length {al:.2f} tokens a step; equal to greedy decoding: {tokens == greedy}")
         if tokens != greedy:
