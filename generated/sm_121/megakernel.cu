@@ -1398,7 +1398,8 @@ __device__ __noinline__ void attention_phase(const DecodeArgs& a, const LayerWei
 // `epoch`: this phase's (E: D's + 1).
 // With mk.prefetch_down, D asks the L2 for the block's down rows once its inputs are staged: by then its own rows
 // have arrived and DRAM would idle through its dot and the handover to E, so E's loads hit the L2 and E's poll of act
-// queues behind no DRAM reads. (Prefetching any other phase's rows measured slower: notes/megakernel-perf.md.)
+// queues behind no DRAM reads. (Measured on the H100: prefetching any other phase's rows is slower;
+// docs/lab/megakernel-perf.md.)
 __device__ __noinline__ void mlp_phase(const DecodeArgs& a, const LayerWeights& lw, int phase, float* smem,
                                    unsigned epoch) {
   using namespace mk;

@@ -296,7 +296,8 @@ struct GemmTile {
     // Prologue: stages 0 .. STAGES-2 in flight; then each step waits for tile kt, refills the stage freed by
     // step kt-1 with tile kt + STAGES - 1, and multiplies tile kt. One commit group per step (possibly empty).
     // Address arithmetic is hoisted out of the k loop: each thread's chunks keep their shared offset for every
-    // k-tile and their global source advances by GEMM_BK elements (integer work was half the issue slots).
+    // k-tile and their global source advances by GEMM_BK elements (measured on the H100: with the address
+    // arithmetic in the loop, integer work took half the issue slots).
     AsyncLoads loads;
     loads.init(A, lda, W, ldw, M, N, m0, n0);
     FragmentOffsets frag;

@@ -138,8 +138,8 @@ def bench_dflash(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repea
                                tree=False)
 
         # warm-up, the same run untimed: its passes (slot counts, attention bodies) capture their graphs here, not in
-        # the timed run, whatever budgets ran before (after --budgets 22 32 64 alone the captures had made the AL 8
-        # row's verify 15.0 ms a step against 8.9, H100)
+        # the timed run, whatever budgets ran before (measured on the H100: after --budgets 22 32 64 alone, captures
+        # inside the timed run made the AL 8 row's verify 15.0 ms a step against 8.9)
         start()
         decoder().generate(gen_tokens)
         start()

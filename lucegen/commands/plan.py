@@ -15,7 +15,8 @@ from ..errors import LucegenError
 from . import check_draft_ring
 from ..model.kv_cache import FORMATS as KV_FORMATS
 
-DRIVER_GIB = 0.83  # README "The memory plan": runtime overhead measured on the H100 (27B engine, 2026-11-23)
+DRIVER_GIB = 0.83  # the driver's own memory beside lucegen's buffers, measured on the H100 with the 27B engine
+                   # (docs/benchmarks.md, memory plans)
 
 
 def register(subparsers) -> None:

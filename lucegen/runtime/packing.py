@@ -233,8 +233,8 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     blocks, threads, warp = target.megakernel.blocks, target.megakernel.threads, target.warp_size
     warps = threads // warp
     h, ao, vd = c.hidden_size, c.num_attention_heads * c.head_dim, c.linear_value_dim
-    # a batch of cached K and V rows in a lane's registers: 16 floats (32 measured slower at short contexts,
-    # notes/megakernel-perf.md Round 11)
+    # a batch of cached K and V rows in a lane's registers: 16 floats (measured on the H100: 32 is slower at short
+    # contexts, where a key range twice as long leaves half as many blocks a head; docs/lab/megakernel-perf.md)
     if att_keys_per_warp is None:
         att_keys_per_warp = max(1, 8 // (c.head_dim // warp))
     segs_c_dn = _segments(h, blocks, warps, vd)

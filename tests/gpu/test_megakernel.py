@@ -112,7 +112,7 @@ def test_teacher_forced_logits_and_state(preset):
 
 
 # The other settings of the template's knobs stay correct: one in-projection batch per warp instead of the
-# double-buffered two, one row (pair) per warp in the in-projection and gate/up (see notes/megakernel-perf.md).
+# double-buffered two, one row (pair) per warp in the in-projection and gate/up (see docs/lab/megakernel-perf.md).
 @pytest.mark.parametrize("tuning", [(("rows_a", 4), ("pipeline_a", False)), (("rows_a", 1), ("pairs_d", 1))])
 def test_tuning_variants_stay_correct(tuning):
     report(f"teacher_forced[tiny-gqa, {dict(tuning)}]", check_teacher_forced("tiny-gqa", 20, seed=4, tuning=tuning))
