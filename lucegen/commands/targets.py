@@ -10,6 +10,7 @@ from .. import target as target_module
 from ..atomic import atomic_write
 from ..errors import DescriptorError
 from ..target import Target, list_targets, load_target
+from ..tuning import tuning_table
 
 
 def register(subparsers) -> None:
@@ -61,6 +62,8 @@ def _toml_value(value) -> str:
         return f'"{value}"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }" if value else "{}"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
@@ -70,6 +73,7 @@ def show_text(t: Target) -> str:
     data = t.to_dict()
     data.pop("path")
     data.pop("variant")
+    data.pop("tuning")
     derived = {"megakernel.blocks": f"compute_units x blocks_per_cu = {t.compute_units} x {t.megakernel.blocks_per_cu}"}
     lines = [f"# {t.path}  (resolved; values marked 'derived' are computed, not read)"]
     tables = {k: v for k, v in data.items() if isinstance(v, dict)}
@@ -84,6 +88,11 @@ def show_text(t: Target) -> str:
         for key, value in values.items():
             note = derived.get(f"{table}.{key}")
             lines.append(f"{key} = {_toml_value(value)}" + (f"    # derived: {note}" if note else ""))
+    for table, values in tuning_table(t.tuning).items():  # lucegen/tuning.py
+        lines.append(f"\n[tuning.{table}]")
+        for key, value in values.items():
+            default = f"{table}.{key}" in t.tuning.defaults
+            lines.append(f"{key} = {_toml_value(value)}" + ("    # default (lucegen/tuning.py)" if default else ""))
     return "\n".join(lines)
 
 

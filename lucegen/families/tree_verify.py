@@ -8,22 +8,16 @@ from .prefill import _params as _prefill_params
 
 #: Threads per block of every tree kernel (the template's TV_NT).
 THREADS = 256
-#: Threads per block of tree_delta_rule (tuning choice: the template's TV_RULE_NT): 384 blocks of 16 value columns for
-#: the 27B's 6,144, about 3 a compute unit of the H100's 132, where 192 blocks of 32 left 60 of them two, the rest
-#: one, and a two-block compute unit's warps issue the step's instructions twice as long.
-RULE_THREADS = 128
-#: Value columns a warp of tree_delta_rule holds (tuning choice: the template's TV_RULE_CPW; 2 and 4 measured alike on
-#: the H100, 4 kept).
+#: Threads per block of tree_delta_rule (the template's TV_RULE_NT) and its slots a round (TV_RULE_ROUND: a column's
+#: sums of o wait for the round's end, so that the next slot's step does not wait behind them) are the chip's
+#: [tuning.tree_verify] rule_threads and rule_round.
+#: Value columns a warp of tree_delta_rule holds (the template's TV_RULE_CPW; 2 and 4 measured alike on the H100): 4
+#: keeps a lane's run of the key dim a multiple of 4 floats (KPL) for key head dims down to 32.
 RULE_COLUMNS_PER_WARP = 4
-#: tree_delta_rule's slots a round (tuning choice: the template's TV_RULE_ROUND): a column's sums of o wait for the
-#: round's end, so that the next slot's step does not wait behind them.
-RULE_ROUND = 8
-#: tree_attention's key streams a block, each an online softmax over every ATTENTION_STREAMS-th key (the template's
-#: TV_AT_STREAMS; tuning choice): a warp a stream in tree_attention, since a one-slot pass at a 16K context is
-#: latency-bound in the key walk (4 warps: 71 ms a token).
-ATTENTION_STREAMS = 16
-#: tree_attention_packed's streams a warp (the template's TV_AT_PACK; tuning choice): the same sums on a quarter of the
-#: threads, for passes whose (slot, head) blocks are more than the chip holds of tree_attention's.
+#: tree_attention's key streams a block (the template's TV_AT_STREAMS, a warp a stream, each an online softmax over
+#: every streams-th key) are the chip's [tuning.tree_verify] attention_streams.
+#: tree_attention_packed's streams a warp (the template's TV_AT_PACK): the same sums on a quarter of the threads, for
+#: passes whose (slot, head) blocks are more than the chip holds of tree_attention's.
 ATTENTION_PACK = 4
 #: tree_attention's key split (tuning choice: the template's TV_AT_KEY_CHUNK): a (slot, head)'s keys go to
 #: min(blocks, ceil(keys / chunk)) blocks of equal ranges, so that a long context's key walk spreads over the chip.
@@ -49,8 +43,8 @@ ATTENTION_RANGE = 256
 #: tree_attention_mma's key ranges a slot, at most (tuning choice): ranges of ATTENTION_RANGE keys up to this many
 #: times as many keys, longer ranges beyond.
 MMA_MAX_RANGES = 64
-#: tree_attention_mma's grid, at most this many waves of the chip (tuning choice): the ranges beyond loop in a block.
-MMA_WAVES = 8
+#: tree_attention_mma's grid is at most the chip's [tuning.tree_verify] mma_waves waves: the ranges beyond loop in a
+#: block.
 
 
 def attention_ranges(keys: int) -> int:
@@ -132,8 +126,9 @@ def gated_norm_quantises(pf: dict, target) -> bool:
 def template_params(pf: dict, target) -> dict:
     """The tree kernels' tiling for the model of ``pf`` on ``target``, given to the template by the family and by the
     runtime's own render alike."""
-    return {"tv_threads": THREADS, "tv_rule_threads": RULE_THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP,
-            "tv_rule_round": RULE_ROUND, "tv_at_streams": ATTENTION_STREAMS, "tv_at_pack": ATTENTION_PACK,
+    tuning = target.tuning.tree_verify
+    return {"tv_threads": THREADS, "tv_rule_threads": tuning.rule_threads, "tv_rule_cpw": RULE_COLUMNS_PER_WARP,
+            "tv_rule_round": tuning.rule_round, "tv_at_streams": tuning.attention_streams, "tv_at_pack": ATTENTION_PACK,
             "tv_at_key_chunk": ATTENTION_KEY_CHUNK, "tv_at_heads": attention_heads(pf), "ta_slots": ATTENTION_SLOTS,
             "kv_code_chunk": (kv_raw_chunks(pf) or (0, 0))[0], "kv_scale_chunk": (kv_raw_chunks(pf) or (0, 0))[1],
             "tv_norm_q8": gated_norm_quantises(pf, target), **attention_tiling(pf, target)}
