@@ -101,6 +101,24 @@ def run_show(args) -> int:
     return 0
 
 
+def _without_tuning(text: str) -> str:
+    """A descriptor's text less its [tuning.*] tables (what was measured on that chip) and the comment lines
+    directly above each."""
+    lines, out, skipping = text.splitlines(keepends=True), [], False
+    for line in lines:
+        header = re.match(r"\s*\[([^\]]*)\]", line)
+        if header:
+            skipping = header.group(1).strip().split(".")[0] == "tuning"
+            if skipping:
+                while out and out[-1].lstrip().startswith("#"):
+                    out.pop()
+        if not skipping:
+            out.append(line)
+    while out and not out[-1].strip():
+        out.pop()
+    return "".join(out).rstrip("\n") + "\n"
+
+
 def new_target(name: str, like: str) -> str:
     """Write targets/<name>.toml from <like>'s descriptor (validated); returns the path. Refuses to overwrite."""
     directory = target_module.TARGETS_DIR
@@ -114,8 +132,10 @@ def new_target(name: str, like: str) -> str:
     text, count = re.subn(r'(?m)^name\s*=\s*"[^"]*"', f'name = "{name}"', text, count=1)
     if count != 1:
         raise DescriptorError(source.path, "name", "no name line to replace")
+    text = _without_tuning(text)
     header = (f"# Started from {source.name} by `lucegen new-target {name} --like {source.name}`: replace every value\n"
-              f"# below with the new chip's published figures (arch, compute_units, memory, ...).\n")
+              f"# below with the new chip's published figures (arch, compute_units, memory, ...). {source.name}'s\n"
+              f"# [tuning.*] tables are left out: the new chip takes the defaults (lucegen/tuning.py) until measured.\n")
     atomic_write(path, (header + text).encode())
     try:
         load_target(path)

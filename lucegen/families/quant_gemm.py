@@ -19,11 +19,11 @@ INT8_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 #: others' (nt<N>q) leaving them out: Q6_K's path needs more registers (nt1q 142 -> 167, nt1q_r4 122 -> 127 with it),
 #: and with one kernel for all a decode step's DeltaNet in-projections (nt1q_r4) took 0.4 us more each (H100).
 INT8_OWN_KERNEL_TYPES = ("Q6_K",)
-#: Warps per block (tuning choice: 8 row-tile parts share one block's reduction and epilogue).
+#: Warps per block (the kernels' layout: 8 row-tile parts share one block's reduction and epilogue).
 WARPS = 8
-#: Warps per block of the int8-activation kernels (tuning choice), and their resident blocks per compute unit at
-#: 1 to 3 token groups (4: two): their loops need fewer registers than the float ones, so more, smaller blocks keep
-#: more warps in flight.
+#: Warps per block of the int8-activation kernels, and the resident blocks per compute unit of their launch bounds at
+#: 1 to 3 token groups (4: two), which their names stand for (a chip's other residencies: :func:`q8_wave_time`): their
+#: loops need fewer registers than the float ones, so more, smaller blocks keep more warps in flight.
 Q8_WARPS = 4
 Q8_BLOCKS_PER_CU = 3
 

@@ -19,13 +19,14 @@ RULE_COLUMNS_PER_WARP = 4
 #: tree_attention_packed's streams a warp (the template's TV_AT_PACK): the same sums on a quarter of the threads, for
 #: passes whose (slot, head) blocks are more than the chip holds of tree_attention's.
 ATTENTION_PACK = 4
-#: tree_attention's key split (tuning choice: the template's TV_AT_KEY_CHUNK): a (slot, head)'s keys go to
+#: tree_attention's key split (the template's TV_AT_KEY_CHUNK): a (slot, head)'s keys go to
 #: min(blocks, ceil(keys / chunk)) blocks of equal ranges, so that a long context's key walk spreads over the chip.
 ATTENTION_KEY_CHUNK = 256
-#: tree_attention's query heads a block while its keys are split, at most (tuning choice): the heads of one kv head
-#: share each key's loads.
+#: tree_attention's query heads a block while its keys are split, at most: the heads of one kv head share each key's
+#: loads.
 ATTENTION_MAX_HEADS = 3
-#: tree_attention's key ranges per (slot, head), at most (tuning choice; 64 and 128 measured slower at 16K).
+#: tree_attention's key ranges per (slot, head), at most: a cap that sizes every slot's partial sums (64 and 128
+#: measured slower at 16K on the H100).
 ATTENTION_MAX_RANGES = 32
 
 
@@ -35,13 +36,13 @@ def attention_heads(pf: dict) -> int:
     return max(d for d in range(1, min(group, ATTENTION_MAX_HEADS) + 1) if group % d == 0)
 
 
-#: tree_attention_mma's slots a block, a warp each (tuning choice: the template's TA_SLOTS).
+#: tree_attention_mma's slots a block, a warp each (the template's TA_SLOTS).
 ATTENTION_SLOTS = 4
-#: tree_attention_mma's keys a range, at least (tuning choice): a slot's keys go in ranges of a multiple of this many,
+#: tree_attention_mma's keys a range, at least: a slot's keys go in ranges of a multiple of this many,
 #: one block each, fixed by the key index so that a slot's sums do not depend on the tree.
 ATTENTION_RANGE = 256
-#: tree_attention_mma's key ranges a slot, at most (tuning choice): ranges of ATTENTION_RANGE keys up to this many
-#: times as many keys, longer ranges beyond.
+#: tree_attention_mma's key ranges a slot, at most (a cap that sizes every slot's partial sums): ranges of
+#: ATTENTION_RANGE keys up to this many times as many keys, longer ranges beyond.
 MMA_MAX_RANGES = 64
 #: tree_attention_mma's grid is at most the chip's [tuning.tree_verify] mma_waves waves: the ranges beyond loop in a
 #: block.

@@ -46,7 +46,8 @@ def load_module(device, target, pf: dict):
     return device.load(compile_source(target, MODULE, source, template=TEMPLATE))
 
 
-#: rows_argmax's blocks per logits row, at most (tuning choice: :meth:`TreeVerifier._argmax_slices`).
+#: rows_argmax's blocks per logits row, at most: a cap that sizes every slot's partial results (the count itself
+#: follows the chip's compute units: :meth:`TreeVerifier._argmax_slices`).
 ARGMAX_MAX_SLICES = 512
 
 
