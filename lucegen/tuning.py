@@ -23,10 +23,16 @@ from typing import Any
 
 from .errors import DescriptorError
 
-#: Groups of 8 tokens a quant_gemm block takes (its kernels nt1 .. nt4; lucegen/families/quant_gemm.py NT_MAX).
+# What the checks know of the families' kernels (this module sits below lucegen/families/, which it cannot import;
+# tests/test_tuning.py holds them equal to the families' own constants):
+#: Groups of 8 tokens a quant_gemm block takes (its kernels nt1 .. nt4: quant_gemm NT_MAX).
 _QUANT_GEMM_NT = range(1, 5)
-#: Block types whose one-row launches may stream their weights through the ring (the 256-value K-quants).
+#: Block types whose one-row launches may stream their weights through the ring (the 256-value K-quants: K_QUANTS).
 _RING_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+#: Warps per block of the int8-activation kernels (quant_gemm Q8_WARPS).
+_INT8_WARPS = 4
+#: tree_attention_packed's key streams a warp (tree_verify ATTENTION_PACK).
+_ATTENTION_PACK = 4
 
 
 @dataclass(frozen=True)
@@ -196,8 +202,8 @@ def check_tuning(t, path) -> None:
         fail("quant_gemm.prequantised_rows", f"{qg.prequantised_rows} is not a multiple of {rows} (a row group) up "
              f"to 4096")
     for residency, _ in qg.int8_wave_time:
-        if residency * 4 * t.warp_size > t.max_threads_per_cu:  # the int8 kernels' blocks of 4 warps
-            fail("quant_gemm.int8_wave_time", f"{residency} blocks of 4 warps exceed max_threads_per_cu "
+        if residency * _INT8_WARPS * t.warp_size > t.max_threads_per_cu:
+            fail("quant_gemm.int8_wave_time", f"{residency} blocks of {_INT8_WARPS} warps exceed max_threads_per_cu "
                  f"{t.max_threads_per_cu}")
 
     tv = t.tuning.tree_verify
@@ -209,9 +215,9 @@ def check_tuning(t, path) -> None:
     if tv.attention_streams * t.warp_size > t.max_threads_per_block:
         fail("tree_verify.attention_streams", f"{tv.attention_streams} warps exceed max_threads_per_block "
              f"{t.max_threads_per_block}")
-    if not _power_of_two(tv.attention_streams) or tv.attention_streams < 4:
-        fail("tree_verify.attention_streams", f"{tv.attention_streams} is not a power of two of at least 4 "
-             f"(tree_attention_packed puts 4 on a warp)")
+    if not _power_of_two(tv.attention_streams) or tv.attention_streams < _ATTENTION_PACK:
+        fail("tree_verify.attention_streams", f"{tv.attention_streams} is not a power of two of at least "
+             f"{_ATTENTION_PACK} (tree_attention_packed puts {_ATTENTION_PACK} on a warp)")
     if tv.mma_waves > 64:
         fail("tree_verify.mma_waves", f"{tv.mma_waves} is over 64 waves")
 

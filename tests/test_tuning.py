@@ -48,6 +48,16 @@ def all_keys() -> list[str]:
     return [f"{table}.{key}" for table, values in DEFAULTS.items() for key in values]
 
 
+def test_the_checks_know_the_families_kernels():
+    """lucegen/tuning.py cannot import the families (they sit above it); what its checks assume of their kernels is
+    held equal to the families' constants here."""
+    from lucegen import tuning
+
+    assert tuple(tuning._QUANT_GEMM_NT) == tuple(range(1, quant_gemm.NT_MAX + 1))
+    assert tuning._RING_TYPES == quant_gemm.K_QUANTS and tuning._INT8_WARPS == quant_gemm.Q8_WARPS
+    assert tuning._ATTENTION_PACK == tree_verify.ATTENTION_PACK
+
+
 def test_a_descriptor_without_tuning_takes_every_default():
     untuned = [name for name in list_targets() if "tuning" not in RAW[name]]
     assert "sm_86" in untuned and "gfx1100" in untuned and "sm_90" not in untuned

@@ -75,7 +75,8 @@ def show_text(t: Target) -> str:
     data.pop("variant")
     data.pop("tuning")
     derived = {"megakernel.blocks": f"compute_units x blocks_per_cu = {t.compute_units} x {t.megakernel.blocks_per_cu}"}
-    lines = [f"# {t.path}  (resolved; values marked 'derived' are computed, not read)"]
+    lines = [f"# {t.path}  (resolved; values marked 'derived' are computed and those marked 'default' come from "
+             f"lucegen/tuning.py, not from the file)"]
     tables = {k: v for k, v in data.items() if isinstance(v, dict)}
     for key, value in data.items():
         if not isinstance(value, dict):

@@ -51,8 +51,9 @@ def block_warps(int8: bool) -> int:
     return Q8_WARPS if int8 else WARPS
 #: Groups of 8 tokens per block, at most (kernels quant_gemm_nt1 .. nt4: 8 .. 32 tokens).
 NT_MAX = 4
-#: Groups of 8 tokens whose kernels also come staged (quant_gemm_nt<N>s: the block copies each round's activations
-#: into shared memory once, a round ahead, for all its warps) are the chip's [tuning.quant_gemm] staged_nt.
+# Groups of 8 tokens whose kernels also come staged (quant_gemm_nt<N>s: the block copies each round's activations
+# into shared memory once, a round ahead, for all its warps) are the chip's [tuning.quant_gemm] staged_nt.
+
 #: Static shared memory of a staged kernel, at most (the parts' reduction and the epilogue's squares).
 STAGED_STATIC_BYTES = 32 * 1024
 
@@ -63,22 +64,24 @@ def staged_smem_bytes(nt: int, parts: int, element_bytes: int = 2) -> int:
     return 2 * 8 * nt * (256 * parts + 16) * element_bytes
 
 
-#: The one-row launches that stream their weights through per-warp rings (m1r) take groups of the chip's
-#: [tuning.quant_gemm] ring_types alone, through rings of its ring_stages slots.
+# The one-row launches that stream their weights through per-warp rings (m1r) take groups of the chip's
+# [tuning.quant_gemm] ring_types alone, through rings of its ring_stages slots.
 
 
-#: Groups of 8 tokens whose kernels also come as warpgroup MMAs where the chip has wgmma (quant_gemm_nt<N>w, for the
-#: chip's [tuning.quant_gemm] wgmma_nt): staged rounds whose activations wgmma reads from shared memory itself, one
-#: instruction per k16 step for all tokens, with weights streamed through shared memory too. Under 128 registers a
-#: thread, two blocks share a compute unit where the launch's shared memory allows, which the staged twins (255
-#: registers) cannot.
+# Groups of 8 tokens whose kernels also come as warpgroup MMAs where the chip has wgmma (quant_gemm_nt<N>w, for the
+# chip's [tuning.quant_gemm] wgmma_nt): staged rounds whose activations wgmma reads from shared memory itself, one
+# instruction per k16 step for all tokens, with weights streamed through shared memory too. Under 128 registers a
+# thread, two blocks share a compute unit where the launch's shared memory allows, which the staged twins (255
+# registers) cannot.
+
 #: K parts of a wgmma launch, at most: a warpgroup's 4 warps hold 4 row tiles of one part, of a block's WARPS / parts.
 WGMMA_MAX_PARTS = WARPS // 4
 
 
-#: A wgmma launch keeps [tuning.quant_gemm] wgmma_stages rounds in shared memory (the activations and every warp's
-#: tile-block of round i + stages - 1 are on their way while round i computes) and wgmma_buffers sub-blocks of
-#: products in flight per warp (2 overlaps one sub-block's products with the last one's scaling; 1 saves registers).
+# A wgmma launch keeps [tuning.quant_gemm] wgmma_stages rounds in shared memory (the activations and every warp's
+# tile-block of round i + stages - 1 are on their way while round i computes) and wgmma_buffers sub-blocks of
+# products in flight per warp (2 overlaps one sub-block's products with the last one's scaling; 1 saves registers).
+
 #: The largest K-quant tile-block (16 rows of Q6_K's 210-byte blocks): every warp's weight slot fits it.
 WGMMA_MAX_SLOT_BYTES = 16 * max(TYPES[t][2] for t in K_QUANTS)
 
@@ -90,10 +93,11 @@ def wgmma_smem_bytes(target, nt: int, parts: int, slot_bytes: int = WGMMA_MAX_SL
     return target.tuning.quant_gemm.wgmma_stages * (parts * 256 * 8 * nt * 2 + WARPS * slot_bytes)
 
 
-#: Groups of 8 tokens whose int8 kernels also come prequantised (nt<N>qp, the chip's [tuning.quant_gemm]
-#: prequantised_nt): quant_gemm_q8_rows quantises the launch's activations once, and every warp copies its
-#: tile-blocks' int8 bytes into a ring of Q8_RING_SLOTS slots in shared memory, a tile-block ahead, instead of loading
-#: and quantising its own fp16 ones.
+# Groups of 8 tokens whose int8 kernels also come prequantised (nt<N>qp, the chip's [tuning.quant_gemm]
+# prequantised_nt): quant_gemm_q8_rows quantises the launch's activations once, and every warp copies its
+# tile-blocks' int8 bytes into a ring of Q8_RING_SLOTS slots in shared memory, a tile-block ahead, instead of loading
+# and quantising its own fp16 ones.
+
 #: Slots of a prequantised warp's ring (the template's QG_Q8_SLOTS): one computing, one filling.
 Q8_RING_SLOTS = 2
 

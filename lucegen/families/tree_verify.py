@@ -8,14 +8,16 @@ from .prefill import _params as _prefill_params
 
 #: Threads per block of every tree kernel (the template's TV_NT).
 THREADS = 256
-#: Threads per block of tree_delta_rule (the template's TV_RULE_NT) and its slots a round (TV_RULE_ROUND: a column's
-#: sums of o wait for the round's end, so that the next slot's step does not wait behind them) are the chip's
-#: [tuning.tree_verify] rule_threads and rule_round.
+# Threads per block of tree_delta_rule (the template's TV_RULE_NT) and its slots a round (TV_RULE_ROUND: a column's
+# sums of o wait for the round's end, so that the next slot's step does not wait behind them) are the chip's
+# [tuning.tree_verify] rule_threads and rule_round.
+
 #: Value columns a warp of tree_delta_rule holds (the template's TV_RULE_CPW; 2 and 4 measured alike on the H100): 4
 #: keeps a lane's run of the key dim a multiple of 4 floats (KPL) for key head dims down to 32.
 RULE_COLUMNS_PER_WARP = 4
-#: tree_attention's key streams a block (the template's TV_AT_STREAMS, a warp a stream, each an online softmax over
-#: every streams-th key) are the chip's [tuning.tree_verify] attention_streams.
+# tree_attention's key streams a block (the template's TV_AT_STREAMS, a warp a stream, each an online softmax over
+# every streams-th key) are the chip's [tuning.tree_verify] attention_streams.
+
 #: tree_attention_packed's streams a warp (the template's TV_AT_PACK): the same sums on a quarter of the threads, for
 #: passes whose (slot, head) blocks are more than the chip holds of tree_attention's.
 ATTENTION_PACK = 4
@@ -44,8 +46,8 @@ ATTENTION_RANGE = 256
 #: tree_attention_mma's key ranges a slot, at most (a cap that sizes every slot's partial sums): ranges of
 #: ATTENTION_RANGE keys up to this many times as many keys, longer ranges beyond.
 MMA_MAX_RANGES = 64
-#: tree_attention_mma's grid is at most the chip's [tuning.tree_verify] mma_waves waves: the ranges beyond loop in a
-#: block.
+# tree_attention_mma's grid is at most the chip's [tuning.tree_verify] mma_waves waves: the ranges beyond loop in a
+# block.
 
 
 def attention_ranges(keys: int) -> int:

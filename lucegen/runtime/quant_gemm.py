@@ -27,8 +27,8 @@ from .. import codegen
 from ..errors import LucegenError
 from ..families.quant_gemm import (GEMM_TYPES, INT8_OWN_KERNEL_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX,
                                    Q8_WARPS, WARPS, WGMMA_MAX_PARTS, block_warps, has_int8, instances, int8_kernel,
-                                   q8_smem_bytes, q8_wave_time, ring_smem_bytes,
-                                   smem_fits, staged_smem_bytes, wgmma_smem_bytes)
+                                   q8_smem_bytes, q8_wave_time, ring_smem_bytes, smem_fits, staged_smem_bytes,
+                                   wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -40,9 +40,10 @@ TILE_ROWS = 16
 MAX_ROW_GROUPS = 1024
 #: Column blocks of one launch, at most: its grid's second dimension (CUDA's and HIP's limit).
 MAX_COLUMN_BLOCKS = 65535
-#: The prequantised kernels (nt<N>qp) take launches of up to the chip's [tuning.quant_gemm] prequantised_rows rows (a
-#: multiple of 8 NT_MAX, the rows of its last group padded with zeros): their int8 activations go through a workspace
-#: of that many rows of the module's longest int8 K; larger launches (long prompts) keep nt<N>q, the same bits.
+# The prequantised kernels (nt<N>qp) take launches of up to the chip's [tuning.quant_gemm] prequantised_rows rows (a
+# multiple of 8 NT_MAX, the rows of its last group padded with zeros): their int8 activations go through a workspace
+# of that many rows of the module's longest int8 K; larger launches (long prompts) keep nt<N>q, the same bits.
+
 KINDS = {"rows_f32": 0, "swiglu": 1, "residual": 2}
 
 
@@ -197,8 +198,8 @@ def token_groups(M: int) -> int:
     return math.ceil(math.ceil(M / 8) / row_groups(M))
 
 
-#: A launch's activations are staged when its blocks' row tiles times its groups of 8 tokens (how many times a block
-#: would read each activation row, in 8-token loads) reach the chip's [tuning.quant_gemm] stage_min_reuse.
+# A launch's activations are staged when its blocks' row tiles times its groups of 8 tokens (how many times a block
+# would read each activation row, in 8-token loads) reach the chip's [tuning.quant_gemm] stage_min_reuse.
 
 
 class QuantMatrix:
