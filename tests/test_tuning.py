@@ -237,3 +237,35 @@ def test_new_target_leaves_the_like_chips_tuning_out(tmp_path, monkeypatch):
     assert "\n[tuning" not in text and "[quant]" in text and "int8_activations = true" in text
     made = lucegen.target.load_target(tmp_path / "h100pcie.toml")
     assert made.tuning == parse_tuning(None, "<defaults>")
+
+
+def test_an_untuned_h100_verifies_on_the_host_device(tmp_path):
+    """The H100 less its [tuning] tables (int8 activations without the prequantised and other-residency kernels, the
+    default tree tilings): its quantised engine prefills and verifies on HostDevice, every launch checked against the
+    compiled kernels, and frees what it allocated."""
+    import numpy as np
+
+    from lucegen.model.config import ModelConfig
+    from lucegen.model.gguf_io import write_gguf_checkpoint
+    from lucegen.runtime import ddtree
+    from lucegen.runtime.host_device import HostDevice
+    from lucegen.runtime.prefill.runner import Prefiller
+    from lucegen.runtime.quant_target import QuantDecoder
+    from lucegen.runtime.tree_verify import TreeVerifier
+
+    write_gguf_checkpoint(ModelConfig.preset("tiny-q"), tmp_path / "tiny-q.gguf", quant="q4_k_m", seed=0,
+                          progress=False)
+    dev = HostDevice(with_tuning("sm_90"))
+    dev.reply = lambda buffer, dtype, shape: np.zeros(shape, dtype)
+    dec = QuantDecoder(tmp_path / "tiny-q.gguf", device=dev, max_context=512)
+    pre = Prefiller(dec)
+    pre.prefill(np.arange(40, dtype=np.int32) % dec.config.vocab_size)
+    ver = TreeVerifier(dec, budget=16)
+    ver.verify(ddtree.chain(np.arange(16) % dec.config.vocab_size), 1)  # 17 slots: nt3q
+    ver.verify(ddtree.chain(np.arange(1)), 1)  # 2 slots: nt1q
+    launched = {name for name, *_ in dev.launches}
+    assert {"tree_delta_rule", "tree_attention", "quant_gemm_nt3q", "quant_gemm_nt1q"} <= launched, launched
+    assert not {k for k in launched if k.startswith("quant_gemm") and k.endswith(("p", "_r4", "r", "s", "w"))}
+    for part in (ver, pre, dec):
+        part.close()
+    assert dev.allocated == 0
