@@ -1,6 +1,7 @@
 """Chip descriptors: ``targets/<name>.toml`` → a validated, frozen :class:`Target`.
 
-A descriptor holds published hardware facts about one chip (plus a few commented tuning choices). Every field is
+A descriptor holds published hardware facts about one chip (plus a few commented tuning choices; the kernel
+families' measured tuning is its optional ``[tuning.<family>]`` tables, lucegen/tuning.py). Every field is
 required (but the optional per-epilogue GEMM tables, ``[matmul.swiglu]`` / ``[matmul.rows_f32]``), every key must be known, every value must have the right type and be possible on that chip; anything else
 is a :class:`DescriptorError` naming the file, the field and the reason. Derived values (``megakernel.blocks``,
 the compute capability) are computed here, never written in the file.
@@ -23,6 +24,7 @@ from typing import Any
 from . import TARGETS_DIR
 from .errors import DescriptorError
 from .model.kv_cache import kv_format
+from .tuning import Tuning, check_tuning, parse_tuning
 
 VENDORS = ("nvidia", "amd")
 #: Element types a descriptor may list, with the C type a template uses for each and its size in bytes.
@@ -166,6 +168,8 @@ class Target:
     quant: Quant | None = dataclasses.field(default=None, metadata={"optional": True})
     #: AMD: SIMDs per CU, which share the CU's registers (clang budgets VGPRs per SIMD: waves per EU); required there
     simds_per_cu: int = dataclasses.field(default=0, metadata={"optional": True})
+    #: the [tuning.<family>] tables, every key the file leaves out from lucegen/tuning.py DEFAULTS (parse_tuning)
+    tuning: Tuning = dataclasses.field(default=None, metadata={"optional": True})
     path: str = dataclasses.field(default="", metadata={"derived": True})
     #: "" for the descriptor as written; "quant" for quantised_target()'s (its renders: generated/<name>/quant/)
     variant: str = dataclasses.field(default="", metadata={"derived": True})
@@ -312,9 +316,12 @@ def load_target(name_or_path: str | Path) -> Target:
 
 def target_from_dict(data: dict[str, Any], path: str | Path = "<descriptor>") -> Target:
     """Validate a parsed descriptor (the TOML as a dict) and build the Target."""
+    data = dict(data)
+    tuning = parse_tuning(data.pop("tuning", None), path)
     fields = _parse_table(Target, data, path, prefix="")
-    target = Target(**fields, path=str(path))
+    target = Target(**fields, tuning=tuning, path=str(path))
     _check_consistency(target, path)
+    check_tuning(target, path)
     mk = target.megakernel
     return dataclasses.replace(
         target, megakernel=dataclasses.replace(mk, blocks=target.compute_units * mk.blocks_per_cu)

@@ -272,12 +272,12 @@ def test_prequantised_kernels_keep_their_epilogue_in_dynamic_shared_memory(model
     static shared memory is the epilogue's early inputs and row scales alone: three blocks of a K = 5,120 launch then
     leave the H100 its 164 KB shared-memory carveout (92 KB of L1 for the rings' copies; 2026-11-27: the 27B's
     23-slot pass 11.3 -> 10.9 ms). Their nt<N>q twins keep static arrays."""
-    from lucegen.families.quant_gemm import PREQUANTISED_NT, Q8_WARPS, q8_smem_bytes
+    from lucegen.families.quant_gemm import Q8_WARPS, q8_smem_bytes
     from lucegen.runtime.quant_target import QuantDecoder
 
     dec = QuantDecoder(models / "tiny-q.gguf", device=host("sm_90"), max_context=512)
     static = dec.qgemm.static_smem
-    for nt in PREQUANTISED_NT:
+    for nt in dec.target.tuning.quant_gemm.prequantised_nt:
         for own in ("", "6"):
             early_inputs = 4 * (8 * nt + 768)  # row_ss and early_in (the template's QG_EARLY floats)
             assert early_inputs <= static[f"nt{nt}q{own}p"] <= early_inputs + 128, (nt, own, static)

@@ -186,7 +186,8 @@ def test_grid_of_the_27b_launches():
         # a residual's RMSNorm partial sums: one per row tile whatever its blocks, then the rows' totals
         assert (qg.ss_parts(W), qg.ss_scratch_parts(W)) == (tiles, tiles + 1)
     # one group of int8 tokens: 3 or 4 resident blocks a compute unit, whichever finishes its whole waves first
-    # (Q8_WAVE_TIME): 4 for the in-projection's 1030 blocks (2 waves of 528, not 3 of 396) and for 528 (1 of 528)
+    # (sm_90's [tuning.quant_gemm] int8_wave_time): 4 for the in-projection's 1030 blocks (2 waves of 528, not 3 of
+    # 396) and for 528 (1 of 528)
     quantised = load_target("sm_90").quantised_target()
     qg = QuantGemm(HostDevice(quantised), quantised, 5120, 1e-6)
     # a group holding Q6_K takes the twins nt<N>q6 (their type switch holds it); one row the one-token twins m1q..

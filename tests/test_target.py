@@ -359,17 +359,17 @@ def test_quant_table_sets_the_quantised_targets_compute_type():
 
 def test_int8_activations_give_the_quantised_variant_its_int8_kernels():
     """[quant] int8_activations on: the fp16 variant renders quant_gemm_nt<N>q (mma m16n8k32 s8) and nt1q at its other
-    residencies (nt1q_r4), the one-token kernels at both (m1q, m1q_r4), the prequantised nt<N>qp for PREQUANTISED_NT,
+    residencies (nt1q_r4), the one-token kernels at both (m1q, m1q_r4), the prequantised nt<N>qp for prequantised_nt,
     and their twins for groups holding Q6_K (nt<N>q6, m1q6.., nt<N>q6p), the descriptor's own bf16 render does not;
     without the key (off) the variant has none."""
     from lucegen import codegen
-    from lucegen.families.quant_gemm import NT_MAX, PREQUANTISED_NT, instances
+    from lucegen.families.quant_gemm import NT_MAX, instances
 
     data = copy.deepcopy(RAW["sm_90"])
     data["quant"]["int8_activations"] = True
     t = target_from_dict(data, "sm_90.toml")
     q = t.quantised_target()
-    names = ([f"nt{n}q" for n in range(1, NT_MAX + 1)] + [f"nt{n}qp" for n in PREQUANTISED_NT]
+    names = ([f"nt{n}q" for n in range(1, NT_MAX + 1)] + [f"nt{n}qp" for n in t.tuning.quant_gemm.prequantised_nt]
              + ["nt1q_r4", "m1q", "m1q_r4"])
     assert [k.name for k in instances(q) if k.int8] == names + [n.replace("q", "q6") for n in names]
     assert [k.own_types for k in instances(q) if k.int8] == [False] * len(names) + [True] * len(names)

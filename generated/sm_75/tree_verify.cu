@@ -342,15 +342,15 @@ __device__ __forceinline__ void lg_softmax_merge_warps(float (&part)[WARPS][HD],
 #define TV_NKV 2
 #define TV_HD 256
 #define TV_GROUP 4
-#define TV_AT_STREAMS 16
+#define TV_AT_STREAMS 8
 #define TV_AT_PACK 4
 #define TV_AT_KEY_CHUNK 256
 #define TV_AT_HEADS 2
 #define TV_COLS_PER_BLOCK 8
 #define TV_RULE_CPW 4
-#define TV_RULE_NT 128
+#define TV_RULE_NT 256
 #define TV_RULE_LANES (LG_WARP_SIZE / TV_RULE_CPW)
-#define TV_RULE_ROUND 8
+#define TV_RULE_ROUND 1
 #define TV_RULE_COLS (TV_RULE_NT / LG_WARP_SIZE * TV_RULE_CPW)
 
 

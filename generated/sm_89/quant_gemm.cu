@@ -566,50 +566,6 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
     cur = next;
   }
 }
-
-// ---- the weight ring (cp.async): each warp streams its tile-blocks through QG_RING_STAGES slots of shared memory,
-// QG_RING_STAGES - 1 of them in flight while it computes one, and holds only the one it computes in registers (the
-// register path above holds two). A slot is refilled right after the warp-wide barrier that follows its last reads,
-// so one __syncwarp per tile-block orders the ring. ----
-#define QG_RING_STAGES 3
-
-template <typename Q>
-__device__ __forceinline__ void qg_ring_fill(unsigned char* slot, const unsigned char* __restrict__ tb, int lane) {
-#pragma unroll
-  for (int c = 0; c < Q::BYTES; c += LG_WARP_SIZE)  // the tile-block's BYTES pieces of 16 bytes
-    if (c + lane < Q::BYTES) lg_cp_async16(slot + 16 * (c + lane), tb + 16 * (c + lane), true);
-  lg_cp_async_commit();
-}
-
-// qg_tile through the warp's ring (slots slot_bytes apart): the same tile-blocks in the same order, so the same bits.
-template <typename Q, int NT, bool ONE_ROW>
-__device__ __forceinline__ void qg_tile_ring(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K,
-                                             int part, int parts, const bf16_t* __restrict__ A, int lda, int m0,
-                                             int M, unsigned char* ring, int slot_bytes) {
-  constexpr int STAGES = QG_RING_STAGES, TB = 16 * Q::BYTES;
-  const int lane = (int)lg_lane_id();
-  const int blocks = K / Q::VALUES, mine = part < blocks ? (blocks - part + parts - 1) / parts : 0;
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {  // one group per slot, empty past the warp's last tile-block
-    if (i < mine) qg_ring_fill<Q>(ring + i * slot_bytes, tile + (size_t)(part + i * parts) * TB, lane);
-    else lg_cp_async_commit();
-  }
-  lg_grid_dependency_wait();  // the first weights are on their way; A may come from the previous kernel
-  int slot = 0, refill = STAGES - 1;
-  for (int i = 0; i < mine; ++i) {
-    lg_cp_async_wait<STAGES - 2>();  // tile-block i has landed (this lane's pieces) ...
-    __syncwarp();                    // ... and every lane's; every lane is done reading slot `refill` (block i - 1)
-    typename Q::Raw cur;
-    Q::template load<true>(cur, ring + slot * slot_bytes, lane);
-    if (i + STAGES - 1 < mine)
-      qg_ring_fill<Q>(ring + refill * slot_bytes, tile + (size_t)(part + (i + STAGES - 1) * parts) * TB, lane);
-    else
-      lg_cp_async_commit();
-    qg_tile_block<Q, NT, ONE_ROW>(acc, cur, qg_global_bfrag<Q>(A, lda, m0, M, part + i * parts, lane));
-    slot = slot + 1 == STAGES ? 0 : slot + 1;
-    refill = refill + 1 == STAGES ? 0 : refill + 1;
-  }
-}
 // The totals of rows m0 .. m0 + rows - 1's parts (lg_parts_sums, the one order), a warp a row (rows w, w + WARPS,
 // ..): store(mm, total) by the row's lane 0. A reader's row scales (its parts, or the one total a producer left) and
 // a residual's last block (its row tiles' parts) both take them here.
@@ -748,20 +704,6 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   // .. + 3 of part w / 4 % parts (parts <= 2), so that its warps share a part.
   const int j = WGMMA ? (warp & 3) + 4 * (warp / 4 / parts) : warp / parts;
   const int part = WGMMA ? warp / 4 % parts : warp % parts, seg = tile_seg(j);
-  if (RING) {  // the warps' rings, each QG_RING_STAGES slots of the launch's largest tile-block; ring_types alone
-    extern __shared__ __align__(16) unsigned char qg_ring_bytes[];
-    const int slot_bytes = qg_largest_tile_block(segs, nseg);
-    unsigned char* ring = qg_ring_bytes + warp * QG_RING_STAGES * slot_bytes;
-    if (seg >= 0) {
-      const QgSegment& sg = segs.seg[seg];
-      switch (sg.type) {
-        case 3:  // Q6_K
-          qg_tile_ring<QgQ6K, NT, ONE_ROW>(acc, qg_tile_weights<QgQ6K>(sg, tile_local(j, seg), K), K, part, parts, A,
-                                             lda, m0, M, ring, slot_bytes);
-          break;
-      }
-    }
-  } else
   if (seg >= 0) {
     const QgSegment& sg = segs.seg[seg];
     switch (sg.type) {
@@ -964,19 +906,6 @@ quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16
                  const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
                  unsigned* __restrict__ ss_count) {
   quant_gemm<4, 8, false, false, false,
-             false, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
-}
-
-extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
-quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, true, false, true,
              false, false, false, false>(
       segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
       argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);

@@ -10,6 +10,7 @@ from .. import target as target_module
 from ..atomic import atomic_write
 from ..errors import DescriptorError
 from ..target import Target, list_targets, load_target
+from ..tuning import tuning_table
 
 
 def register(subparsers) -> None:
@@ -61,6 +62,8 @@ def _toml_value(value) -> str:
         return f'"{value}"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }" if value else "{}"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
@@ -70,8 +73,10 @@ def show_text(t: Target) -> str:
     data = t.to_dict()
     data.pop("path")
     data.pop("variant")
+    data.pop("tuning")
     derived = {"megakernel.blocks": f"compute_units x blocks_per_cu = {t.compute_units} x {t.megakernel.blocks_per_cu}"}
-    lines = [f"# {t.path}  (resolved; values marked 'derived' are computed, not read)"]
+    lines = [f"# {t.path}  (resolved; values marked 'derived' are computed and those marked 'default' come from "
+             f"lucegen/tuning.py, not from the file)"]
     tables = {k: v for k, v in data.items() if isinstance(v, dict)}
     for key, value in data.items():
         if not isinstance(value, dict):
@@ -84,12 +89,35 @@ def show_text(t: Target) -> str:
         for key, value in values.items():
             note = derived.get(f"{table}.{key}")
             lines.append(f"{key} = {_toml_value(value)}" + (f"    # derived: {note}" if note else ""))
+    for table, values in tuning_table(t.tuning).items():  # lucegen/tuning.py
+        lines.append(f"\n[tuning.{table}]")
+        for key, value in values.items():
+            default = f"{table}.{key}" in t.tuning.defaults
+            lines.append(f"{key} = {_toml_value(value)}" + ("    # default (lucegen/tuning.py)" if default else ""))
     return "\n".join(lines)
 
 
 def run_show(args) -> int:
     print(show_text(load_target(args.name)))
     return 0
+
+
+def _without_tuning(text: str) -> str:
+    """A descriptor's text less its [tuning.*] tables (what was measured on that chip) and the comment lines
+    directly above each."""
+    lines, out, skipping = text.splitlines(keepends=True), [], False
+    for line in lines:
+        header = re.match(r"\s*\[([^\]]*)\]", line)
+        if header:
+            skipping = header.group(1).strip().split(".")[0] == "tuning"
+            if skipping:
+                while out and out[-1].lstrip().startswith("#"):
+                    out.pop()
+        if not skipping:
+            out.append(line)
+    while out and not out[-1].strip():
+        out.pop()
+    return "".join(out).rstrip("\n") + "\n"
 
 
 def new_target(name: str, like: str) -> str:
@@ -105,8 +133,10 @@ def new_target(name: str, like: str) -> str:
     text, count = re.subn(r'(?m)^name\s*=\s*"[^"]*"', f'name = "{name}"', text, count=1)
     if count != 1:
         raise DescriptorError(source.path, "name", "no name line to replace")
+    text = _without_tuning(text)
     header = (f"# Started from {source.name} by `lucegen new-target {name} --like {source.name}`: replace every value\n"
-              f"# below with the new chip's published figures (arch, compute_units, memory, ...).\n")
+              f"# below with the new chip's published figures (arch, compute_units, memory, ...). {source.name}'s\n"
+              f"# [tuning.*] tables are left out: the new chip takes the defaults (lucegen/tuning.py) until measured.\n")
     atomic_write(path, (header + text).encode())
     try:
         load_target(path)

@@ -19,22 +19,21 @@ INT8_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 #: others' (nt<N>q) leaving them out: Q6_K's path needs more registers (nt1q 142 -> 167, nt1q_r4 122 -> 127 with it),
 #: and with one kernel for all a decode step's DeltaNet in-projections (nt1q_r4) took 0.4 us more each (H100).
 INT8_OWN_KERNEL_TYPES = ("Q6_K",)
-#: Warps per block (tuning choice: 8 row-tile parts share one block's reduction and epilogue).
+#: Warps per block (the kernels' layout: 8 row-tile parts share one block's reduction and epilogue).
 WARPS = 8
-#: Warps per block of the int8-activation kernels (tuning choice), and their resident blocks per compute unit at
-#: 1 to 3 token groups (4: two): their loops need fewer registers than the float ones, so more, smaller blocks keep
-#: more warps in flight.
+#: Warps per block of the int8-activation kernels, and the resident blocks per compute unit of their launch bounds at
+#: 1 to 3 token groups (4: two), which their names stand for (a chip's other residencies: :func:`q8_wave_time`): their
+#: loops need fewer registers than the float ones, so more, smaller blocks keep more warps in flight.
 Q8_WARPS = 4
 Q8_BLOCKS_PER_CU = 3
-#: The one-group int8 kernel also comes at 4 resident blocks per compute unit (quant_gemm_nt1q_r4: 122 registers, no
-#: spills), and a launch takes the residency whose waves of blocks finish first: waves(r) x Q8_WAVE_TIME[r], a full
-#: wave's time relative to 3 (tuning choice, measured on the H100 with tools/quant_gemm_bench.py 1 2 --tiles ..: Q4_K
-#: at K = 5120, 2 waves of 3 took 16.3 us and 3 waves of 4 29.1 us, so a wave of 4 blocks takes 1.19 of one of 3 and
-#: moves 4/3 the blocks). 528 row tiles: 14.5 -> 10.3 us; 1030: 22.4 -> 19.5; 896: 21.8 -> 18.1; the model picks 3
-#: for 320, 600, 792 and 1100 tiles, where 4 was 1.1-1.8 us slower.
-#: The one-token twins (m1q, m1q_r4) take the same model: theirs timed within 1% at 3, 4 and 5 blocks (notes,
-#: session 54).
-Q8_WAVE_TIME = {3: 1.0, 4: 1.19}
+
+
+def q8_wave_time(target) -> dict[int, float]:
+    """The residencies the one-group int8 kernel comes at on ``target`` (nt1q_r<blocks per compute unit>: the same
+    code, other launch bounds), each with a full wave's time relative to one at Q8_BLOCKS_PER_CU: a launch takes the
+    residency whose waves of blocks finish first, waves(r) x time[r] (the one-token twins m1q.. alike). The chip's
+    [tuning.quant_gemm] int8_wave_time."""
+    return {Q8_BLOCKS_PER_CU: 1.0, **dict(target.tuning.quant_gemm.int8_wave_time)}
 
 
 def int8_kernel(nt: int, blocks_per_cu: int = 0, own_types: bool = False, one_row: bool = False,
@@ -42,7 +41,7 @@ def int8_kernel(nt: int, blocks_per_cu: int = 0, own_types: bool = False, one_ro
     """The name of the int8 kernel of ``nt`` token groups: nt<nt>q, nt<nt>q6 for groups holding INT8_OWN_KERNEL_TYPES
     (``own_types``), and for one group at other than Q8_BLOCKS_PER_CU resident blocks a suffix _r<blocks per CU>;
     m1q.. for one token (``one_row``: its MMAs' 8 columns hold 8 sub-blocks, not 8 tokens); a suffix p for the
-    ``prequantised`` twins (PREQUANTISED_NT)."""
+    ``prequantised`` twins ([tuning.quant_gemm] prequantised_nt)."""
     residency = f"_r{blocks_per_cu}" if blocks_per_cu not in (0, Q8_BLOCKS_PER_CU) else ""
     return f"{'m1' if one_row else f'nt{nt}'}q{'6' if own_types else ''}{residency}{'p' if prequantised else ''}"
 
@@ -52,9 +51,9 @@ def block_warps(int8: bool) -> int:
     return Q8_WARPS if int8 else WARPS
 #: Groups of 8 tokens per block, at most (kernels quant_gemm_nt1 .. nt4: 8 .. 32 tokens).
 NT_MAX = 4
-#: Groups of 8 tokens whose kernels also come staged (tuning choice): the block copies each round's activations
-#: into shared memory once, a round ahead, for all its warps (quant_gemm_nt<N>s).
-STAGED_NT = (2, 3)
+# Groups of 8 tokens whose kernels also come staged (quant_gemm_nt<N>s: the block copies each round's activations
+# into shared memory once, a round ahead, for all its warps) are the chip's [tuning.quant_gemm] staged_nt.
+
 #: Static shared memory of a staged kernel, at most (the parts' reduction and the epilogue's squares).
 STAGED_STATIC_BYTES = 32 * 1024
 
@@ -65,48 +64,40 @@ def staged_smem_bytes(nt: int, parts: int, element_bytes: int = 2) -> int:
     return 2 * 8 * nt * (256 * parts + 16) * element_bytes
 
 
-#: Slots of a warp's weight ring (tuning choice: 2, 3, 4 and 6 slots timed within 3% of each other on the H100).
-RING_STAGES = 3
-#: The one-row launches that stream their weights through the ring: groups of these types alone (tuning choice).
-#: Q6_K's tile-block needs 34 registers a lane, so the register path's two of them spill; through the ring the lane
-#: holds one (tools/quant_gemm_bench.py 1, H100: lm_head 408 -> 358 us, down 35.9 -> 32.0). Q4_K and Q5_K, which fit,
-#: lose to the ring's extra instructions (gate/up 46.2 -> 48.3, dn_in 22.7 -> 24.4, dn_out 11.8 -> 13.3).
-RING_TYPES = ("Q6_K",)
+# The one-row launches that stream their weights through per-warp rings (m1r) take groups of the chip's
+# [tuning.quant_gemm] ring_types alone, through rings of its ring_stages slots.
 
 
-#: Groups of 8 tokens whose kernels also come as warpgroup MMAs where the chip has wgmma (quant_gemm_nt<N>w): staged
-#: rounds whose activations wgmma reads from shared memory itself, one instruction per k16 step for all tokens, with
-#: weights streamed through shared memory too. Under 128 registers a thread, two blocks share a compute unit where
-#: the launch's shared memory allows, which the staged twins (255 registers) cannot.
-WGMMA_NT = (2, 3)
+# Groups of 8 tokens whose kernels also come as warpgroup MMAs where the chip has wgmma (quant_gemm_nt<N>w, for the
+# chip's [tuning.quant_gemm] wgmma_nt): staged rounds whose activations wgmma reads from shared memory itself, one
+# instruction per k16 step for all tokens, with weights streamed through shared memory too. Under 128 registers a
+# thread, two blocks share a compute unit where the launch's shared memory allows, which the staged twins (255
+# registers) cannot.
+
 #: K parts of a wgmma launch, at most: a warpgroup's 4 warps hold 4 row tiles of one part, of a block's WARPS / parts.
 WGMMA_MAX_PARTS = WARPS // 4
 
 
-#: Rounds of a wgmma launch in shared memory (tuning choice): the activations and every warp's tile-block of round
-#: i + WGMMA_STAGES - 1 are on their way while round i computes. 2 and 3 timed the same at one block an SM (H200:
-#: gate/up 23 rows 130.0 / 130.2 us); 2 leaves room for two blocks.
-WGMMA_STAGES = 2
-#: Sub-blocks of wgmma products in flight per warp (tuning choice): 2 overlaps one sub-block's products with the last
-#: one's scaling; 1 saves 8 nt registers a thread (nt3w fits 128 without spills), the block's other warps filling the
-#: wait. Measured on the H200 at 2 blocks a compute unit: nt2w equal (gate/up 9 rows 82.5 against 81.0 us, dn_in
-#: 37.2 against 39.0).
-WGMMA_BUFFERS = 1
+# A wgmma launch keeps [tuning.quant_gemm] wgmma_stages rounds in shared memory (the activations and every warp's
+# tile-block of round i + stages - 1 are on their way while round i computes) and wgmma_buffers sub-blocks of
+# products in flight per warp (2 overlaps one sub-block's products with the last one's scaling; 1 saves registers).
+
 #: The largest K-quant tile-block (16 rows of Q6_K's 210-byte blocks): every warp's weight slot fits it.
 WGMMA_MAX_SLOT_BYTES = 16 * max(TYPES[t][2] for t in K_QUANTS)
 
 
-def wgmma_smem_bytes(nt: int, parts: int, slot_bytes: int = WGMMA_MAX_SLOT_BYTES) -> int:
-    """Dynamic shared memory of a wgmma launch: WGMMA_STAGES rounds of parts blocks of 256 values for 8 nt tokens
-    (2-byte), then every warp's WGMMA_STAGES weight slots of ``slot_bytes`` (the launch's largest tile-block)."""
-    return WGMMA_STAGES * (parts * 256 * 8 * nt * 2 + WARPS * slot_bytes)
+def wgmma_smem_bytes(target, nt: int, parts: int, slot_bytes: int = WGMMA_MAX_SLOT_BYTES) -> int:
+    """Dynamic shared memory of a wgmma launch on ``target``: its wgmma_stages rounds of parts blocks of 256 values for
+    8 nt tokens (2-byte), then every warp's wgmma_stages weight slots of ``slot_bytes`` (the launch's largest
+    tile-block)."""
+    return target.tuning.quant_gemm.wgmma_stages * (parts * 256 * 8 * nt * 2 + WARPS * slot_bytes)
 
 
-#: Groups of 8 tokens whose int8 kernels also come prequantised (nt<N>qp, tuning choice): quant_gemm_q8_rows
-#: quantises the launch's activations once, and every warp copies its tile-blocks' int8 bytes into a ring of
-#: Q8_RING_SLOTS slots in shared memory, a tile-block ahead, instead of loading and quantising its own fp16 ones
-#: (H100, tools/quant_gemm_bench.py 23, notes session 58).
-PREQUANTISED_NT = (2, 3, 4)
+# Groups of 8 tokens whose int8 kernels also come prequantised (nt<N>qp, the chip's [tuning.quant_gemm]
+# prequantised_nt): quant_gemm_q8_rows quantises the launch's activations once, and every warp copies its
+# tile-blocks' int8 bytes into a ring of Q8_RING_SLOTS slots in shared memory, a tile-block ahead, instead of loading
+# and quantising its own fp16 ones.
+
 #: Slots of a prequantised warp's ring (the template's QG_Q8_SLOTS): one computing, one filling.
 Q8_RING_SLOTS = 2
 
@@ -120,9 +111,10 @@ def q8_smem_bytes(nt: int, K: int, prequantised: bool = False) -> int:
     return K // 256 * 8 * nt * 6
 
 
-def ring_smem_bytes(slot_bytes: int) -> int:
-    """Dynamic shared memory of a ring launch whose largest tile-block is ``slot_bytes``: every warp's slots."""
-    return WARPS * RING_STAGES * slot_bytes
+def ring_smem_bytes(target, slot_bytes: int) -> int:
+    """Dynamic shared memory of a ring launch on ``target`` whose largest tile-block is ``slot_bytes``: every warp's
+    ring_stages slots."""
+    return WARPS * target.tuning.quant_gemm.ring_stages * slot_bytes
 
 
 def smem_fits(target, dynamic_bytes: int, static_bytes: int, blocks_per_cu: int) -> bool:
@@ -161,30 +153,32 @@ class GemmKernel(NamedTuple):
 
 
 def instances(target) -> tuple[GemmKernel, ...]:
-    """The kernels for ``target``. quant_gemm_m1 is nt1 keeping token column 0 alone (M = 1, the decode step): the
-    same operations on that column, fewer on the columns it drops. A staged instance exists where the chip has
-    cp.async and room for the rounds of a launch of WARPS parts; m1r, m1 streaming its weights through per-warp
-    rings of shared memory, where the chip has cp.async; nt<N>w for WGMMA_NT, warpgroup MMAs over staged rounds,
-    where it has wgmma (sm_90a); nt<N>q, the int8-activation kernels, where :func:`has_int8`, with nt1q at the
-    other residencies of Q8_WAVE_TIME (nt1q_r<blocks per compute unit>: the same code, other launch bounds), the
-    one-token kernels m1q at every residency (``one_row``: an MMA's columns hold a tile-block's sub-blocks; nt1q's
-    bits at M = 1), the prequantised nt<N>qp for PREQUANTISED_NT (nt<N>q's bits), and their twins nt<N>q6, m1q6..,
-    nt<N>q6p for groups holding INT8_OWN_KERNEL_TYPES (:func:`int8_kernel`)."""
+    """The kernels for ``target`` (the variants its [tuning.quant_gemm] lists). quant_gemm_m1 is nt1 keeping token
+    column 0 alone (M = 1, the decode step): the same operations on that column, fewer on the columns it drops. A
+    staged instance (staged_nt) exists where the chip has cp.async and room for the rounds of a launch of WARPS parts;
+    m1r, m1 streaming its weights through per-warp rings of shared memory, where the chip has cp.async and ring_types
+    names a block type; nt<N>w for wgmma_nt, warpgroup MMAs over staged rounds, where it has wgmma (sm_90a); nt<N>q,
+    the int8-activation kernels, where :func:`has_int8`, with nt1q at the other residencies of :func:`q8_wave_time`
+    (nt1q_r<blocks per compute unit>: the same code, other launch bounds), the one-token kernels m1q at every
+    residency (``one_row``: an MMA's columns hold a tile-block's sub-blocks; nt1q's bits at M = 1), the prequantised
+    nt<N>qp for prequantised_nt (nt<N>q's bits), and their twins nt<N>q6, m1q6.., nt<N>q6p for groups holding
+    INT8_OWN_KERNEL_TYPES (:func:`int8_kernel`)."""
     plain = (GemmKernel("m1", 1, one_row=True),) + tuple(GemmKernel(f"nt{nt}", nt) for nt in range(1, NT_MAX + 1))
-    room = target.smem_per_block_optin - STAGED_STATIC_BYTES
-    staged = tuple(GemmKernel(f"nt{nt}s", nt, staged=True) for nt in STAGED_NT
+    room, tuning = target.smem_per_block_optin - STAGED_STATIC_BYTES, target.tuning.quant_gemm
+    staged = tuple(GemmKernel(f"nt{nt}s", nt, staged=True) for nt in tuning.staged_nt
                    if target.features.cp_async and staged_smem_bytes(nt, WARPS) <= room)
-    ring = (GemmKernel("m1r", 1, one_row=True, ring=True),) if target.features.cp_async else ()
-    wgmma = tuple(GemmKernel(f"nt{nt}w", nt, wgmma=True) for nt in WGMMA_NT) if _has_wgmma(target) else ()
+    ring = (GemmKernel("m1r", 1, one_row=True, ring=True),) if target.features.cp_async and tuning.ring_types else ()
+    wgmma = tuple(GemmKernel(f"nt{nt}w", nt, wgmma=True) for nt in tuning.wgmma_nt) if _has_wgmma(target) else ()
     int8 = ()
     for own in (False, True) if has_int8(target) else ():
         int8 += tuple(GemmKernel(int8_kernel(nt, 0, own), nt, int8=True, own_types=own) for nt in range(1, NT_MAX + 1))
         int8 += tuple(GemmKernel(int8_kernel(nt, 0, own, prequantised=True), nt, int8=True, own_types=own,
-                                 prequantised=True) for nt in PREQUANTISED_NT)
+                                 prequantised=True) for nt in tuning.prequantised_nt)
         int8 += tuple(GemmKernel(int8_kernel(1, r, own), 1, int8=True, residency=r, own_types=own)
-                      for r in Q8_WAVE_TIME if r != Q8_BLOCKS_PER_CU)
+                      for r in q8_wave_time(target) if r != Q8_BLOCKS_PER_CU)
         int8 += tuple(GemmKernel(int8_kernel(1, r, own, one_row=True), 1, one_row=True, int8=True,
-                                 residency=0 if r == Q8_BLOCKS_PER_CU else r, own_types=own) for r in Q8_WAVE_TIME)
+                                 residency=0 if r == Q8_BLOCKS_PER_CU else r, own_types=own)
+                      for r in q8_wave_time(target))
     return plain + staged + ring + wgmma + int8
 
 
@@ -208,9 +202,10 @@ def _params(target) -> dict:
     kernels = instances(target)
     return {"types": GEMM_TYPES, "k_quants": K_QUANTS, "warps": WARPS, "instances": kernels,
             "staged_any": any(k.staged for k in kernels), "ring_any": any(k.ring for k in kernels),
-            "ring_stages": RING_STAGES, "ring_types": RING_TYPES, "max_segments": MAX_SEGMENTS,
-            "wgmma_any": any(k.wgmma for k in kernels), "nt_max": NT_MAX,
-            "wgmma_stages": WGMMA_STAGES, "wgmma_buffers": WGMMA_BUFFERS,
+            "ring_stages": target.tuning.quant_gemm.ring_stages, "ring_types": target.tuning.quant_gemm.ring_types,
+            "max_segments": MAX_SEGMENTS, "wgmma_any": any(k.wgmma for k in kernels), "nt_max": NT_MAX,
+            "wgmma_stages": target.tuning.quant_gemm.wgmma_stages,
+            "wgmma_buffers": target.tuning.quant_gemm.wgmma_buffers,
             "int8_any": any(k.int8 for k in kernels), "int8_types": INT8_TYPES,
             "int8_own_kernel_types": INT8_OWN_KERNEL_TYPES}
 

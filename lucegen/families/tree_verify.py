@@ -8,30 +8,27 @@ from .prefill import _params as _prefill_params
 
 #: Threads per block of every tree kernel (the template's TV_NT).
 THREADS = 256
-#: Threads per block of tree_delta_rule (tuning choice: the template's TV_RULE_NT): 384 blocks of 16 value columns for
-#: the 27B's 6,144, about 3 a compute unit of the H100's 132, where 192 blocks of 32 left 60 of them two, the rest
-#: one, and a two-block compute unit's warps issue the step's instructions twice as long.
-RULE_THREADS = 128
-#: Value columns a warp of tree_delta_rule holds (tuning choice: the template's TV_RULE_CPW; 2 and 4 measured alike on
-#: the H100, 4 kept).
+# Threads per block of tree_delta_rule (the template's TV_RULE_NT) and its slots a round (TV_RULE_ROUND: a column's
+# sums of o wait for the round's end, so that the next slot's step does not wait behind them) are the chip's
+# [tuning.tree_verify] rule_threads and rule_round.
+
+#: Value columns a warp of tree_delta_rule holds (the template's TV_RULE_CPW; 2 and 4 measured alike on the H100): 4
+#: keeps a lane's run of the key dim a multiple of 4 floats (KPL) for key head dims down to 32.
 RULE_COLUMNS_PER_WARP = 4
-#: tree_delta_rule's slots a round (tuning choice: the template's TV_RULE_ROUND): a column's sums of o wait for the
-#: round's end, so that the next slot's step does not wait behind them.
-RULE_ROUND = 8
-#: tree_attention's key streams a block, each an online softmax over every ATTENTION_STREAMS-th key (the template's
-#: TV_AT_STREAMS; tuning choice): a warp a stream in tree_attention, since a one-slot pass at a 16K context is
-#: latency-bound in the key walk (4 warps: 71 ms a token).
-ATTENTION_STREAMS = 16
-#: tree_attention_packed's streams a warp (the template's TV_AT_PACK; tuning choice): the same sums on a quarter of the
-#: threads, for passes whose (slot, head) blocks are more than the chip holds of tree_attention's.
+# tree_attention's key streams a block (the template's TV_AT_STREAMS, a warp a stream, each an online softmax over
+# every streams-th key) are the chip's [tuning.tree_verify] attention_streams.
+
+#: tree_attention_packed's streams a warp (the template's TV_AT_PACK): the same sums on a quarter of the threads, for
+#: passes whose (slot, head) blocks are more than the chip holds of tree_attention's.
 ATTENTION_PACK = 4
-#: tree_attention's key split (tuning choice: the template's TV_AT_KEY_CHUNK): a (slot, head)'s keys go to
+#: tree_attention's key split (the template's TV_AT_KEY_CHUNK): a (slot, head)'s keys go to
 #: min(blocks, ceil(keys / chunk)) blocks of equal ranges, so that a long context's key walk spreads over the chip.
 ATTENTION_KEY_CHUNK = 256
-#: tree_attention's query heads a block while its keys are split, at most (tuning choice): the heads of one kv head
-#: share each key's loads.
+#: tree_attention's query heads a block while its keys are split, at most: the heads of one kv head share each key's
+#: loads.
 ATTENTION_MAX_HEADS = 3
-#: tree_attention's key ranges per (slot, head), at most (tuning choice; 64 and 128 measured slower at 16K).
+#: tree_attention's key ranges per (slot, head), at most: a cap that sizes every slot's partial sums (64 and 128
+#: measured slower at 16K on the H100).
 ATTENTION_MAX_RANGES = 32
 
 
@@ -41,16 +38,16 @@ def attention_heads(pf: dict) -> int:
     return max(d for d in range(1, min(group, ATTENTION_MAX_HEADS) + 1) if group % d == 0)
 
 
-#: tree_attention_mma's slots a block, a warp each (tuning choice: the template's TA_SLOTS).
+#: tree_attention_mma's slots a block, a warp each (the template's TA_SLOTS).
 ATTENTION_SLOTS = 4
-#: tree_attention_mma's keys a range, at least (tuning choice): a slot's keys go in ranges of a multiple of this many,
+#: tree_attention_mma's keys a range, at least: a slot's keys go in ranges of a multiple of this many,
 #: one block each, fixed by the key index so that a slot's sums do not depend on the tree.
 ATTENTION_RANGE = 256
-#: tree_attention_mma's key ranges a slot, at most (tuning choice): ranges of ATTENTION_RANGE keys up to this many
-#: times as many keys, longer ranges beyond.
+#: tree_attention_mma's key ranges a slot, at most (a cap that sizes every slot's partial sums): ranges of
+#: ATTENTION_RANGE keys up to this many times as many keys, longer ranges beyond.
 MMA_MAX_RANGES = 64
-#: tree_attention_mma's grid, at most this many waves of the chip (tuning choice): the ranges beyond loop in a block.
-MMA_WAVES = 8
+# tree_attention_mma's grid is at most the chip's [tuning.tree_verify] mma_waves waves: the ranges beyond loop in a
+# block.
 
 
 def attention_ranges(keys: int) -> int:
@@ -132,8 +129,9 @@ def gated_norm_quantises(pf: dict, target) -> bool:
 def template_params(pf: dict, target) -> dict:
     """The tree kernels' tiling for the model of ``pf`` on ``target``, given to the template by the family and by the
     runtime's own render alike."""
-    return {"tv_threads": THREADS, "tv_rule_threads": RULE_THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP,
-            "tv_rule_round": RULE_ROUND, "tv_at_streams": ATTENTION_STREAMS, "tv_at_pack": ATTENTION_PACK,
+    tuning = target.tuning.tree_verify
+    return {"tv_threads": THREADS, "tv_rule_threads": tuning.rule_threads, "tv_rule_cpw": RULE_COLUMNS_PER_WARP,
+            "tv_rule_round": tuning.rule_round, "tv_at_streams": tuning.attention_streams, "tv_at_pack": ATTENTION_PACK,
             "tv_at_key_chunk": ATTENTION_KEY_CHUNK, "tv_at_heads": attention_heads(pf), "ta_slots": ATTENTION_SLOTS,
             "kv_code_chunk": (kv_raw_chunks(pf) or (0, 0))[0], "kv_scale_chunk": (kv_raw_chunks(pf) or (0, 0))[1],
             "tv_norm_q8": gated_norm_quantises(pf, target), **attention_tiling(pf, target)}

@@ -26,9 +26,9 @@ import numpy as np
 from .. import codegen
 from ..errors import LucegenError
 from ..families.quant_gemm import (GEMM_TYPES, INT8_OWN_KERNEL_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX,
-                                   PREQUANTISED_NT, Q8_WARPS, Q8_WAVE_TIME, RING_TYPES, WARPS, WGMMA_MAX_PARTS,
-                                   block_warps, has_int8, instances, int8_kernel, q8_smem_bytes, ring_smem_bytes,
-                                   smem_fits, staged_smem_bytes, wgmma_smem_bytes)
+                                   Q8_WARPS, WARPS, WGMMA_MAX_PARTS, block_warps, has_int8, instances, int8_kernel,
+                                   q8_smem_bytes, q8_wave_time, ring_smem_bytes, smem_fits, staged_smem_bytes,
+                                   wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 
@@ -40,11 +40,10 @@ TILE_ROWS = 16
 MAX_ROW_GROUPS = 1024
 #: Column blocks of one launch, at most: its grid's second dimension (CUDA's and HIP's limit).
 MAX_COLUMN_BLOCKS = 65535
-#: Rows of a launch, at most, that the prequantised kernels (nt<N>qp) take (tuning choice; a multiple of 8 NT_MAX,
-#: the rows of its last group padded with zeros): its int8 activations go through a workspace of this many rows of the
-#: module's longest int8 K (2.2 MB for the 27B's 17,408), which covers verify passes of up to 127 tree nodes; larger
-#: launches (long prompts) keep nt<N>q, the same bits.
-PREQUANTISED_ROWS = 128
+# The prequantised kernels (nt<N>qp) take launches of up to the chip's [tuning.quant_gemm] prequantised_rows rows (a
+# multiple of 8 NT_MAX, the rows of its last group padded with zeros): their int8 activations go through a workspace
+# of that many rows of the module's longest int8 K; larger launches (long prompts) keep nt<N>q, the same bits.
+
 KINDS = {"rows_f32": 0, "swiglu": 1, "residual": 2}
 
 
@@ -199,13 +198,8 @@ def token_groups(M: int) -> int:
     return math.ceil(math.ceil(M / 8) / row_groups(M))
 
 
-#: Stage a launch's activations when its blocks' row tiles times its groups of 8 tokens (how many times a block
-#: would read each activation row, in 8-token loads) reach this (tuning choice). Measured on the 27B's shapes
-#: (tools/quant_gemm_bench.py, H100, plain -> staged, us): gate/up (4 tiles) 116.8 -> 89.8 at 9 rows and
-#: 125.9 -> 110.5 at 23; the lm_head (8 tiles) 568 -> 492 and 859 -> 553; 2 tiles at 23 rows (the in-projection
-#: at 4 parts) 65.6 -> 60.8. Below 6 staging loses: 2 tiles at 9 rows (down Q6_K at 4 parts) 49.6 -> 62.5, 1 tile
-#: at 23 rows (down Q4_K at 8 parts) 89.0 -> 92.2: a round's block barrier costs more than the loads it saves.
-STAGE_MIN_REUSE = 6
+# A launch's activations are staged when its blocks' row tiles times its groups of 8 tokens (how many times a block
+# would read each activation row, in 8-token loads) reach the chip's [tuning.quant_gemm] stage_min_reuse.
 
 
 class QuantMatrix:
@@ -305,7 +299,7 @@ class QuantGemm:
             if k.ring:
                 fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
             if k.wgmma:
-                fn.set_max_dynamic_smem(wgmma_smem_bytes(k.nt, WGMMA_MAX_PARTS))
+                fn.set_max_dynamic_smem(wgmma_smem_bytes(target, k.nt, WGMMA_MAX_PARTS))
             if k.int8:
                 fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
         self.threads = WARPS * target.warp_size  # quant_gemm_amax's blocks
@@ -321,13 +315,13 @@ class QuantGemm:
         self.amax_fn = self.module.function("quant_gemm_amax") if self.int8 else None
         self.q8_rows_fn = self.module.function("quant_gemm_q8_rows", programmatic=True) if self.int8 else None
         # the prequantised launches' int8 activations and da (quant_gemm_q8_rows' layout: token group by token group)
-        # for PREQUANTISED_ROWS rows of the longest K of this module's int8 groups: sized before any launch (max_k, or
+        # for prequantised_rows rows of the longest K of this module's int8 groups: sized before any launch (max_k, or
         # as matrix() builds the groups; a graph captured later keeps its addresses), every size kept until free(),
         # and one launch's at a time, as ss_count (launches on one stream)
         self.q8_k, self.q8_buffers = 0, []
         self.use_prequantised = True  # nt<N>qp where they apply (tools/quant_gemm_bench.py --prequantised 0,1)
         self._reserve_q8(max_k)
-        self.use_ring = True  # m1r where RING_TYPES say so (tools/quant_gemm_bench.py --ring 0,1 compares)
+        self.use_ring = True  # m1r where ring_types say so (tools/quant_gemm_bench.py --ring 0,1 compares)
         self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
         self.use_one_row = True  # m1q.. for one-row int8 launches (tools/quant_gemm_bench.py --one-row 0,1 compares)
         #: A residual's rows' RMSNorm totals left to its reader's quantiser (:meth:`residual`, ``totals_by_reader``):
@@ -353,11 +347,11 @@ class QuantGemm:
         return QuantMatrix(self.device, segments, K, pair=pair, int8=int8)
 
     def _reserve_q8(self, K: int) -> None:
-        """The prequantised launches' workspace for K columns: int8 activations and da of PREQUANTISED_ROWS rows."""
+        """The prequantised launches' workspace for K columns: int8 activations and da of prequantised_rows rows."""
         if self.int8 and K > self.q8_k:
-            self.q8_k = K
-            self.q8_buffers.append(self.device.alloc(PREQUANTISED_ROWS * K))  # aq
-            self.q8_buffers.append(self.device.alloc(PREQUANTISED_ROWS * K // 256 * 4))  # da
+            self.q8_k, rows = K, self.target.tuning.quant_gemm.prequantised_rows
+            self.q8_buffers.append(self.device.alloc(rows * K))  # aq
+            self.q8_buffers.append(self.device.alloc(rows * K // 256 * 4))  # da
 
     @staticmethod
     def warps(W: QuantMatrix) -> int:
@@ -415,7 +409,8 @@ class QuantGemm:
     def _prequantises(self, M: int) -> bool:
         """Whether M-row launches over this module's int8 groups take the prequantised kernels (nt<N>qp) where the
         workspace and shared memory let them (:meth:`kernel`)."""
-        return self.use_prequantised and token_groups(M) in PREQUANTISED_NT and M <= PREQUANTISED_ROWS
+        tuning = self.target.tuning.quant_gemm
+        return self.use_prequantised and token_groups(M) in tuning.prequantised_nt and M <= tuning.prequantised_rows
 
     def prequantised(self, W: QuantMatrix, M: int, A: int, lda: int) -> Prequantised | None:
         """Where an M-row launch over ``W`` reading A (row stride lda) takes its int8 activations, if it runs a
@@ -513,14 +508,14 @@ class QuantGemm:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:
         nt<groups of 8 tokens>q (q6 where it holds INT8_OWN_KERNEL_TYPES) for a group that takes int8 activations
         (:attr:`QuantMatrix.int8`), or its prequantised twin nt<N>qp (the same bits, quant_gemm_q8_rows launched
-        first) at 9 to PREQUANTISED_ROWS rows where the module's workspace and shared memory take it, m1q (m1q6) at
+        first) at 9 to prequantised_rows rows where the module's workspace and shared memory take it, m1q (m1q6) at
         one row; otherwise m1 for one row, else nt<groups of 8 tokens>, or its
         staged twin (the same bits) where one exists for this target, the group holds 256-value block types alone, the
         activation rows can be copied in 16-byte pieces, and a staged row would otherwise be read often enough
-        (STAGE_MIN_REUSE); before that, its warpgroup-MMA twin nt<N>w (the same bits) where the chip has one, the group
+        (stage_min_reuse); before that, its warpgroup-MMA twin nt<N>w (the same bits) where the chip has one, the group
         holds K-quants alone in one type per 4 row tiles, takes at most WGMMA_MAX_PARTS parts, and its rounds and weight
         slots leave two blocks per compute unit (with one, the staged twin is faster:
-        ``tools/quant_gemm_bench.py --wgmma 0,1``); at one row, m1r (the same bits) for a group of RING_TYPES alone
+        ``tools/quant_gemm_bench.py --wgmma 0,1``); at one row, m1r (the same bits) for a group of ring_types alone
         where its rings leave the kernel's resident blocks per compute unit."""
         nt = token_groups(M)
         if W.int8:
@@ -541,15 +536,16 @@ class QuantGemm:
         wgmma = f"{name}w"
         if (wgmma in self.kernels and self.use_wgmma and parts <= WGMMA_MAX_PARTS and k_quants
                 and W.warpgroup_types_uniform and int(A) % 4 == 0 and lda % 2 == 0):
-            smem = wgmma_smem_bytes(nt, parts, W.largest_tile_block)
+            smem = wgmma_smem_bytes(self.target, nt, parts, W.largest_tile_block)
             if smem_fits(self.target, smem, self.static_smem[wgmma], self.kernels[wgmma].blocks_per_cu):
                 return wgmma, smem
         if (f"{name}s" in self.functions and k_quants and int(A) % 16 == 0
-                and lda % 8 == 0 and WARPS // parts * nt >= STAGE_MIN_REUSE):
+                and lda % 8 == 0 and WARPS // parts * nt >= self.target.tuning.quant_gemm.stage_min_reuse):
             return f"{name}s", staged_smem_bytes(nt, parts)
         ring = f"{name}r"
-        if ring in self.kernels and self.use_ring and all(t in RING_TYPES for t in W.types):
-            smem = ring_smem_bytes(W.largest_tile_block)
+        ring_types = self.target.tuning.quant_gemm.ring_types
+        if ring in self.kernels and self.use_ring and all(t in ring_types for t in W.types):
+            smem = ring_smem_bytes(self.target, W.largest_tile_block)
             if smem_fits(self.target, smem, self.static_smem[ring], self.kernels[ring].blocks_per_cu):
                 return ring, smem
         return name, 0
@@ -557,10 +553,10 @@ class QuantGemm:
     def _one_group_residency(self, W: QuantMatrix, M: int, smem: int, own: bool, one_row: bool = False) -> str:
         """nt1q (``own``: nt1q6; ``one_row``: m1q, m1q6, the same bits at M = 1), or its twin of another residency
         (nt1q_r<blocks per compute unit>, the same bits), whichever runs the launch's blocks in the least time by whole
-        waves (Q8_WAVE_TIME), where its shared memory lets it."""
+        waves (:func:`q8_wave_time`), where its shared memory lets it."""
         blocks = self.grid_width(W) * math.ceil(M / 8)
         best, name = None, int8_kernel(1, 0, own, one_row)
-        for r, wave in sorted(Q8_WAVE_TIME.items()):
+        for r, wave in sorted(q8_wave_time(self.target).items()):
             kernel = int8_kernel(1, r, own, one_row)
             if kernel not in self.kernels or not smem_fits(self.target, smem, self.static_smem[kernel], r):
                 continue

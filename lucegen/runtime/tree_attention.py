@@ -22,9 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import LucegenError
-from ..families.tree_verify import (ATTENTION_PACK, ATTENTION_SLOTS, ATTENTION_STREAMS, MMA_WAVES, THREADS,
-                                    attention_ranges, attention_smem, attention_tiling, mma_range_keys,
-                                    partial_ranges)
+from ..families.tree_verify import (ATTENTION_PACK, ATTENTION_SLOTS, THREADS, attention_ranges, attention_smem,
+                                    attention_tiling, mma_range_keys, partial_ranges)
 from .device import address
 
 #: mma_keys for "never": past any context.
@@ -76,12 +75,14 @@ class TreeAttention:
 
     def _mma_grid(self, S: int) -> tuple[tuple[int, int, int], int]:
         """tree_attention_mma's grid and dynamic shared memory for S slots, worked out once per S (an occupancy
-        query): blocks of (ATTENTION_SLOTS slots, key ranges, kv head), the ranges' blocks up to MMA_WAVES waves."""
+        query): blocks of (ATTENTION_SLOTS slots, key ranges, kv head), the ranges' blocks up to the chip's
+        [tuning.tree_verify] mma_waves waves."""
         if S not in self._mma_grids:
             pf = self.pf
             smem, groups = attention_smem(pf, self.block_kv, self.stages, S), -(-S // ATTENTION_SLOTS)
             per_cu = self.mma_fn.max_active_blocks_per_cu(ATTENTION_SLOTS * self.target.warp_size, smem)
-            per_range = max(1, min(self.mma_ranges, MMA_WAVES * self.target.compute_units * per_cu
+            waves = self.target.tuning.tree_verify.mma_waves
+            per_range = max(1, min(self.mma_ranges, waves * self.target.compute_units * per_cu
                                    // (groups * pf["NKV"])))
             self._mma_grids[S] = ((groups, per_range, pf["NKV"]), smem)
         return self._mma_grids[S]
@@ -90,13 +91,13 @@ class TreeAttention:
         """The FMA body's kernel for an S-slot pass and its threads a block: tree_attention (a warp a key stream)
         while the chip holds all of the pass's blocks at once, else tree_attention_packed (the same sums on a quarter
         of the threads): one wave instead of several."""
-        warp = self.target.warp_size
+        warp, streams = self.target.warp_size, self.target.tuning.tree_verify.attention_streams
         if self._fma_resident is None:
-            per_cu = self.fma_fn.max_active_blocks_per_cu(ATTENTION_STREAMS * warp)
+            per_cu = self.fma_fn.max_active_blocks_per_cu(streams * warp)
             self._fma_resident = self.target.compute_units * per_cu
         if S * self.pf["NH"] * self.fma_ranges <= self._fma_resident:
-            return self.fma_fn, ATTENTION_STREAMS * warp
-        return self.packed_fn, ATTENTION_STREAMS // ATTENTION_PACK * warp
+            return self.fma_fn, streams * warp
+        return self.packed_fn, streams // ATTENTION_PACK * warp
 
     def bodies(self, S: int, position: int) -> tuple[bool, bool]:
         """(FMA, tensor cores): whether an S-slot pass at ``position`` has slots for each body (its slots have

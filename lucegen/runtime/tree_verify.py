@@ -29,8 +29,7 @@ import numpy as np
 from .. import codegen
 from ..compile import compile_source
 from ..errors import LucegenError
-from ..families.tree_verify import (RULE_COLUMNS_PER_WARP, RULE_ROUND, RULE_THREADS, THREADS, gated_norm_quantises,
-                                     template_params)
+from ..families.tree_verify import RULE_COLUMNS_PER_WARP, THREADS, gated_norm_quantises, template_params
 from . import ddtree
 from .device import Buffer, address
 from .prefill.attention import AttentionKernels, query_workspace_bytes
@@ -47,7 +46,8 @@ def load_module(device, target, pf: dict):
     return device.load(compile_source(target, MODULE, source, template=TEMPLATE))
 
 
-#: rows_argmax's blocks per logits row, at most (tuning choice: :meth:`TreeVerifier._argmax_slices`).
+#: rows_argmax's blocks per logits row, at most: a cap that sizes every slot's partial results (the count itself
+#: follows the chip's compute units: :meth:`TreeVerifier._argmax_slices`).
 ARGMAX_MAX_SLICES = 512
 
 
@@ -139,7 +139,9 @@ class TreeVerifier:
         self.attention = AttentionKernels(dev, t, pf)
         self.module = load_module(dev, t, pf)
         fn = self.module.function
-        self.rule_columns = RULE_THREADS // t.warp_size * RULE_COLUMNS_PER_WARP  # tree_delta_rule's columns a block
+        # tree_delta_rule's threads and value columns a block
+        self.rule_threads = t.tuning.tree_verify.rule_threads
+        self.rule_columns = self.rule_threads // t.warp_size * RULE_COLUMNS_PER_WARP
 
         def waits_first(name):  # a kernel that begins with lg_dependent_start: launched programmatically
             return fn(name, programmatic=True)
@@ -235,7 +237,7 @@ class TreeVerifier:
                                     (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv_layer(dec, l)),
                                      address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
                                      address(ws), address(windows), n), stream=st)
-                self.rule_fn.launch(self._rule_blocks(), RULE_THREADS,
+                self.rule_fn.launch(self._rule_blocks(), self.rule_threads,
                                     (address(ws), address(parent), address(depth), address(anc),
                                      address(recurrent_layer(dec, l)), n),
                                     smem=self.rule_stage_bytes(S), stream=st)
@@ -347,9 +349,10 @@ class TreeVerifier:
         return self.pf["NV"] * self.pf["DV"] // self.rule_columns
 
     def rule_stage_bytes(self, slots: int) -> int:
-        """Shared memory of a tree_delta_rule block over ``slots`` slots: S (2 DK + 3 COLS + 3) + RULE_ROUND
-        RULE_THREADS words, laid out as the comment above the kernel in templates/dflash/tree_verify.cu.j2 says."""
-        return 4 * (slots * (2 * self.pf["DK"] + 3 * self.rule_columns + 3) + RULE_ROUND * RULE_THREADS)
+        """Shared memory of a tree_delta_rule block over ``slots`` slots: S (2 DK + 3 COLS + 3) + rule_round
+        rule_threads words, laid out as the comment above the kernel in templates/dflash/tree_verify.cu.j2 says."""
+        rule_round = self.target.tuning.tree_verify.rule_round
+        return 4 * (slots * (2 * self.pf["DK"] + 3 * self.rule_columns + 3) + rule_round * self.rule_threads)
 
     def _layer_ws(self, l) -> int:
         """The device address of DeltaNet layer ``l``'s workspace (kept from the verify to the commit)."""
