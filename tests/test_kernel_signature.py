@@ -122,3 +122,48 @@ def test_bind_checks_a_structs_kind_and_size():
         bind_arguments("gemm_m64", tma, dict(values, map_a=_buffer()))
     with pytest.raises(DeviceError, match="argument map_a \\(GemmTensorMap\\) is 128 bytes, given 64"):
         bind_arguments("gemm_m64", tma, dict(values, map_a=ByValue(bytes(64))))
+
+
+def test_every_declared_kernel_matches_its_cubin():
+    """Each family that declares its kernels declares every kernel of its module for sm_90, and each declaration
+    agrees with the compiled kernel's parameter table (count and sizes), read by the host-only device."""
+    from lucegen import codegen
+    from lucegen.compile.elf import cubin_parameters
+    from lucegen.runtime.host_device import HostDevice
+    from lucegen.target import load_target
+
+    target = load_target("sm_90")
+    dev = HostDevice(target)
+    declaring = [f for f in codegen.families(target) if f.signatures]
+    assert {"small_kernels", "quant_matvec"} <= {f.name for f in declaring}
+    for fam in declaring:
+        compiled = codegen.compile_family(target, fam)
+        table = cubin_parameters(compiled.binary)
+        module = dev.load(compiled)
+        for info in compiled.kernels:
+            fn = module.function(info.name)
+            assert fn.signature is not None, (fam.name, info.name)
+            assert [p.size for p in fn.signature.params] == list(table[info.name]), (fam.name, info.name)
+
+
+def test_host_device_launches_by_name():
+    from lucegen import codegen
+    from lucegen.runtime.host_device import HostDevice
+    from lucegen.target import load_target
+
+    dev = HostDevice(load_target("sm_90"))
+    fn = dev.load(codegen.build(dev.target, "small_kernels")).function("argmax_f32")
+    x, out = dev.alloc(4096), dev.alloc(4)
+    fn.launch(1, 256, x=x, n=1024, out=out)
+    name, *_, args = dev.launches[-1]
+    assert name == "argmax_f32" and args == (x, np.int32(1024), out) and type(args[1]) is np.int32
+    with pytest.raises(DeviceError, match=r"launch of argmax_f32: name its arguments \(x, n, out\)"):
+        fn.launch(1, 256, (x, np.int32(1024), out))
+    with pytest.raises(DeviceError, match="launch of argmax_f32: no argument for out"):
+        fn.launch(1, 256, x=x, n=1024)
+    with pytest.raises(DeviceError, match=r"launch of argmax_f32: argument n \(int\) takes an integer"):
+        fn.launch(1, 256, x=x, n=out, out=out)
+    freed = address(out.ptr)
+    out.free()
+    with pytest.raises(DeviceError, match="argument out .* is in no live allocation"):
+        fn.launch(1, 256, x=x, n=1024, out=freed)
