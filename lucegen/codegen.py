@@ -74,10 +74,10 @@ def environment() -> jinja2.Environment:
 def _kernel_signature(context, kernel: str, **values) -> str:
     """The template global ``kernel_signature(name, **values)``: ``name(<parameters>)`` rendered from the declaration
     that the families rendering this template give for the kernel ``name`` (KernelSignature.render)."""
-    declared = [s for f in all_families() if f.template == context.name for s in f.signatures]
+    declared = tuple(dict.fromkeys(s for f in all_families() if f.template == context.name for s in f.signatures))
     found = find(declared, kernel)
     if found is None:
-        raise SignatureError(f"{context.name}: no family rendering this template declares the kernel {kernel} "
+        raise SignatureError(f"no family rendering this template declares the kernel {kernel} "
                              f"(declared: {', '.join(sorted({s.name for s in declared})) or 'none'})")
     return found.render(kernel, values)
 

@@ -65,7 +65,8 @@ class Param:
         if not _IDENTIFIER.fullmatch(self.name):
             raise SignatureError(f"{where}: not a C identifier")
         if self.name in LAUNCH_OPTIONS:
-            raise SignatureError(f"{where}: the name is a launch option of Function.launch ({', '.join(LAUNCH_OPTIONS)})")
+            raise SignatureError(f"{where}: the name is a launch option of Function.launch "
+                                 f"({', '.join(LAUNCH_OPTIONS)})")
         if self.kind not in KINDS:
             raise SignatureError(f"{where}: kind {self.kind!r} is not one of {list(KINDS)}")
         if self.kind == "scalar" and self.ctype not in SCALAR_TYPES:
