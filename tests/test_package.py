@@ -59,6 +59,7 @@ def test_wheel_holds_every_template_descriptor_and_module(tmp_path):
     assert len([p for p in data if p.suffix == ".toml"]) >= 9 and len([p for p in data if p.suffix == ".j2"]) >= 10
     missing = sorted(str(p.relative_to(src)) for p in shipped if str(p.relative_to(src)) not in members)
     assert missing == [], f"files of the package the wheel leaves out: {missing}"
+    assert {"lucegen/devtools/__init__.py", "lucegen/devtools/sass_diff.py"} <= members
 
 
 def test_package_data_is_read_through_the_package():

@@ -1,7 +1,7 @@
 """``lucegen build --target NAME | --all [--out DIR] [--check] [--jobs N]``: render every kernel family for each
-target, compile it (NVRTC → cubin, clang → AMDGPU code object, through the cache), report each kernel's resources and
-write the sources into DIR/<target>/ (default: generated/ in a source checkout; an installed lucegen, which has no
-generated/, writes nothing without --out). ``--check`` renders in memory only and fails (exit 1) if the sources there
+target, compile it (NVRTC → cubin, clang → AMDGPU code object, through the cache), report each kernel's resources
+and write the sources into DIR/<target>/ (default: generated/ in a source checkout; an installed lucegen, which has
+no generated/, writes nothing without --out). ``--check`` renders in memory only and fails (exit 1) if the sources there
 are stale; it writes and deletes nothing.
 
 Order of work, so that a bad input writes nothing: load every descriptor, render every family, compile everything,
