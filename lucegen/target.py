@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import TARGETS_DIR
+from . import TARGETS_DIR, descriptor_paths
 from .errors import DescriptorError
 from .model.kv_cache import kv_format
 from .tuning import Tuning, check_tuning, parse_tuning
@@ -282,8 +282,9 @@ def _feature_possible(vendor: str, arch: str, feature: str) -> bool:
 
 # ---- loading ---------------------------------------------------------------------------------------------------
 def list_targets() -> list[str]:
-    """Names of the descriptors in targets/, sorted (NVIDIA by SM number, then AMD)."""
-    names = [p.stem for p in TARGETS_DIR.glob("*.toml")]
+    """Names of the packaged and the user's descriptors (lucegen/descriptor_paths.py), sorted (NVIDIA by SM number,
+    then the rest by name)."""
+    names = list(descriptor_paths.descriptors())
 
     def order(name: str):
         m = re.fullmatch(r"sm_(\d+)", name)
@@ -293,10 +294,13 @@ def list_targets() -> list[str]:
 
 
 def resolve_path(name_or_path: str | Path) -> Path:
+    """A path as given (it ends in .toml or holds a separator), else the file that descriptor name is found in (a
+    name found nowhere: where the package would hold it, for the error to name)."""
     text = str(name_or_path)
     if text.endswith(".toml") or "/" in text or "\\" in text:
         return Path(text)
-    return TARGETS_DIR / f"{text}.toml"
+    found = descriptor_paths.descriptors().get(text)
+    return found.path if found else TARGETS_DIR / f"{text}.toml"
 
 
 def load_target(name_or_path: str | Path) -> Target:
@@ -304,7 +308,8 @@ def load_target(name_or_path: str | Path) -> Target:
     path = resolve_path(name_or_path)
     if not path.is_file():
         known = ", ".join(list_targets())
-        raise DescriptorError(path, "<file>", f"no such descriptor (known targets: {known})")
+        where = ", ".join(str(d) for d, _ in descriptor_paths.search_dirs())
+        raise DescriptorError(path, "<file>", f"no such descriptor (known targets: {known}; searched {where})")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

@@ -1,10 +1,16 @@
-"""Shared test setup: ``gpu`` tests skip cleanly when no NVIDIA GPU is visible."""
+"""Shared test setup: ``gpu`` tests skip cleanly when no NVIDIA GPU is visible, and the tests see the packaged
+chip descriptors alone."""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
+
+# No user descriptor directory (lucegen/descriptor_paths.py): a developer's own descriptors would otherwise join every
+# test parametrised over list_targets(). Tests of the user directories set the variable themselves.
+os.environ["LUCEGEN_TARGETS_PATH"] = ""
 
 
 @functools.cache

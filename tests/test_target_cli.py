@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import lucegen.codegen
-import lucegen.commands.build
+import lucegen.commands.targets
 import lucegen.target
 from lucegen.cli import main
 from lucegen.target import TARGETS_DIR
@@ -17,7 +17,6 @@ def generated(tmp_path, monkeypatch):
     """Point generated/ at a temporary directory."""
     out = tmp_path / "generated"
     monkeypatch.setattr(lucegen.codegen, "GENERATED_DIR", out)
-    monkeypatch.setattr(lucegen.commands.build, "GENERATED_DIR", out)
     return out
 
 
@@ -37,9 +36,8 @@ def test_show_includes_derived_values(capsys):
 
 
 def test_new_target_writes_a_valid_descriptor_and_refuses_to_overwrite(tmp_path, monkeypatch, capsys):
-    for name in ("sm_89", "sm_90"):
-        (tmp_path / f"{name}.toml").write_text((TARGETS_DIR / f"{name}.toml").read_text())
-    monkeypatch.setattr(lucegen.target, "TARGETS_DIR", tmp_path)
+    monkeypatch.setenv("LUCEGEN_TARGETS_PATH", str(tmp_path))  # the user directory, where an installed lucegen
+    monkeypatch.setattr(lucegen.commands.targets, "source_checkout", lambda: None)  # writes new descriptors
     assert main(["new-target", "rtx4080", "--like", "sm_89"]) == 0
     made = lucegen.target.load_target(tmp_path / "rtx4080.toml")
     assert made.name == "rtx4080" and made.arch == "sm_89"

@@ -1,7 +1,8 @@
-"""``lucegen build --target NAME | --all [--check] [--jobs N]``: render every kernel family for each target into
-generated/<target>/, compile it (NVRTC → cubin, clang → AMDGPU code object, through the cache) and report each
-kernel's resources. ``--check`` renders in memory only and fails (exit 1) if generated/ is stale; it writes and
-deletes nothing.
+"""``lucegen build --target NAME | --all [--out DIR] [--check] [--jobs N]``: render every kernel family for each
+target, compile it (NVRTC → cubin, clang → AMDGPU code object, through the cache), report each kernel's resources
+and write the sources into DIR/<target>/ (default: generated/ in a source checkout; an installed lucegen, which has
+no generated/, writes nothing without --out). ``--check`` renders in memory only and fails (exit 1) if the sources there
+are stale; it writes and deletes nothing.
 
 Order of work, so that a bad input writes nothing: load every descriptor, render every family, compile everything,
 and only then write the generated files (atomically, only those that changed) and remove sources that no family
@@ -17,9 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import GENERATED_DIR, codegen
+from .. import PACKAGE_DIR, codegen, source_checkout
 from ..compile import CompiledModule
 from ..atomic import atomic_write
+from ..errors import LucegenError
 from ..target import Target, list_targets, load_target
 
 SOURCE_SUFFIXES = (".cu", ".hip")
@@ -30,9 +32,13 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--target", action="append", metavar="NAME", help="target name or .toml path (repeatable)")
-    which.add_argument("--all", action="store_true", help="every descriptor in targets/")
+    which.add_argument("--all", action="store_true", help="every descriptor (`lucegen targets` lists them)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="write the sources into DIR/<target>/ (default: generated/ of a source checkout; none from an "
+                        "installed lucegen); sources there that no kernel family produces are removed")
     p.add_argument("--check", action="store_true",
-                   help="only check that generated/ matches the templates (exit 1 naming stale files)")
+                   help="only check that the sources (generated/, or --out) match the templates (exit 1 naming stale "
+                        "files)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: CPU count)")
     p.add_argument("--quiet", action="store_true", help="print only the totals")
     p.set_defaults(func=run)
@@ -49,37 +55,44 @@ class Unit:
     module: CompiledModule | None = None
 
 
-def render_units(targets: list[Target]) -> list[Unit]:
+def source_path(root: Path, target: Target, fam: codegen.KernelFamily) -> Path:
+    """Where a family's source for ``target`` goes under ``root``: its place in generated/, moved to ``root``."""
+    return root / codegen.generated_path(target, fam).relative_to(codegen.GENERATED_DIR)
+
+
+def render_units(targets: list[Target], root: Path | None = None) -> list[Unit]:
     """Every family for each target, and for its quantised-target variant where that differs ([quant]): a family
-    whose render is the same for the variant (it does not read what [quant] changes) is written and compiled once."""
+    whose render is the same for the variant (it does not read what [quant] changes) is written and compiled once.
+    ``root`` is the directory the sources belong in (default generated/; --out)."""
+    root = codegen.GENERATED_DIR if root is None else root
     units = []
     for t in targets:
         base = {}
         for fam in codegen.families(t):
             base[fam.name] = codegen.render_family(t, fam)
-            units.append(Unit(t, fam, base[fam.name], codegen.generated_path(t, fam)))
+            units.append(Unit(t, fam, base[fam.name], source_path(root, t, fam)))
         q = t.quantised_target()
         if q is t:
             continue
         for fam in codegen.families(q):
             source = codegen.render_family(q, fam)
             if source != base.get(fam.name):
-                units.append(Unit(q, fam, source, codegen.generated_path(q, fam)))
+                units.append(Unit(q, fam, source, source_path(root, q, fam)))
     return units
 
 
-def orphans(targets: list[Target], units: list[Unit]) -> list[Path]:
-    """Generated sources in generated/<target>/ (and its variants' folders) that no family produces."""
+def orphans(targets: list[Target], units: list[Unit], root: Path) -> list[Path]:
+    """Sources in root/<target>/ (and its variants' folders) that no family produces."""
     produced = {u.path for u in units}
     found = []
     for t in targets:
-        directory = GENERATED_DIR / t.name
+        directory = root / t.name
         if directory.is_dir():
             found += [p for p in sorted(directory.rglob("*")) if p.suffix in SOURCE_SUFFIXES and p not in produced]
     return found
 
 
-def stale_files(targets: list[Target], units: list[Unit]) -> list[str]:
+def stale_files(targets: list[Target], units: list[Unit], root: Path) -> list[str]:
     stale = []
     for u in units:
         try:
@@ -87,16 +100,31 @@ def stale_files(targets: list[Target], units: list[Unit]) -> list[str]:
         except OSError:
             current = None
         if current != u.source:
-            stale.append(f"{_rel(u.path)} ({'missing' if current is None else 'differs from its template'})")
-    stale += [f"{_rel(p)} (no kernel family produces it)" for p in orphans(targets, units)]
+            stale.append(f"{_rel(u.path, root)} ({'missing' if current is None else 'differs from its template'})")
+    stale += [f"{_rel(p, root)} (no kernel family produces it)" for p in orphans(targets, units, root)]
     return stale
 
 
-def _rel(path: Path) -> str:
+def _rel(path: Path, root: Path) -> str:
+    """``path`` from the directory holding ``root`` (generated/sm_86/...)."""
     try:
-        return str(path.relative_to(GENERATED_DIR.parent))
+        return str(path.relative_to(root.parent))
     except ValueError:
         return str(path)
+
+
+def output_root(out: Path | None, check: bool) -> Path | None:
+    """Where the sources go: --out, else generated/ in a source checkout, else nowhere (None: an installed lucegen
+    never writes into its own package directory)."""
+    if out is not None:
+        return out
+    if source_checkout() is not None:
+        return codegen.GENERATED_DIR
+    if check:
+        raise LucegenError("--check compares generated/ of a source checkout, and this lucegen is installed "
+                           f"({PACKAGE_DIR}): run it from a checkout, or pass --out DIR to check sources written "
+                           "there")
+    return None
 
 
 def compile_units(units: list[Unit], jobs: int, progress) -> None:
@@ -143,16 +171,19 @@ def run(args) -> int:
     start = time.perf_counter()
     names = list_targets() if args.all else args.target
     targets = [load_target(n) for n in names]  # every descriptor validated before anything else happens
-    units = render_units(targets)
+    root = output_root(args.out, args.check)
+    units = render_units(targets, root)
 
     if args.check:
-        stale = stale_files(targets, units)
+        stale = stale_files(targets, units, root)
+        label = "generated/" if args.out is None else f"{root}/"
         if stale:
-            print("lucegen: generated/ is stale; run `lucegen build --all` and commit the result:", file=sys.stderr)
+            fix = "run `lucegen build --all` and commit the result" if args.out is None else "build again with --out"
+            print(f"lucegen: {label} is stale; {fix}:", file=sys.stderr)
             for line in stale:
                 print(f"  {line}", file=sys.stderr)
             return 1
-        print(f"generated/ is up to date for {len(targets)} target(s), {len(units)} source(s) "
+        print(f"{label} is up to date for {len(targets)} target(s), {len(units)} source(s) "
               f"({time.perf_counter() - start:.2f} s)")
         return 0
 
@@ -166,18 +197,19 @@ def run(args) -> int:
 
     compile_units(units, max(1, args.jobs), progress)
 
-    written = 0
-    for u in units:
-        try:
-            unchanged = u.path.read_text(encoding="utf-8") == u.source
-        except OSError:
-            unchanged = False
-        if not unchanged:
-            atomic_write(u.path, u.source.encode())
-            written += 1
-    removed = orphans(targets, units)
-    for path in removed:
-        path.unlink()
+    written, removed = 0, []
+    if root is not None:
+        for u in units:
+            try:
+                unchanged = u.path.read_text(encoding="utf-8") == u.source
+            except OSError:
+                unchanged = False
+            if not unchanged:
+                atomic_write(u.path, u.source.encode())
+                written += 1
+        removed = orphans(targets, units, root)
+        for path in removed:
+            path.unlink()
 
     if not args.quiet:
         print(report(units))
@@ -185,7 +217,10 @@ def run(args) -> int:
     hits = sum(u.module.cached for u in units)
     print(f"total: {len(targets)} target(s), {len(units)} module(s), {len(kernels)} kernel(s), "
           f"{sum(k.code_bytes for k in kernels)} code bytes, {sum(k.spills for k in kernels)} spill bytes; "
-          f"{hits} cached, {len(units) - hits} compiled; {written} file(s) written"
+          f"{hits} cached, {len(units) - hits} compiled; "
+          + (f"{written} file(s) written to {root}" if root is not None else "no sources written")
           + (f", {len(removed)} removed" if removed else "")
           + f"; {time.perf_counter() - start:.2f} s")
+    if root is None:
+        print("(an installed lucegen has no generated/: pass --out DIR to write the rendered sources to DIR/<target>/)")
     return 0

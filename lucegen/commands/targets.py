@@ -1,21 +1,23 @@
-"""``lucegen targets`` (table of chips), ``lucegen show NAME`` (resolved descriptor), ``lucegen new-target NAME
---like CHIP`` (start a descriptor from a similar chip)."""
+"""``lucegen targets`` (table of chips, and where each was found), ``lucegen show NAME`` (resolved descriptor),
+``lucegen new-target NAME --like CHIP [--dir DIR]`` (start a descriptor from a similar chip)."""
 
 from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
-from .. import target as target_module
+from .. import TARGETS_DIR, descriptor_paths, source_checkout
 from ..atomic import atomic_write
-from ..errors import DescriptorError
+from ..errors import DescriptorError, LucegenError
 from ..target import Target, list_targets, load_target
 from ..tuning import tuning_table
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("targets", help="list the chip descriptors and their key parameters",
-                              description="Table of the chips in targets/ and their key parameters.")
+                              description="Table of the chip descriptors (the packaged ones and the user's, "
+                                          f"${descriptor_paths.PATH_VARIABLE}) and their key parameters.")
     p.set_defaults(func=run_targets)
 
     p = subparsers.add_parser("show", help="print a resolved chip descriptor, derived values included",
@@ -23,11 +25,14 @@ def register(subparsers) -> None:
     p.add_argument("name", help="target name (sm_90) or path to a .toml descriptor")
     p.set_defaults(func=run_show)
 
-    p = subparsers.add_parser("new-target", help="write targets/NAME.toml from a similar chip's descriptor",
-                              description="Copy a similar chip's descriptor to targets/NAME.toml for editing. "
-                                          "Refuses to overwrite an existing descriptor.")
+    p = subparsers.add_parser("new-target", help="write NAME.toml from a similar chip's descriptor",
+                              description="Copy a similar chip's descriptor to NAME.toml for editing: into "
+                                          "lucegen/targets/ in a source checkout (to commit it), else into the "
+                                          "first user directory ($LUCEGEN_TARGETS_PATH, default "
+                                          "~/.config/lucegen/targets). Refuses to overwrite or to reuse a name.")
     p.add_argument("name", help="new target name (letters, digits, '_', '-', '.')")
     p.add_argument("--like", required=True, help="existing target to start from (e.g. sm_89)")
+    p.add_argument("--dir", type=Path, default=None, help="write into this directory instead")
     p.set_defaults(func=run_new_target)
 
 
@@ -36,22 +41,41 @@ def _features(t: Target) -> str:
     return ",".join(names) or "-"
 
 
-def targets_table(targets: list[Target]) -> str:
+def targets_table(targets: list[Target], origins: dict[str, str] | None = None) -> str:
+    """One row a chip; ``origins`` (name -> "package" / "user") adds the column saying where each was found."""
     header = ("target", "vendor", "arch", "CUs", "warp", "smem/blk", "GB/s", "L2 MB", "dtype", "mk grid", "features",
-              "chip")
+              "from", "chip")
     rows = [header]
     for t in targets:
         rows.append((t.name, t.vendor, t.arch, str(t.compute_units), str(t.warp_size),
                      f"{t.smem_per_block_optin // 1024}K", f"{t.mem_bandwidth_gbs:g}", f"{t.l2_bytes / 2**20:g}",
-                     t.compute_dtype, f"{t.megakernel.blocks}x{t.megakernel.threads}", _features(t), t.description))
+                     t.compute_dtype, f"{t.megakernel.blocks}x{t.megakernel.threads}", _features(t),
+                     (origins or {}).get(t.name, "path"), t.description))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
+def search_footnote() -> str:
+    """Which directory each origin of the table's "from" column is."""
+    lines = []
+    for directory, origin in descriptor_paths.search_dirs():
+        state = "" if directory.is_dir() else "  (does not exist)"
+        lines.append(f"{origin + ':':9}{directory}{state}")
+    if not descriptor_paths.user_dirs():
+        lines.append(f"user:    none (${descriptor_paths.PATH_VARIABLE} is set and empty)")
+    return "\n".join(lines)
+
+
 def run_targets(args) -> int:
-    print(targets_table([load_target(n) for n in list_targets()]))
+    found = descriptor_paths.descriptors()
+    if not found:
+        where = ", ".join(str(d) for d, _ in descriptor_paths.search_dirs())
+        raise LucegenError(f"no chip descriptors found (searched {where}): the installed package lacks its data")
+    print(targets_table([load_target(n) for n in list_targets()], {n: d.origin for n, d in found.items()}))
+    print()
+    print(search_footnote())
     return 0
 
 
@@ -120,15 +144,31 @@ def _without_tuning(text: str) -> str:
     return "".join(out).rstrip("\n") + "\n"
 
 
-def new_target(name: str, like: str) -> str:
-    """Write targets/<name>.toml from <like>'s descriptor (validated); returns the path. Refuses to overwrite."""
-    directory = target_module.TARGETS_DIR
+def new_target_dir() -> Path:
+    """Where ``new-target`` writes without ``--dir``: the package's targets/ in a source checkout (the file is then
+    committed with the code), else the first user directory."""
+    if source_checkout() is not None:
+        return TARGETS_DIR
+    dirs = descriptor_paths.user_dirs()
+    if not dirs:
+        raise LucegenError(f"${descriptor_paths.PATH_VARIABLE} is set but empty: no user directory to write the "
+                           f"descriptor to; pass --dir DIR")
+    return dirs[0]
+
+
+def new_target(name: str, like: str, directory: Path | None = None) -> str:
+    """Write <directory>/<name>.toml (default: :func:`new_target_dir`) from <like>'s descriptor (validated); returns
+    the path. Refuses to overwrite a file or to reuse the name of a descriptor found elsewhere."""
+    directory = Path(directory) if directory is not None else new_target_dir()
     path = directory / f"{name}.toml"
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise DescriptorError(path, "name", f"{name!r} must be letters, digits, '_', '-' or '.'")
-    source = load_target(directory / f"{like}.toml" if "/" not in like else like)  # validates --like
+    source = load_target(like)  # validates --like (a name or a path)
     if path.exists():
         raise DescriptorError(path, "<file>", "already exists; edit it or choose another name")
+    known = descriptor_paths.descriptors().get(name)
+    if known is not None:
+        raise DescriptorError(path, "name", f"{name!r} already exists as {known.path}; choose another name")
     text = open(source.path, encoding="utf-8").read()
     text, count = re.subn(r'(?m)^name\s*=\s*"[^"]*"', f'name = "{name}"', text, count=1)
     if count != 1:
@@ -147,6 +187,11 @@ def new_target(name: str, like: str) -> str:
 
 
 def run_new_target(args) -> int:
-    path = new_target(args.name, args.like)
-    print(f"wrote {path}: edit arch, compute_units and the chip's figures, then `lucegen show {args.name}`")
+    path = new_target(args.name, args.like, args.dir)
+    searched = {d.resolve() for d, _ in descriptor_paths.search_dirs()}
+    if Path(path).parent.resolve() in searched:
+        print(f"wrote {path}: edit arch, compute_units and the chip's figures, then `lucegen show {args.name}`")
+    else:
+        print(f"wrote {path}: edit arch, compute_units and the chip's figures, then `lucegen show {path}` (its "
+              f"directory is not searched by name: add it to ${descriptor_paths.PATH_VARIABLE} to use the name)")
     return 0

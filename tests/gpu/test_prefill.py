@@ -6,11 +6,11 @@ projection input is rounded to 8 mantissa bits, where the decode megakernel keep
 held to ``Reference(gemm_inputs=<compute dtype>)`` (the same model with exactly those inputs rounded, reference.py)
 and, more loosely, to the plain f32 Reference.
 
-The bounds sit above each oracle's own noise floor, measured by ``tools/oracle_floor.py`` (CPU): a bf16 rounding that
-lands on the other side of a half-way point moves an input by 2^-8, and the layers after it amplify that, so the
-rounded oracle run again with every projection input nudged by one f32 ulp (less than any GPU summation order
-changes) already differs from itself by (worst of 40+ prompts x 2 nudges; logits max |err| / max |ref|, 1 - cosine,
-worst state max |err| / max |ref|):
+The bounds sit above each oracle's own noise floor, measured by ``experiments/oracle_floor.py`` (CPU): a bf16 rounding
+that lands on the other side of a half-way point moves an input by 2^-8, and the layers after it amplify that, so the
+rounded oracle run again with every projection input nudged by one f32 ulp (less than any GPU summation order changes)
+already differs from itself by (worst of 40+ prompts x 2 nudges; logits max |err| / max |ref|, 1 - cosine, worst state
+max |err| / max |ref|):
   tiny       4.2e-3, 2.1e-5, 9.2e-3   (rounded vs f32: 9.1e-3, 9.8e-5, 1.8e-2)
   tiny-gqa   3.1e-2, 4.3e-4, 3.8e-2   (rounded vs f32: 4.4e-2, 7.9e-4, 5.7e-2)
   0.8B       3.5e-2, 6.4e-4, 7.4e-2   (rounded vs f32: 5.3e-2, 1.8e-3, 1.1e-1; T = 1, 64, 333, 520, 1100)

@@ -49,16 +49,16 @@ KV_LOGITS_BOUNDS = {"q4_0": (8e-2, 0.997), "tq3_0": (1.1e-1, 0.995)}
 # The bounds (logits rel, cos, states) of a quantised target whose K-quant groups take int8 activations
 # ([quant] int8_activations): the Reference rounds the same inputs alike, but an input a float ulp away from the
 # Reference's can round to the neighbouring code, a step of 1/127 of its 256 values' absmax, and the steps compound
-# through the layers. How far, measured on the Reference against itself (tools/int8_floor.py: tiny-q, 30 random
+# through the layers. How far, measured on the Reference against itself (experiments/int8_floor.py: tiny-q, 30 random
 # prompts, 6 draws each, the same root token): one code in 2,500 moved to its neighbour (--flip 0.01) leaves the root
 # slot's logits at rel 0.080 / 0.207 / 0.312 (median / 99% / max), cos 0.980 / 0.948 (1% / min), and the states after
 # it at 0.180 / 0.405 / 0.565; one code in 25,000 (--flip 0.001): rel 0.040 / 0.124 / 0.177, cos 0.9926 / 0.9886,
 # states 0.107 / 0.225 / 0.244. The bounds are the 99% of the first. The device's worst so far (H100): rel 0.171,
 # cos 0.987 (133 tokens, seed 24020), states 0.207 (a KV k row, 134 tokens). What these bounds cannot see: a fault
 # confined to one 256-value block of one int8 input at one token (doubled, zeroed or rotated by a value) moves the
-# logits as far from the middle layers on (`tools/int8_floor.py --faults`, 8 prompts: rel 0.09-0.58, cos 0.87-0.995);
-# the int8 GEMMs' rounding is held bit-exact to numpy by tests/gpu/test_quant_gemm.py, the mixers' magnitudes by
-# test_mixers_leave_their_outputs_magnitudes below.
+# logits as far from the middle layers on (`experiments/int8_floor.py --faults`, 8 prompts: rel 0.09-0.58, cos
+# 0.87-0.995); the int8 GEMMs' rounding is held bit-exact to numpy by tests/gpu/test_quant_gemm.py, the mixers'
+# magnitudes by test_mixers_leave_their_outputs_magnitudes below.
 INT8_BOUNDS = (2.1e-1, 0.98, 4.1e-1)
 
 

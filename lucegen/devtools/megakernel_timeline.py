@@ -1,9 +1,20 @@
 """Where each phase of the decode megakernel spends its time, measured from the moment the previous phase's last
 block finished (t = 0), over every block: when blocks start the phase, when their inputs arrive (thread 0's
 await), when the whole block has staged them, when they finish; and the phase's critical-path time.
-On the device: python3 tools/mk_timeline.py MODEL_DIR OUT_DIR   (tg128 after a 32-token prompt, profiled; also
-saves OUT_DIR/timeline.npz with the raw stamps [steps, phases, blocks, 4] in ns and the layer kinds).
-Anywhere, from a saved file: python3 tools/mk_timeline.py --load OUT_DIR/timeline.npz"""
+
+On the device (tg128 after a 32-token prompt, profiled; also saves OUT_DIR/timeline.npz with the raw stamps
+[steps, phases, blocks, 4] in ns and the layer kinds):
+
+    python -m lucegen.devtools.megakernel_timeline MODEL_DIR OUT_DIR
+
+Anywhere, from a saved file:
+
+    python -m lucegen.devtools.megakernel_timeline --load OUT_DIR/timeline.npz
+"""
+
+from __future__ import annotations
+
+import argparse
 import sys
 
 import numpy as np
@@ -57,9 +68,29 @@ def report(stamps: np.ndarray, kinds: np.ndarray, skip: int = 8) -> None:
     print(f"critical path per token (phases 1..): {total:.1f} µs")
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "--load":
-        data = np.load(sys.argv[2])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m lucegen.devtools.megakernel_timeline",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", help="a BF16 checkpoint directory (on the device)")
+    ap.add_argument("out", nargs="?", help="the directory to save timeline.npz into")
+    ap.add_argument("--load", metavar="NPZ", help="report a saved timeline.npz instead (no GPU)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.load:
+        if args.model or args.out:
+            ap.error("--load takes no MODEL_DIR / OUT_DIR")
+        data = np.load(args.load)
         report(data["stamps"], data["kinds"])
+    elif args.model and args.out:
+        report(*record(args.model, args.out))
     else:
-        report(*record(sys.argv[1], sys.argv[2]))
+        ap.error("give MODEL_DIR and OUT_DIR, or --load NPZ")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """How far the numpy oracle disagrees with itself: the noise floor under the GPU tests' error bounds.
 
-    python tools/oracle_floor.py CHECKPOINT_DIR|PRESET [--lengths 1 333 ...] [--random N] [--seeds 2]
+    python experiments/oracle_floor.py CHECKPOINT_DIR|PRESET [--lengths 1 333 ...] [--random N] [--seeds 2]
 
 For each prompt it runs ``Reference(gemm_inputs="bf16")`` (the rounded oracle), the same oracle with every
 projection input nudged by one float32 ulp of random sign (relative noise 2^-23: smaller than any difference of

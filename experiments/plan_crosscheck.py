@@ -2,7 +2,7 @@
 (lucegen/bench/dflash.py bench_engine, its defaults), computed on the host device, to set beside the plan the bench
 prints on a GPU (README "The memory plan").
 
-    python3 tools/plan_crosscheck.py MODEL.gguf DRAFT [--kv-cache q4_0] [--target sm_90]
+    python experiments/plan_crosscheck.py MODEL.gguf DRAFT [--kv-cache q4_0] [--target sm_90]
 """
 
 from __future__ import annotations

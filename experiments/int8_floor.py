@@ -1,15 +1,15 @@
 """How far the int8-activation oracle disagrees with itself: the noise floor under INT8_BOUNDS
 (tests/gpu/test_tree_verify.py). CPU only; needs the gguf package.
 
-    python tools/int8_floor.py [--flip 0.01] [--prompts 30] [--draws 6]
-    python tools/int8_floor.py --faults [--prompts 8]
+    python experiments/int8_floor.py [--flip 0.01] [--prompts 30] [--draws 6]
+    python experiments/int8_floor.py --faults [--prompts 8]
 
 The oracle is ``Reference(gemm_inputs="fp16", int8_inputs=...)`` on a random ``tiny-q`` Q4_K_M GGUF, as the GPU tests
 hold the quantised target to it. A code is moved to its neighbour where its input sits within 2% of a step from a tie,
 with probability --flip: what an input a float ulp away from the oracle's (the device's summation order) does. For
 random prompts of 1-300 tokens the root token's slot (the prompt's argmax, as the device's verify takes it) is run
 with and without flips; printed: the logits' max |err| / max |ref| and cosine, and the states' worst relative error
-(tools/oracle_floor.py metrics: as the GPU tests count them). ``--faults`` prints instead what one fault in one
+(experiments/oracle_floor.py metrics: as the GPU tests count them). ``--faults`` prints instead what one fault in one
 int8 input of the root slot's pass moves its logits by: what bounds at that floor cannot tell from rounding.
 """
 
@@ -30,7 +30,7 @@ from lucegen.model.quant import Q8_ACT_BLOCK, q8_activation_scales
 from lucegen.runtime.host_device import HostDevice
 from lucegen.runtime.quant_target import QuantDecoder
 from lucegen.target import load_target
-from oracle_floor import metrics  # tools/: the GPU tests' metrics of one run against another
+from oracle_floor import metrics  # experiments/: the GPU tests' metrics of one run against another
 
 reference_q8 = reference.q8_dequantized
 

@@ -1,4 +1,4 @@
-"""Launch a few prefill GEMM shapes once each (for ncu): python3 tools/gemm_profile.py"""
+"""Launch a few prefill GEMM shapes once each (for ncu): python experiments/gemm_profile.py"""
 import torch  # noqa: F401  (shares the primary context with lucegen's Device)
 
 from lucegen.bench.gemm import bench_gemm_shapes

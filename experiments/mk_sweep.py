@@ -1,7 +1,7 @@
 """Tuning sweep for the decode megakernel on the device: for each variant (template knobs and the descriptor's
 megakernel shape), tg128 after a 32-token prompt, median of 5 launches, plus the per-phase profile (block 0, the
 critical path of the grid, wait / staging / rest).
-Usage: python3 tools/mk_sweep.py MODEL_DIR '[{"name": "base"}, {"name": "rows4", "tuning": {"rows_a": 4}},
+Usage: python experiments/mk_sweep.py MODEL_DIR '[{"name": "base"}, {"name": "rows4", "tuning": {"rows_a": 4}},
         {"name": "2x256", "megakernel": {"threads": 256, "blocks_per_cu": 2}}]'"""
 import dataclasses
 import json

@@ -5,24 +5,32 @@ wave. For the quantised GEMM launches also the weight bytes each reads, so the t
 bytes streams through grids whose last wave leaves the chip part idle. An estimate: it treats every block of a launch
 as equally long and every SM as equal; the device decides.
 
-    python3 tools/launch_census.py MODEL.gguf [--slots 1] [--target sm_90]
+    python -m lucegen.devtools.launch_census MODEL.gguf [--slots 1] [--target sm_90]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections import defaultdict
 
 import numpy as np
 
 from lucegen.model.quant import TYPES
 from lucegen.runtime import ddtree
+from lucegen.runtime.device import ByValue
 from lucegen.runtime.host_device import HostDevice
 from lucegen.runtime.quant_gemm import GEMM_TYPES, SEGMENT_DTYPE
 from lucegen.runtime.quant_target import open_target
 from lucegen.runtime.tree_verify import TreeVerifier
 from lucegen.target import load_target
+
+
+def is_gemm(args) -> bool:
+    """A quantised GEMM's launch (not the module's quantiser or magnitude kernels): its first argument is the
+    by-value segment table."""
+    return bool(args) and isinstance(args[0], ByValue)
 
 
 def gemm_bytes(args) -> int:
@@ -33,12 +41,19 @@ def gemm_bytes(args) -> int:
                for s in table)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lucegen.devtools.launch_census", description=__doc__.splitlines()[0])
+    p.add_argument("model", help="the quantised target (a GGUF file)")
     p.add_argument("--slots", type=int, default=1, help="verify slots (1: an AR step)")
-    p.add_argument("--target", default="sm_90")
-    args = p.parse_args()
+    p.add_argument("--target", default="sm_90", help="the descriptor whose host device records the launches")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.slots < 1:
+        p.error(f"--slots must be at least 1, got {args.slots}")
     target = load_target(args.target)
     dev = HostDevice(target)
     dec = open_target(args.model, max_context=256, device=dev)
@@ -53,12 +68,13 @@ def main() -> None:
         per_cu = max(1, fn.max_active_blocks_per_cu(threads, smem))
         waves = blocks / (per_cu * target.compute_units)
         # a GEMM's rows by its grid (one row per matrix shape); other kernels by name
-        r = rows[f"{fn.name} x{blocks}" if fn.name.startswith("quant_gemm") else fn.name]
+        gemm = is_gemm(fargs)
+        r = rows[f"{fn.name} x{blocks}" if gemm else fn.name]
         r["launches"] += 1
         r["blocks"] += blocks
         r["fills"].append(waves / math.ceil(waves))
         r["per_cu"] = per_cu
-        if fn.name.startswith("quant_gemm"):
+        if gemm:
             nbytes = gemm_bytes(fargs)
             r["bytes"] += nbytes
             r["wave_bytes"] += nbytes * math.ceil(waves) / waves  # as long as whole waves at the same pace
@@ -74,7 +90,8 @@ def main() -> None:
     whole = sum(r["wave_bytes"] for r in rows.values())
     print(f"if every wave of a GEMM took as long as a full one: {whole / 1e9:.2f} GB-equivalents for "
           f"{total / 1e9:.2f} GB, {100 * (whole / max(1, total) - 1):.0f}% over a chip filled to the end")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the decode megakernel: GPU tests (tiny presets), a random 0.8B checkpoint in /tmp, its
 # teacher-forced test, the bench (with per-phase profile and the HF baseline), compute-sanitizer on tiny.
-# Usage (from the repo root, on the device): tools/device_session.sh [tests] [sanitize] [bench] [test08]
+# Usage (from the repo root, on the device): experiments/device_session.sh [tests] [sanitize] [bench] [test08]
 #   [pftests] [pfbench] [run]   (prefill: every GPU test of tests/gpu/test_prefill*.py incl. the 0.8B ones; ppN bench)
 # Logs and JSON go to $OUT (default /tmp/lucegen-out).
 set -u
@@ -22,7 +22,7 @@ for stage in $stages; do
     tests) python3 -m pytest -q -x tests/gpu/test_megakernel.py 2>&1 | tail -30 | tee "$OUT/tests.log" ;;
     sanitize)
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/mk_smoke.py 2>&1 | tail -15 \
+        compute-sanitizer --tool $tool --error-exitcode 9 python3 experiments/mk_smoke.py 2>&1 | tail -15 \
           | tee "$OUT/sanitize_$tool.log"
       done ;;
     bench)
@@ -39,7 +39,7 @@ for stage in $stages; do
         | tee "$OUT/test08.log" ;;
     sweep)
       need_model
-      python3 tools/mk_sweep.py $model "${SWEEP:-[]}" 2>&1 | tee "$OUT/sweep.log" ;;
+      python3 experiments/mk_sweep.py $model "${SWEEP:-[]}" 2>&1 | tee "$OUT/sweep.log" ;;
     pftests)
       need_model
       LUCEGEN_08B_DIR=$model python3 -m pytest -q tests/gpu/test_prefill*.py 2>&1 | tail -40 \

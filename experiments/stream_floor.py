@@ -4,7 +4,7 @@ groups' bytes laid out one after another as the weights are, one launch each, ca
 --repeats replays). What a step's GEMMs would take if they did nothing but read their weights, so the launches'
 structure is set apart from the kernels' own work (notes/quant-gemm-perf.md, session 42).
 
-    python3 tools/stream_floor.py MODEL.gguf [--blocks-per-sm 1 2 4] [--repeats 20]
+    python experiments/stream_floor.py MODEL.gguf [--blocks-per-sm 1 2 4] [--repeats 20]
 
 The step is timed plain, programmatic (the kernel lets the next one start at once and waits for its predecessor only
 before it exits: the most overlap programmatic launch allows) and dependent (as the GEMMs: it lets the next start at

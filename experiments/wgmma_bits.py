@@ -4,7 +4,7 @@ mma.sync m16n8k16 over chains of k16 steps, and does the order of a k16 product'
 chain length R and variant, the error against float64 and how many outputs differ from mma.sync in natural order
 (wg_b swaps the descriptor's two byte offsets: the wrong layout, as a control).
 
-    python3 tools/wgmma_bits.py
+    python experiments/wgmma_bits.py
 """
 import numpy as np
 from lucegen.runtime.device import Device

@@ -3,7 +3,8 @@ captured graphs). ``--timeline`` also prints one decode step's and one verify pa
 before each (negative where a programmatic launch overlaps its predecessor), grid and registers; then per kernel its
 launches, their time and their share of the step (each launch's end minus the one before's, summed).
 
-    python3 tools/target_profile.py MODEL [--steps 8] [--slots 23] [--budget 64] [--timeline] [--tensor-core-keys N]
+    python -m lucegen.devtools.target_profile MODEL [--steps 8] [--slots 23] [--budget 64] [--timeline]
+                                              [--tensor-core-keys N] [--no-programmatic]
 
 ``--budget`` sizes the verifier for that tree budget (default: slots - 1), as an engine built for a larger tree.
 ``--tensor-core-keys`` is the verifier's bound for tree_attention_mma (default: the descriptor's).
@@ -15,28 +16,36 @@ without it (the step's own time is not).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import sys
 import tempfile
 
 import numpy as np
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m lucegen.devtools.target_profile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", help="the target: a BF16 checkpoint directory or a GGUF (quantised)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--slots", type=int, default=23)
     ap.add_argument("--budget", type=int, help="the verifier's tree budget (default: slots - 1)")
     ap.add_argument("--timeline", action="store_true")
     ap.add_argument("--tensor-core-keys", type=int, default=None, help="slots of this many keys or more attend on "
                     "tensor cores (default: the descriptor's bound)")
-    ap.add_argument("--no-programmatic", action="store_true", help="no programmatic dependent launch (per-kernel times)")
-    args = ap.parse_args()
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    ap.add_argument("--no-programmatic", action="store_true",
+                    help="no programmatic dependent launch (per-kernel times)")
+    return ap
 
-    import dataclasses
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.slots < 1:
+        ap.error(f"--steps and --slots must be at least 1, got {args.steps} and {args.slots}")
+    import torch  # the CUPTI profiler; imported here, so that the tool's --help needs no torch
+    from torch.profiler import ProfilerActivity, profile
 
     from lucegen.runtime import ddtree
     from lucegen.runtime.device import Device
@@ -64,6 +73,7 @@ def main() -> None:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18))
         if args.timeline:
             timeline(prof, args.steps if name == "decode step" else 1)
+    return 0
 
 
 def timeline(prof, steps: int) -> None:
@@ -96,4 +106,4 @@ def timeline(prof, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

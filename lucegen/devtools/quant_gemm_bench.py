@@ -19,9 +19,10 @@ for the groups that take them (QuantGemm.int8: K-quants alone; ``--int8-kernels`
 descriptor's [quant] int8_activations is off). The kernels are the quantised target's (``Target.quantised_target()``:
 [quant] compute_dtype); ``--descriptor-dtype`` times them in the descriptor's own.
 
-    python3 tools/quant_gemm_bench.py [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1] [--one-row 0,1]
-                                      [--prequantised 0,1] [--wgmma 0,1] [--int8 0,1 --int8-kernels]
-                                      [--descriptor-dtype] [--norm] [--shape TEXT]
+    python -m lucegen.devtools.quant_gemm_bench [M ...] [--parts 1,2,4,8] [--tiles 264,320,528] [--ring 0,1]
+                                                [--one-row 0,1] [--prequantised 0,1] [--wgmma 0,1]
+                                                [--int8 0,1 --int8-kernels] [--descriptor-dtype] [--norm]
+                                                [--shape TEXT]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import sys
 
 import numpy as np
 
@@ -49,8 +51,9 @@ SHAPES = {  # name: (segments [(type, rows)], K, epilogue)
 }
 
 
-def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, int8s=(None,), int8_kernels=False,
-         one_rows=(None,), norm=False, preqs=(None,)):
+def bench(shapes, ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, int8s=(None,),
+          int8_kernels=False, one_rows=(None,), norm=False, preqs=(None,)):
+    """Time each of ``shapes`` (name: (segments, K, epilogue)) at each row count of ``ms``, over the variants."""
     dev = Device.open()
     target = dev.target
     if int8_kernels:
@@ -60,7 +63,7 @@ def main(ms, sweep=(), rings=(None,), wgmmas=(None,), descriptor_dtype=False, in
     qg = QuantGemm(dev, target, H, 1e-6)
     rng = np.random.default_rng(0)
     has_int8 = qg.int8
-    for name, (segs, K, ep) in SHAPES.items():
+    for name, (segs, K, ep) in shapes.items():
         raw = [(t, random_k_blocks(rng, t, r * K // TYPES[t][1], 0.02), r, 0) for t, r in segs]
         for i8 in int8s:  # a group's activations (and its tile layout) are fixed when it is built
             qg.int8 = has_int8 if i8 is None else bool(i8) and has_int8
@@ -139,8 +142,9 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(","))
 
 
-if __name__ == "__main__":
-    cli = argparse.ArgumentParser(description="Time the quantised GEMM on the 27B's matrix shapes.")
+def build_parser() -> argparse.ArgumentParser:
+    cli = argparse.ArgumentParser(prog="python -m lucegen.devtools.quant_gemm_bench",
+                                  description="Time the quantised GEMM on the 27B's matrix shapes.")
     cli.add_argument("rows", nargs="*", type=int, default=[1, 8, 16, 23, 32], help="rows (M) per launch")
     cli.add_argument("--parts", type=_ints, default=(), help="K splits to time beside the planned one")
     cli.add_argument("--tiles", type=_ints, help="Q4_K matrices of these many row tiles instead of the 27B's")
@@ -157,13 +161,29 @@ if __name__ == "__main__":
                      help="the descriptor's compute_dtype, not the quantised target's [quant] one")
     cli.add_argument("--norm", action="store_true", help="the readers take RMSNorm row scales, as in the layer loop")
     cli.add_argument("--shape", help="only the shapes whose name holds this text (e.g. lm_head)")
-    args = cli.parse_args()
+    return cli
+
+
+def selected_shapes(args, cli: argparse.ArgumentParser) -> dict:
+    """The shapes to time: the 27B's, or Q4_K matrices of --tiles row tiles; those whose name holds --shape."""
+    shapes = SHAPES
     if args.tiles:
-        SHAPES = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
-                  for K, ep in ((H, "rows_f32"), (17408, "residual")) for t in args.tiles}
+        shapes = {f"Q4_K {16 * t} x {K} ({t} tiles)": ([("Q4_K", 16 * t)], K, ep)
+                  for K, ep in ((H, "rows_f32"), (I, "residual")) for t in args.tiles}
     if args.shape:
-        SHAPES = {name: shape for name, shape in SHAPES.items() if args.shape in name}
-        if not SHAPES:
+        shapes = {name: shape for name, shape in shapes.items() if args.shape in name}
+        if not shapes:
             cli.error(f"--shape {args.shape}: no shape's name holds it")
-    main(args.rows, args.parts, args.ring, args.wgmma, args.descriptor_dtype, args.int8, args.int8_kernels,
-         args.one_row, args.norm, args.prequantised)
+    return shapes
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = build_parser()
+    args = cli.parse_args(argv)
+    bench(selected_shapes(args, cli), args.rows, args.parts, args.ring, args.wgmma, args.descriptor_dtype, args.int8,
+          args.int8_kernels, args.one_row, args.norm, args.prequantised)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,13 +4,14 @@ and the GB/s that reading the layer's committed K/V once would take in that time
 every slot (fma, mma) or the descriptor's choice by key count (auto). The cache has ``--max-context`` positions
 (0: each context's own plus the most slots, as an engine opened for that context).
 
-    python3 tools/attention_bench.py [--preset qwen3.5-27b] [--contexts 32,4096,16384] [--slots 1,23]
-                                     [--kv fp16,q4_0] [--bodies auto,fma,mma] [--max-context N]
+    python -m lucegen.devtools.attention_bench [--preset qwen3.5-27b] [--contexts 32,4096,16384] [--slots 1,23]
+                                               [--kv fp16,q4_0] [--bodies auto,fma,mma] [--max-context N]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -28,24 +29,47 @@ from lucegen.runtime.tree_verify import load_module, tree_layout
 BODIES = {"auto": None, "fma": NEVER, "mma": 1}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="qwen3.5-27b")
-    ap.add_argument("--contexts", default="32,1024,4096,16384")
-    ap.add_argument("--slots", default="1,23")
-    ap.add_argument("--kv", default="fp16")
-    ap.add_argument("--bodies", default="auto")
-    ap.add_argument("--max-context", type=int, default=0)
+def _ints(text: str) -> list[int]:
+    """A comma-separated list of positive integers: "1,23"."""
+    values = [int(v) for v in text.split(",")]
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text}: every value must be at least 1")
+    return values
+
+
+def _names(choices):
+    """A comma-separated list of names from ``choices``."""
+    def parse(text: str) -> list[str]:
+        names = text.split(",")
+        unknown = [n for n in names if n not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not one of {', '.join(choices)}")
+        return names
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m lucegen.devtools.attention_bench",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="qwen3.5-27b", help="the model whose attention shape is timed")
+    ap.add_argument("--contexts", type=_ints, default=[32, 1024, 4096, 16384], help="committed keys, e.g. 32,4096")
+    ap.add_argument("--slots", type=_ints, default=[1, 23], help="slot counts, e.g. 1,23")
+    ap.add_argument("--kv", type=_names(tuple(kv_cache.FORMATS)), default=["fp16"], help="KV cache formats")
+    ap.add_argument("--bodies", type=_names(tuple(BODIES)), default=["auto"], help="auto, fma, mma")
+    ap.add_argument("--max-context", type=int, default=0, help="cache positions (0: each context's own)")
     ap.add_argument("--repeats", type=int, default=20)
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     dev = Device.open()
     t = dev.target.quantised_target()
     config = ModelConfig.preset(args.preset)
-    contexts = [int(x) for x in args.contexts.split(",")]
-    slot_counts = [int(x) for x in args.slots.split(",")]
+    contexts, slot_counts = args.contexts, args.slots
     rng = np.random.default_rng(0)
     print(f"{'kv':6} {'body':5} {'context':>8} {'slots':>6} {'us':>9} {'K/V MB':>8} {'GB/s of one read':>17}")
-    for kv_name, body in ((k, b) for k in args.kv.split(",") for b in args.bodies.split(",")):
+    for kv_name, body in ((k, b) for k in args.kv for b in args.bodies):
         fmt = kv_cache.kv_format(kv_name)
         pf = dict(prefill_params(config, t), **fmt.template_params())
         module = load_module(dev, t, pf)
@@ -83,7 +107,8 @@ def main() -> None:
                 b.free()
         kv.free()
         module.unload()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

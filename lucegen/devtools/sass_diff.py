@@ -1,20 +1,21 @@
 """Which kernels' machine code a change moves: every kernel of the given families compiled from two source trees, by
 the same NVRTC, its SASS compared instruction for instruction (branch targets ignored).
 
-A change that leaves a kernel's source paths alone can still move its schedule (notes/quant-gemm-perf.md, session 58:
-a helper moved out of m1q's loop left its SASS unchanged under NVRTC 13.5 and cost the decode step 4% under the
-device's 13.0). ``--nvrtc-lib`` compiles with another NVRTC than the installed one: the directory of a
+A change that leaves a kernel's source paths alone can still move its schedule (measured on the H100: a helper moved
+out of m1q's loop left its SASS unchanged under NVRTC 13.5 and cost the decode step 4% under the device's 13.0).
+``--nvrtc-lib`` compiles with another NVRTC than the installed one: the directory of a
 ``nvidia-cuda-nvrtc`` wheel's ``nvidia/cu13/lib`` (e.g. ``pip download --no-deps "nvidia-cuda-nvrtc==13.0.*"``, then
 unzip it), whose libraries are loaded before cuda-python opens its own. The SASS comes from ``cuobjdump``
 (``--cuobjdump``, else the one on PATH or in an installed ``nvidia-cuda-cuobjdump`` wheel). Each tree compiles in a
 process of its own, with the tree first on its path, outside any cache (``use_cache=False``).
 
-    python3 tools/sass_diff.py OLD_TREE NEW_TREE [--target sm_90] [--quantised] [--families quant_gemm tree_verify]
-                               [--nvrtc-lib DIR] [--cuobjdump PATH]
+    python -m lucegen.devtools.sass_diff OLD_TREE NEW_TREE [--target sm_90] [--quantised]
+                                         [--families quant_gemm tree_verify] [--nvrtc-lib DIR] [--cuobjdump PATH]
 
-A tree is a directory holding ``lucegen`` and ``templates`` (``git archive REV lucegen templates targets | tar -x
--C DIR``). Prints, per family, the kernels whose SASS differs (with their instruction counts) and those only one
-tree has; exits 1 where any differs.
+A tree is a directory holding the ``lucegen`` package (and, at revisions that kept them outside it, ``templates`` and
+``targets``): ``git archive REV | tar -x -C DIR``. Prints, per family, the kernels whose SASS differs (with their
+instruction counts) and those only one tree has; exits 1 where any differs. The per-tree processes run this file as
+a script, so a tree from before lucegen.devtools existed compiles too.
 """
 
 from __future__ import annotations
@@ -72,16 +73,25 @@ def find_cuobjdump(given: str | None) -> str:
     found = shutil.which("cuobjdump")
     if found:
         return found
-    for base in sys.path:
-        path = os.path.join(base, "nvidia", "cu13", "bin", "cuobjdump")
-        if os.path.exists(path):
+    for base in sys.path:  # a wheel's: site-packages/nvidia/cu<N>/bin
+        for path in sorted(glob.glob(os.path.join(base, "nvidia", "cu*", "bin", "cuobjdump")), reverse=True):
             return path
-    sys.exit("no cuobjdump: pass --cuobjdump (the nvidia-cuda-cuobjdump wheel has one)")
+    sys.exit("no cuobjdump: pass --cuobjdump (the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels, in "
+             "lucegen's dev extra, have it and the nvdisasm it runs)")
 
 
 def kernels_sass(cuobjdump: str, cubin: str) -> dict[str, list[str]]:
-    """{kernel: its instructions}, without addresses and with branch targets blanked."""
-    text = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    """{kernel: its instructions} of a cubin, by ``cuobjdump -sass`` (which runs nvdisasm: the one on PATH, else the
+    one beside it, as the nvidia-cuda-nvdisasm wheel installs it)."""
+    path = os.pathsep.join(filter(None, (os.environ.get("PATH"), os.path.dirname(os.path.abspath(cuobjdump)))))
+    run = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, env=dict(os.environ, PATH=path))
+    if run.returncode:
+        sys.exit(f"{cuobjdump} -sass {cubin} failed: {run.stderr.strip()}")
+    return parse_sass(run.stdout)
+
+
+def parse_sass(text: str) -> dict[str, list[str]]:
+    """{kernel: its instructions} of cuobjdump's listing, without addresses and with branch targets blanked."""
     kernels: dict[str, list[str]] = {}
     name = None
     for line in text.splitlines():
@@ -92,27 +102,48 @@ def kernels_sass(cuobjdump: str, cubin: str) -> dict[str, list[str]]:
             continue
         ins = re.search(r"/\*[0-9a-f]{4,}\*/\s*(.*?);", line)
         if name is not None and ins:
-            text_ins = ins.group(1)
+            text_ins = ins.group(1).strip()
             kernels[name].append(re.sub(r"0x[0-9a-f]+", "X", text_ins) if "BRA" in text_ins else text_ins)
     return kernels
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("old")
-    ap.add_argument("new")
+def compare(old: dict[str, dict[str, list[str]]], new: dict[str, dict[str, list[str]]],
+            families: list[str]) -> tuple[list[str], bool]:
+    """The report lines for two trees' {family: {kernel: instructions}}, and whether any kernel differs or exists in
+    one tree alone."""
+    lines, differs = [], False
+    for fam in families:
+        a, b = old.get(fam, {}), new.get(fam, {})
+        changed = [k for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+        only_old, only_new = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+        differs |= bool(changed or only_old or only_new)
+        lines.append(f"{fam}: {len(set(a) & set(b))} kernels in both, {len(changed)} differ")
+        lines += [f"  differs  {k}: {len(a[k])} -> {len(b[k])} instructions" for k in changed]
+        lines += [f"  old only {k}" for k in only_old]
+        lines += [f"  new only {k}" for k in only_new]
+    return lines, differs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m lucegen.devtools.sass_diff", description=__doc__.split("\n\n")[0])
+    ap.add_argument("old", help="the older source tree (a directory holding the lucegen package)")
+    ap.add_argument("new", help="the newer source tree")
     ap.add_argument("--target", default="sm_90")
     ap.add_argument("--quantised", action="store_true", help="the target's quantised-GGUF variant")
     ap.add_argument("--families", nargs="+", default=["quant_gemm"])
     ap.add_argument("--nvrtc-lib", help="a directory of another NVRTC's libraries (nvidia/cu13/lib of its wheel)")
     ap.add_argument("--cuobjdump")
     ap.add_argument("--compile-into", help=argparse.SUPPRESS)  # the per-tree child process
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.compile_into:
         if args.nvrtc_lib:
             preload_nvrtc(args.nvrtc_lib)
         print(json.dumps(compile_tree(args.compile_into, args.target, args.quantised, args.families)))
-        return
+        return 0
     cuobjdump = find_cuobjdump(args.cuobjdump)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,8 +157,9 @@ def main() -> None:
                    "--families", *args.families, "--compile-into", out]
             cmd += ["--quantised"] if args.quantised else []
             cmd += ["--nvrtc-lib", args.nvrtc_lib] if args.nvrtc_lib else []
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-            run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)  # cwd: no tree shadows
+            path = os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+            run = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=path),
+                                 cwd=tmp)  # cwd: no tree shadows
             if run.returncode:
                 sys.exit(f"compiling {tree} failed:\n{run.stderr[-4000:]}")
             results[side] = json.loads(run.stdout.strip().splitlines()[-1])
@@ -135,21 +167,10 @@ def main() -> None:
                                      for fam, path in results[side]["cubins"].items()}
     print(f"{args.target}{' (quantised)' if args.quantised else ''}: old {results['old']['compiler']}, "
           f"new {results['new']['compiler']}")
-    differs = False
-    for fam in args.families:
-        old, new = results["old"]["sass"].get(fam, {}), results["new"]["sass"].get(fam, {})
-        changed = [k for k in sorted(set(old) & set(new)) if old[k] != new[k]]
-        only_old, only_new = sorted(set(old) - set(new)), sorted(set(new) - set(old))
-        differs |= bool(changed or only_old or only_new)
-        print(f"{fam}: {len(set(old) & set(new))} kernels in both, {len(changed)} differ")
-        for k in changed:
-            print(f"  differs  {k}: {len(old[k])} -> {len(new[k])} instructions")
-        for k in only_old:
-            print(f"  old only {k}")
-        for k in only_new:
-            print(f"  new only {k}")
-    sys.exit(1 if differs else 0)
+    lines, differs = compare(results["old"]["sass"], results["new"]["sass"], args.families)
+    print("\n".join(lines))
+    return 1 if differs else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
