@@ -230,9 +230,8 @@ def test_new_target_leaves_the_like_chips_tuning_out(tmp_path, monkeypatch):
     """A descriptor started from the H100's takes the defaults, not the H100's measured tuning."""
     import lucegen.target
 
-    (tmp_path / "sm_90.toml").write_text((TARGETS_DIR / "sm_90.toml").read_text())
-    monkeypatch.setattr(lucegen.target, "TARGETS_DIR", tmp_path)
-    assert main(["new-target", "h100pcie", "--like", "sm_90"]) == 0
+    monkeypatch.setenv("LUCEGEN_TARGETS_PATH", str(tmp_path))
+    assert main(["new-target", "h100pcie", "--like", "sm_90", "--dir", str(tmp_path)]) == 0
     text = (tmp_path / "h100pcie.toml").read_text()
     assert "\n[tuning" not in text and "[quant]" in text and "int8_activations = true" in text
     made = lucegen.target.load_target(tmp_path / "h100pcie.toml")
