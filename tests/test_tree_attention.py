@@ -15,7 +15,7 @@ from lucegen.families.tree_verify import (ATTENTION_MAX_RANGES, MMA_MAX_RANGES, 
                                           kv_raw_chunks, mma_range_keys, partial_ranges)
 from lucegen.model import kv_cache
 from lucegen.model.config import ModelConfig
-from lucegen.runtime.prefill.params import prefill_params
+from lucegen.families.prefill import prefill_params
 from lucegen.runtime.tree_attention import NEVER, TreeAttention
 from lucegen.target import load_target
 

@@ -141,7 +141,7 @@ def main() -> None:  # python -m lucegen.bench.gemm [--sweep | --tiles JSON] [--
 
     from ..model.config import ModelConfig
     from ..runtime.device import Device
-    from ..runtime.prefill.params import prefill_params
+    from ..families.prefill import prefill_params
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")

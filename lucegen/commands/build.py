@@ -1,5 +1,5 @@
-"""``lucegen build --target NAME | --all [--check] [--jobs N]``: render every kernel family for each target into
-generated/<target>/, compile it (NVRTC → cubin, clang → AMDGPU code object, through the cache) and report each
+"""``lucegen build --target NAME | --all [--check] [--jobs N]``: render every kernel family for each target (and each
+model shape a shape-dependent family declares) into generated/<target>/ (layout: lucegen.codegen), compile it (NVRTC → cubin, clang → AMDGPU code object, through the cache) and report each
 kernel's resources. ``--check`` renders in memory only and fails (exit 1) if generated/ is stale; it writes and
 deletes nothing.
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from .. import GENERATED_DIR, codegen
 from ..compile import CompiledModule
 from ..atomic import atomic_write
+from ..families.base import KernelFamily
 from ..target import Target, list_targets, load_target
 
 SOURCE_SUFFIXES = (".cu", ".hip")
@@ -40,31 +41,35 @@ def register(subparsers) -> None:
 
 @dataclass
 class Unit:
-    """One family rendered for one target."""
+    """One family rendered for one target and shape (a preset name; None: shape-free)."""
 
     target: Target
-    family: codegen.KernelFamily
+    family: KernelFamily
+    shape: str | None
     source: str
     path: Path
     module: CompiledModule | None = None
 
 
 def render_units(targets: list[Target]) -> list[Unit]:
-    """Every family for each target, and for its quantised-target variant where that differs ([quant]): a family
-    whose render is the same for the variant (it does not read what [quant] changes) is written and compiled once."""
+    """Every family for each target at each shape it declares (codegen.shapes), and for the target's quantised-target
+    variant where that differs ([quant]): a family and shape whose render is the same for the variant (it does not
+    read what [quant] changes) is written and compiled once."""
     units = []
     for t in targets:
         base = {}
         for fam in codegen.families(t):
-            base[fam.name] = codegen.render_family(t, fam)
-            units.append(Unit(t, fam, base[fam.name], codegen.generated_path(t, fam)))
+            for shape in codegen.shapes(t, fam):
+                base[fam.name, shape] = codegen.render_family(t, fam, shape)
+                units.append(Unit(t, fam, shape, base[fam.name, shape], codegen.generated_path(t, fam, shape)))
         q = t.quantised_target()
         if q is t:
             continue
         for fam in codegen.families(q):
-            source = codegen.render_family(q, fam)
-            if source != base.get(fam.name):
-                units.append(Unit(q, fam, source, codegen.generated_path(q, fam)))
+            for shape in codegen.shapes(q, fam):
+                source = codegen.render_family(q, fam, shape)
+                if source != base.get((fam.name, shape)):
+                    units.append(Unit(q, fam, shape, source, codegen.generated_path(q, fam, shape)))
     return units
 
 
@@ -125,15 +130,15 @@ def compile_units(units: list[Unit], jobs: int, progress) -> None:
 
 
 def report(units: list[Unit]) -> str:
-    header = ("target", "module", "kernel", "regs", "spills", "smem", "code")
+    header = ("target", "shape", "module", "kernel", "regs", "spills", "smem", "code")
     rows = [header]
     for u in units:
         for k in u.module.kernels:
             where = "/".join(filter(None, (u.target.name, u.target.variant)))  # sm_90, sm_90/quant
-            rows.append((where, u.family.name, k.name, str(k.registers), str(k.spills), str(k.shared_bytes),
-                         str(k.code_bytes)))
+            rows.append((where, u.shape or "-", u.family.name, k.name, str(k.registers), str(k.spills),
+                         str(k.shared_bytes), str(k.code_bytes)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    lines = ["  ".join(c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..codegen import KernelFamily
+from .base import KernelFamily
 from ..target import Target
 
 #: Element types the small kernels are instantiated for (the two-byte float types the chip supports).
@@ -11,7 +11,7 @@ HALF_DTYPES = ("bf16", "fp16")
 BLOCK_THREADS = 256
 
 
-def _params(target: Target) -> dict:
+def _params(target: Target, shape: None) -> dict:
     return {"instances": [d for d in target.dtypes if d in HALF_DTYPES], "block_threads": BLOCK_THREADS}
 
 

@@ -1,10 +1,13 @@
 """The DDTree verify kernels (templates/dflash/tree_verify.cu.j2): tree conv / delta rule / attention, per-row
-argmax and the commit, rendered for the default model shape; the runtime renders the loaded model's own shape."""
+argmax and the commit. `lucegen build` renders them for the prefill family's shapes (the layer loop's ``pf``: the
+0.8B on the descriptor, the 27B on its quantised-target variant); the runtime renders the loaded model's own shape
+with :func:`verify_params`."""
 
 from __future__ import annotations
 
-from ..codegen import KernelFamily
-from .prefill import _params as _prefill_params
+from ..model.config import ModelConfig
+from .base import KernelFamily
+from .prefill import DEFAULT_MODEL, QUANTISED_MODEL, prefill_params
 
 #: Threads per block of every tree kernel (the template's TV_NT).
 THREADS = 256
@@ -130,8 +133,7 @@ def gated_norm_quantises(pf: dict, target) -> bool:
 
 
 def template_params(pf: dict, target) -> dict:
-    """The tree kernels' tiling for the model of ``pf`` on ``target``, given to the template by the family and by the
-    runtime's own render alike."""
+    """The tree kernels' tiling for the model of ``pf`` on ``target``."""
     return {"tv_threads": THREADS, "tv_rule_threads": RULE_THREADS, "tv_rule_cpw": RULE_COLUMNS_PER_WARP,
             "tv_rule_round": RULE_ROUND, "tv_at_streams": ATTENTION_STREAMS, "tv_at_pack": ATTENTION_PACK,
             "tv_at_key_chunk": ATTENTION_KEY_CHUNK, "tv_at_heads": attention_heads(pf), "ta_slots": ATTENTION_SLOTS,
@@ -139,9 +141,14 @@ def template_params(pf: dict, target) -> dict:
             "tv_norm_q8": gated_norm_quantises(pf, target), **attention_tiling(pf, target)}
 
 
-def _params(target) -> dict:
-    params = _prefill_params(target)
-    return {**params, **template_params(params["pf"], target)}
+def verify_params(pf: dict, target) -> dict:
+    """The template parameters of the tree kernels for the layer loop's ``pf``."""
+    return {"pf": pf, **template_params(pf, target)}
 
 
-FAMILIES = (KernelFamily("tree_verify", "dflash/tree_verify.cu.j2", params=_params),)
+def _params(target, config: ModelConfig) -> dict:
+    return verify_params(prefill_params(config, target), target)
+
+
+FAMILIES = (KernelFamily("tree_verify", "dflash/tree_verify.cu.j2", params=_params, shapes=(DEFAULT_MODEL,),
+                         quantised_shapes=(QUANTISED_MODEL,), preset=ModelConfig.preset),)

@@ -16,11 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ... import codegen
-from ...compile import compile_source
 from ...errors import LucegenError
 from ..device import address
 
-TEMPLATE = "prefill/attention.cu.j2"
 MODULE = "prefill_attention"
 PREPARE_THREADS = 256  # templates/prefill/attention.cu.j2: PREP_THREADS
 SIMT_ROWS = 4  # templates/prefill/attention.cu.j2: rows (warps) per block of the FMA kernel
@@ -50,8 +48,7 @@ class AttentionKernels:
             raise LucegenError(f"{target.name}: prefill attention needs the KV cache in compute_dtype "
                                f"({pf['ctype']}) or quantised, got {pf['kv']}")
         self.device, self.target, self.pf = device, target, pf
-        source = codegen.render(target, TEMPLATE, pf=pf)
-        self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE))
+        self.module = device.load(codegen.build(target, MODULE, params={"pf": pf}))
         self.prepare_fn = self.module.function("prefill_attention_prepare", programmatic=True)
         self.attend_fn = self.module.function("prefill_attention")
         smem = launch_geometry(pf, 1, target.warp_size)[2]
