@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from lucegen.model.dflash import PRESETS as DRAFT_PRESETS
 from lucegen.model.config import ModelConfig
-from lucegen.model.dflash import DFlashConfig, init_tensor
+from lucegen.model.dflash import DFlashConfig
 from lucegen.model.dflash_reference import DraftReference, log_softmax_topk, rms_norm
 from lucegen.model.dtypes import bf16_bits_to_f32
+from lucegen.model.init_dflash import init_tensor
 from lucegen.runtime.draft import DraftLayout, draft_vectors
 
 CFG = DFlashConfig.preset("dflash-tiny")

@@ -19,9 +19,9 @@ from lucegen.runtime.host_device import HostDevice, kernel_kinds
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """The tiny-q preset as a Q4_K_M GGUF, its DFlash draft, and the tiny preset's BF16 checkpoint."""
-    from lucegen.model.dflash import DFlashConfig, write_dflash_checkpoint
-    from lucegen.model.dflash_gguf import write_dflash_gguf
-    from lucegen.model.gguf_io import write_gguf_checkpoint
+    from lucegen.model.dflash import DFlashConfig
+    from lucegen.model.init_dflash import write_dflash_checkpoint, write_dflash_gguf
+    from lucegen.model.init_gguf import write_gguf_checkpoint
     from lucegen.model.init_weights import write_hf_checkpoint
 
     root = tmp_path_factory.mktemp("dry-run")

@@ -38,7 +38,8 @@ from .. import codegen
 from ..errors import CheckpointError, LucegenError
 from ..families.dflash_draft import TOPK_MAX, draft_params
 from ..families.prefill import prefill_params
-from ..model.dflash import DFlashConfig, load_dflash
+from ..model.checkpoint import load_dflash
+from ..model.dflash import DFlashConfig
 from ..model.dflash_reference import draft_inv_freq
 from .device import Buffer, address
 from .draft_weights import draft_weights
