@@ -120,10 +120,10 @@ def test_memory_plan_predicts_the_ledger(models):
 def test_megakernel_decoder_prefill_and_chain_verify(models, chip):
     """MegakernelDecoder (BF16) + the prefill kernels + a DFlash draft + chain verify, then the megakernel's own
     decode loop from the committed state."""
+    from lucegen.families.megakernel import KERNEL_NAME
     from lucegen.runtime.dflash import SpecDecoder
     from lucegen.runtime.draft import DFlashDrafter
     from lucegen.runtime.megakernel import MegakernelDecoder
-    from lucegen.runtime.packing import KERNEL_NAME
     from lucegen.runtime.prefill.runner import Prefiller
     from lucegen.runtime.tree_verify import TreeVerifier
 
