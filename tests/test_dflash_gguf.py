@@ -15,8 +15,8 @@ from lucegen.model import quant
 from lucegen.model.checkpoint import load_dflash
 from lucegen.model.dflash import DFlashConfig
 from lucegen.model.dflash_gguf import ARCH, draft_gguf_name
-from lucegen.model.init_dflash import write_dflash_checkpoint, write_dflash_gguf
 from lucegen.model.dtypes import bf16_bits_to_f32
+from lucegen.model.init_dflash import write_dflash_checkpoint, write_dflash_gguf
 
 
 def same_config(a: DFlashConfig, b: DFlashConfig) -> bool:

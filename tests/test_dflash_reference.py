@@ -149,10 +149,10 @@ def test_draft_layout_packs_every_tensor_once():
     """Dense draft matrices (DenseDraftWeights, on lucegen/runtime/host_device.py's HostDevice: the uploads recorded) and the
     draft's vectors (draft_vectors): each inside its buffer, matrices 256-byte aligned, no two overlapping, every
     element once, the norms packed as w - 1."""
-    from lucegen.runtime.draft_weights import DenseDraftWeights
     from lucegen.families.prefill import prefill_params
-    from lucegen.target import load_target
+    from lucegen.runtime.draft_weights import DenseDraftWeights
     from lucegen.runtime.host_device import HostDevice
+    from lucegen.target import load_target
 
     cfg = CFG
 

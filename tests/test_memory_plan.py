@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import types
 
+from lucegen.families.megakernel import plan_layout
 from lucegen.model.config import ModelConfig
 from lucegen.runtime import memory_plan
 from lucegen.runtime.memory_plan import GIB, MemoryPlan
-from lucegen.families.megakernel import plan_layout
 from lucegen.target import load_target
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import GENERATED_DIR, codegen
-from ..compile import CompiledModule
 from ..atomic import atomic_write
+from ..compile import CompiledModule
 from ..families.base import KernelFamily
 from ..target import Target, list_targets, load_target
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .base import KernelFamily
 from ..model.quant import TYPES
+from .base import KernelFamily
 
 #: Block types in the kernels' type switch, in the order of QgSegment.type (the Q4_K_M mix: Q4_K, Q5_K, Q6_K; Q8_0).
 GEMM_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")

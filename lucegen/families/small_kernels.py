@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import KernelFamily
 from ..target import Target
+from .base import KernelFamily
 
 #: Element types the small kernels are instantiated for (the two-byte float types the chip supports).
 HALF_DTYPES = ("bf16", "fp16")
