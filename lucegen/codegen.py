@@ -25,10 +25,13 @@ parameters with the family's own functions (a GGUF's value-head order, its KV ca
     generated/<chip>/[quant/][<shape>/]<family>.cu     (.hip on AMD)
 
 ``quant/``: rendered for the chip's quantised-target variant (``Target.quantised_target()``, the GGUF engine's
-descriptor) where that differs from the descriptor and changes the file; ``<shape>/``: the model preset a
+descriptor) where that differs from the descriptor and changes the file. ``<shape>/``: the model preset a
 shape-dependent family was rendered for (:func:`shapes`: the family's ``shapes`` on the descriptor,
-``quantised_shapes`` on the variant), absent for shape-free families. E.g. ``generated/sm_90/qwen3.5-0.8b/megakernel.cu``,
-``generated/sm_90/quant/qwen3.5-27b/tree_verify.cu``, ``generated/sm_90/small_kernels.cu``.
+``quantised_shapes`` on the variant), absent for shape-free families. E.g. ``generated/sm_90/small_kernels.cu``,
+``generated/sm_90/qwen3.5-0.8b/megakernel.cu``, ``generated/sm_90/quant/qwen3.5-27b/tree_verify.cu``. Each is
+rendered with ``family.params(target, shape)``; an engine's load-time variant of those parameters (the GGUF
+engine's tiled value heads, its weights' partial-sum parts and int8 activations) is rendered at load through the
+same functions.
 """
 
 from __future__ import annotations

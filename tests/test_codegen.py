@@ -61,3 +61,32 @@ def test_template_errors_name_template_and_target(tmp_path, monkeypatch):
 def test_extra_params_override_and_extend():
     t = load_target("sm_90")
     assert codegen.render_string(t, "{{ warp_size }}-{{ block }}", block=128, warp_size=7) == "7-128"
+
+
+def test_shape_dependent_families_render_for_the_shapes_they_declare():
+    """What the 27B runs is rendered for the 27B: the quantised target's prefill and tree kernels for qwen3.5-27b,
+    the megakernel and the BF16 engine's for qwen3.5-0.8b, the draft for its 27B draft, each into a folder named by
+    its shape; shape-free families stay at the chip's top level."""
+    from lucegen import GENERATED_DIR
+    from lucegen.errors import LucegenError
+
+    t = load_target("sm_90")
+    q = t.quantised_target()
+    assert q is not t and q.variant == "quant"
+    assert codegen.shapes(t, codegen.family("megakernel")) == ("qwen3.5-0.8b",)
+    assert codegen.shapes(q, codegen.family("megakernel")) == ()
+    for name in ("prefill_common", "prefill_gemm", "prefill_deltanet", "prefill_attention", "tree_verify"):
+        assert codegen.shapes(t, codegen.family(name)) == ("qwen3.5-0.8b",)
+        assert codegen.shapes(q, codegen.family(name)) == ("qwen3.5-27b",)
+    assert codegen.shapes(q, codegen.family("dflash_draft")) == ("dflash-qwen3.5-27b",)
+    assert codegen.shapes(t, codegen.family("small_kernels")) == (None,)
+    own = load_target("sm_86")  # its own quantised target: both engines' shapes side by side
+    assert own.quantised_target() is own
+    assert codegen.shapes(own, codegen.family("tree_verify")) == ("qwen3.5-0.8b", "qwen3.5-27b")
+    fam = codegen.family("tree_verify")
+    assert codegen.generated_path(q, fam, "qwen3.5-27b") == GENERATED_DIR / "sm_90" / "quant" / "qwen3.5-27b" / \
+        "tree_verify.cu"
+    assert codegen.generated_path(t, codegen.family("small_kernels")) == GENERATED_DIR / "sm_90" / "small_kernels.cu"
+    assert "model shape (tiny)" in codegen.render_family(t, "megakernel", "tiny")
+    with pytest.raises(LucegenError, match="megakernel renders for a model shape"):
+        codegen.render_family(t, "megakernel")
