@@ -136,9 +136,11 @@ def _family(fam: KernelFamily | str) -> KernelFamily:
 
 
 def render_family(target: Target, fam: KernelFamily | str, shape=None, *, params: dict | None = None) -> str:
-    """The family's source for ``target``: rendered with ``params`` where given, else ``fam.params(target, shape)``
-    (``shape``: a config or a preset name of a shape-dependent family)."""
+    """The family's source for ``target``: rendered with ``fam.params(target, shape)`` (``shape``: a config or a
+    preset name of a shape-dependent family), or with ``params`` instead of a shape."""
     fam = _family(fam)
+    if params is not None and shape is not None:
+        raise LucegenError(f"kernel family {fam.name}: render for a shape or with params, not both")
     if params is None:
         if fam.preset is not None and shape is None:
             raise LucegenError(f"kernel family {fam.name} renders for a model shape: give a config or a preset "

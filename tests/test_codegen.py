@@ -90,3 +90,5 @@ def test_shape_dependent_families_render_for_the_shapes_they_declare():
     assert "model shape (tiny)" in codegen.render_family(t, "megakernel", "tiny")
     with pytest.raises(LucegenError, match="megakernel renders for a model shape"):
         codegen.render_family(t, "megakernel")
+    with pytest.raises(LucegenError, match="megakernel: render for a shape or with params, not both"):
+        codegen.render_family(t, "megakernel", "tiny", params={"mk": {}})

@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import codegen
 from ..errors import CheckpointError, LucegenError
-from ..families.dflash_draft import TOPK_MAX, draft_params
+from ..families.dflash_draft import TOPK_MAX
 from ..families.prefill import prefill_params
 from ..model.checkpoint import load_dflash
 from ..model.dflash import DFlashConfig
@@ -138,11 +138,11 @@ class DFlashDrafter:
         self.taps = {layer: i for i, layer in enumerate(cfg.target_layer_ids)}
         dev, t = self.device, self.target
         self.pf = prefill_params(decoder.config, t)
-        self.dp = draft_params(cfg, t)
+        compiled = codegen.build(t, "dflash_draft", cfg)  # the loaded draft's shape (one the kernels can run)
         self.weights = draft_weights(dev, t, self.pf, self.checkpoint, rows)  # dense, or Q8_0 blocks kept
         self.gemm = self.weights.gemm
         self.head = decoder.layer_weights(decoder.layer_params())  # the target's embedding and lm_head
-        module = dev.load(codegen.build(t, "dflash_draft", cfg, params={"dp": self.dp}))
+        module = dev.load(compiled)
         self.capture_fn, self.store_fn = module.function("draft_capture"), module.function("draft_context_store")
         self.prepare_fn, self.attend_fn = module.function("draft_block_prepare"), module.function("draft_attention")
         self.topk_partial_fn, self.topk_merge_fn = module.function("draft_topk_partial"), \

@@ -148,7 +148,7 @@ class MegakernelDecoder(SequenceState):
                                f"{self.config.max_position_embeddings}")
         self.max_context = max_context
         self.profiling = bool(self.params["profile"])
-        self.compiled = codegen.build(t, "megakernel", self.config, params={"mk": self.params})
+        self.compiled = codegen.build(t, "megakernel", params={"mk": self.params})
         self.module = self.device.load(self.compiled)
         self.function = self.module.function(KERNEL_NAME)
         self.blocks, self.threads = t.megakernel.blocks, t.megakernel.threads
