@@ -195,3 +195,22 @@ def test_checker_passes_a_clean_package(tmp_path):
     graph = import_graph(pkg, "pkg")
     assert graph["pkg.high"] == {"pkg.low", "pkg.sub", "pkg.sub.a"}
     assert upward_imports(graph, SYNTHETIC_LAYERS) == [] and cycles(graph) == []
+
+
+def test_runtime_renders_and_compiles_nothing_itself():
+    """The runtime gets every kernel module from codegen.build (a family's route from parameters to a compiled
+    module) and only loads it: no runtime module renders a template or calls the compiler."""
+    forbidden = {"render", "render_string", "render_family", "compile_family", "compile_source"}
+    found = []
+    for name, path in modules(LUCEGEN / "runtime", "lucegen.runtime").items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "codegen" \
+                    and node.attr != "build":
+                found.append(f"{name}:{node.lineno}: codegen.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and forbidden & {alias.name for alias in node.names}:
+                found.append(f"{name}:{node.lineno}: imports {', '.join(a.name for a in node.names)}")
+    assert not found, "\n".join(found)
+    builds = [name for name, path in modules(LUCEGEN / "runtime", "lucegen.runtime").items()
+              if "codegen.build(" in path.read_text(encoding="utf-8")]
+    assert {"lucegen.runtime.megakernel", "lucegen.runtime.tree_verify", "lucegen.runtime.draft",
+            "lucegen.runtime.prefill.gemm"} <= set(builds)
