@@ -16,8 +16,6 @@ from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from .safetensors_io import SafetensorsFile
 
 WEIGHT_DTYPES = ("BF16", "F16", "F32")
-
-
 INDEX_NAME = "model.safetensors.index.json"
 
 

@@ -17,6 +17,7 @@ from .init_weights import NORM_SPREAD, Progress, normal_bf16, tensor_rng, write_
 from .quant import nbytes, quantize
 from .safetensors_io import write_safetensors
 
+
 def init_tensor(config: DFlashConfig, name: str, seed: int) -> np.ndarray:
     """The initial value of draft tensor ``name`` as bf16 bits. Linear layers: N(0, initializer_range) (HF
     ``_init_weights``); the Qwen3 RMSNorm weights (used as is, HF init ones): 1 + N(0, 0.05), like the DeltaNet norm

@@ -18,6 +18,7 @@ from .init_weights import Progress, checkpoint_config, init_tensor_f32, tensor_r
 from .quant import TYPES, nbytes, pack_k_scales, quantize
 from .tokenizer import SPECIAL_TOKENS
 
+
 def use_more_bits(i: int, n: int) -> bool:
     """llama.cpp's choice of layers that get more bits in the _M mixes."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2

@@ -13,8 +13,6 @@ from ..errors import CheckpointError
 from .tokenizer import SPECIAL_TOKENS
 
 MAX_GENERATED_VOCAB = 4096
-
-
 _WORDS = (
     "the of and to in is that it for on with as was at by be this from or have an are not but all they which one "
     "you were her his had their there been has more when will would who so no if out up what about can into "

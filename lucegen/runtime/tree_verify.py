@@ -36,6 +36,7 @@ from .prefill.attention import AttentionKernels, query_workspace_bytes
 from .prefill.runner import Activations, MixWrote, conv_layer, enqueue_layers, kv_layer, recurrent_layer, wvec_at
 from .tree_attention import TreeAttention, partial_bytes
 
+
 def load_module(device, target, pf: dict):
     """The tree verify kernels for the model of ``pf``, compiled for ``target`` and loaded on ``device``."""
     return device.load(codegen.build(target, "tree_verify", params=verify_params(pf, target)))
