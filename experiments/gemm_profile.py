@@ -2,9 +2,9 @@
 import torch  # noqa: F401  (shares the primary context with lucegen's Device)
 
 from lucegen.bench.gemm import bench_gemm_shapes
+from lucegen.families.prefill import prefill_params
 from lucegen.model.config import ModelConfig
 from lucegen.runtime.device import Device
-from lucegen.runtime.prefill.params import prefill_params
 
 dev = Device.open()
 pf = prefill_params(ModelConfig.preset("qwen3.5-0.8b"), dev.target)

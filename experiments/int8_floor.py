@@ -25,7 +25,7 @@ import numpy as np
 from lucegen.model import reference
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.config import ModelConfig
-from lucegen.model.gguf_io import write_gguf_checkpoint
+from lucegen.model.init_gguf import write_gguf_checkpoint
 from lucegen.model.quant import Q8_ACT_BLOCK, q8_activation_scales
 from lucegen.runtime.host_device import HostDevice
 from lucegen.runtime.quant_target import QuantDecoder

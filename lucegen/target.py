@@ -23,7 +23,6 @@ from typing import Any
 
 from . import TARGETS_DIR, descriptor_paths
 from .errors import DescriptorError
-from .model.kv_cache import kv_format
 from .tuning import Tuning, check_tuning, parse_tuning
 
 VENDORS = ("nvidia", "amd")
@@ -235,7 +234,7 @@ class Target:
             "prefill": dataclasses.asdict(self.prefill),
             "ddtree_budget": self.ddtree.budget,
             "kv_cache_type": self.kv_cache_type,
-            "kv_cache_ctype": kv_format(self.kv_cache_type).ctype,
+            "kv_cache_ctype": DTYPES[self.kv_cache_type][0],  # a float type: validate() allows no other
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -30,8 +30,8 @@ def test_every_target_compiles(name):
     t = load_target(name)
     if t.is_amd and shutil.which(os.environ.get("LUCEGEN_CLANG") or "clang-19") is None:
         pytest.fail("clang-19 is required to compile AMD targets (apt-get install clang-19)")
-    for fam in codegen.families(t):
-        module = codegen.compile_family(t, fam)
+    for fam, shape in ((f, s) for f in codegen.families(t) for s in codegen.shapes(t, f)):
+        module = codegen.build(t, fam, shape)
         assert module.binary[:4] == b"\x7fELF"
         names = {k.name for k in module.kernels}
         assert names, f"{fam.name}: no kernels reported"
@@ -42,7 +42,7 @@ def test_every_target_compiles(name):
             assert all(k.spills == 0 for k in module.kernels)
         assert function_sizes(module.binary).keys() >= names
         # a second compile is a cache hit with identical results
-        again = codegen.compile_family(t, fam)
+        again = codegen.build(t, fam, shape)
         assert again.cached and again.binary == module.binary and again.kernels == module.kernels
 
 
@@ -142,7 +142,7 @@ def test_cubin_report_agrees_with_ptxas_log(name):
     from lucegen.compile import nvrtc
     from lucegen.compile.elf import cubin_resources
 
-    module = codegen.compile_family(load_target(name), codegen.family("small_kernels"))
+    module = codegen.build(load_target(name), "small_kernels")
     from_cubin = cubin_resources(module.binary)
     assert set(from_cubin) == {k.name for k in module.kernels}
     for k in module.kernels:

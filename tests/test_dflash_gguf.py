@@ -12,9 +12,11 @@ import pytest
 from lucegen.cli import main
 from lucegen.errors import CheckpointError
 from lucegen.model import quant
-from lucegen.model.dflash import DFlashConfig, load_dflash, write_dflash_checkpoint
-from lucegen.model.dflash_gguf import ARCH, draft_gguf_name, write_dflash_gguf
+from lucegen.model.checkpoint import load_dflash
+from lucegen.model.dflash import DFlashConfig
+from lucegen.model.dflash_gguf import ARCH, draft_gguf_name
 from lucegen.model.dtypes import bf16_bits_to_f32
+from lucegen.model.init_dflash import write_dflash_checkpoint, write_dflash_gguf
 
 
 def same_config(a: DFlashConfig, b: DFlashConfig) -> bool:

@@ -14,8 +14,8 @@ from lucegen.cli import main
 from lucegen.errors import CheckpointError
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.config import ModelConfig
-from lucegen.model.dflash import (PRESETS, DFlashConfig, build_target_layer_ids, init_tensor,
-                                  write_dflash_checkpoint)
+from lucegen.model.dflash import PRESETS, DFlashConfig, build_target_layer_ids
+from lucegen.model.init_dflash import init_tensor, write_dflash_checkpoint
 from lucegen.model.safetensors_io import write_safetensors
 
 # The published z-lab Qwen3 draft layout: block_size at the top level, mask token and taps in dflash_config.

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from lucegen.model.dflash import PRESETS as DRAFT_PRESETS
 from lucegen.model.config import ModelConfig
-from lucegen.model.dflash import DFlashConfig, init_tensor
+from lucegen.model.dflash import DFlashConfig
 from lucegen.model.dflash_reference import DraftReference, log_softmax_topk, rms_norm
 from lucegen.model.dtypes import bf16_bits_to_f32
+from lucegen.model.init_dflash import init_tensor
 from lucegen.runtime.draft import DraftLayout, draft_vectors
 
 CFG = DFlashConfig.preset("dflash-tiny")
@@ -148,10 +149,10 @@ def test_draft_layout_packs_every_tensor_once():
     """Dense draft matrices (DenseDraftWeights, on lucegen/runtime/host_device.py's HostDevice: the uploads recorded) and the
     draft's vectors (draft_vectors): each inside its buffer, matrices 256-byte aligned, no two overlapping, every
     element once, the norms packed as w - 1."""
+    from lucegen.families.prefill import prefill_params
     from lucegen.runtime.draft_weights import DenseDraftWeights
-    from lucegen.runtime.prefill.params import prefill_params
-    from lucegen.target import load_target
     from lucegen.runtime.host_device import HostDevice
+    from lucegen.target import load_target
 
     cfg = CFG
 
@@ -216,11 +217,10 @@ def test_every_draft_preset_pairs_with_its_target_alone(name):
     """check_pair accepts a draft preset with its target preset and refuses every other target preset (hidden size,
     vocabulary or layer count differ); its kernels compile on the chip the GPU tests run on."""
     from lucegen import codegen
-    from lucegen.compile import compile_source
     from lucegen.errors import CheckpointError
     from lucegen.model.config import PRESETS as TARGET_PRESETS
     from lucegen.model.config import ModelConfig
-    from lucegen.runtime.draft import MODULE, TEMPLATE, check_pair, draft_params
+    from lucegen.runtime.draft import check_pair
     from lucegen.target import load_target
 
     cfg = DFlashConfig.preset(name)
@@ -233,6 +233,6 @@ def test_every_draft_preset_pairs_with_its_target_alone(name):
             pass
     assert fits == [TARGET_OF[name]]
     chip = load_target("sm_90")
-    module = compile_source(chip, MODULE, codegen.render(chip, TEMPLATE, dp=draft_params(cfg, chip)), template=TEMPLATE)
+    module = codegen.build(chip, "dflash_draft", cfg)
     assert {"draft_capture", "draft_context_store", "draft_block_prepare", "draft_attention"} <= \
         {k.name for k in module.kernels}

@@ -14,8 +14,8 @@ from lucegen.errors import CheckpointError
 from lucegen.model import quant
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.config import ModelConfig
-from lucegen.model.gguf_io import (GGUFFile, from_gguf_layout, gguf_name, q4_k_m_types, random_k_blocks,
-                                   to_gguf_layout, write_gguf_checkpoint)
+from lucegen.model.gguf_io import GGUFFile, from_gguf_layout, gguf_name, to_gguf_layout
+from lucegen.model.init_gguf import q4_k_m_types, random_k_blocks, write_gguf_checkpoint
 from lucegen.model.init_weights import write_hf_checkpoint
 from lucegen.model.tokenizer import load_tokenizer
 
@@ -230,7 +230,7 @@ def test_quantised_target_refuses_an_embedding_it_cannot_gather(tmp_path, monkey
     borrows that embedding, is refused naming the tensor, before any device is opened."""
     from lucegen.families.quant_gemm import GEMM_TYPES
     from lucegen.families.quant_matvec import QUANT_TYPES
-    from lucegen.model import gguf_io
+    from lucegen.model import init_gguf
     from lucegen.runtime.quant_target import open_target
 
     config = ModelConfig.preset("tiny-q")
@@ -238,8 +238,8 @@ def test_quantised_target_refuses_an_embedding_it_cannot_gather(tmp_path, monkey
     shapes = config.tensor_shapes()
     assert {types[n] for n, s in shapes.items() if len(s) == 2 and "conv1d" not in n} <= set(GEMM_TYPES)
     assert types["embed_tokens.weight"] in QUANT_TYPES
-    plain = gguf_io.tensor_types
-    monkeypatch.setattr(gguf_io, "tensor_types", lambda c, q: {**plain(c, q), "embed_tokens.weight": "F16"})
+    plain = init_gguf.tensor_types
+    monkeypatch.setattr(init_gguf, "tensor_types", lambda c, q: {**plain(c, q), "embed_tokens.weight": "F16"})
     path = tmp_path / "tiny-q-f16-embed.gguf"
     write_gguf_checkpoint(config, path, quant="q4_k_m", progress=False)
     with pytest.raises(CheckpointError, match=r"token_embd\.weight is F16; the quantised target .*gathers Q8_0"):

@@ -19,9 +19,9 @@ from lucegen.runtime.host_device import HostDevice, kernel_kinds
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """The tiny-q preset as a Q4_K_M GGUF, its DFlash draft, and the tiny preset's BF16 checkpoint."""
-    from lucegen.model.dflash import DFlashConfig, write_dflash_checkpoint
-    from lucegen.model.dflash_gguf import write_dflash_gguf
-    from lucegen.model.gguf_io import write_gguf_checkpoint
+    from lucegen.model.dflash import DFlashConfig
+    from lucegen.model.init_dflash import write_dflash_checkpoint, write_dflash_gguf
+    from lucegen.model.init_gguf import write_gguf_checkpoint
     from lucegen.model.init_weights import write_hf_checkpoint
 
     root = tmp_path_factory.mktemp("dry-run")
@@ -120,10 +120,10 @@ def test_memory_plan_predicts_the_ledger(models):
 def test_megakernel_decoder_prefill_and_chain_verify(models, chip):
     """MegakernelDecoder (BF16) + the prefill kernels + a DFlash draft + chain verify, then the megakernel's own
     decode loop from the committed state."""
+    from lucegen.families.megakernel import KERNEL_NAME
     from lucegen.runtime.dflash import SpecDecoder
     from lucegen.runtime.draft import DFlashDrafter
     from lucegen.runtime.megakernel import MegakernelDecoder
-    from lucegen.runtime.packing import KERNEL_NAME
     from lucegen.runtime.prefill.runner import Prefiller
     from lucegen.runtime.tree_verify import TreeVerifier
 

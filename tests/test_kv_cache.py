@@ -181,7 +181,7 @@ CACHE_KERNELS = (("prefill_attention", "prefill/attention.cu.j2", lambda pf, tar
 
 @pytest.mark.parametrize("name", list_targets())
 def test_cache_kernels_compile_in_every_format(name, tmp_path, monkeypatch):
-    from lucegen.runtime.prefill.params import prefill_params
+    from lucegen.families.prefill import prefill_params
 
     t = load_target(name)
     if t.is_amd and shutil.which(os.environ.get("LUCEGEN_CLANG") or "clang-19") is None:

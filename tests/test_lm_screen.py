@@ -1,4 +1,4 @@
-"""The lm_head screen (lucegen/runtime/lm_screen.py): its bound holds row by row, its argmax is the whole lm_head's
+"""The lm_head screen (lucegen/model/lm_screen.py): its bound holds row by row, its argmax is the whole lm_head's
 (ties to the lowest index included), bad weights are refused, and the megakernel renders it where it fits."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from lucegen import codegen
 from lucegen.errors import CheckpointError
+from lucegen.families.megakernel import kernel_params
+from lucegen.model import lm_screen
 from lucegen.model.config import ModelConfig
 from lucegen.model.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
-from lucegen.runtime import lm_screen, packing
 from lucegen.target import load_target
 
 
@@ -130,7 +131,7 @@ def test_the_megakernel_renders_the_screen_where_it_fits(target, fits):
     """A block's rows' upper ends (and, past the staging buffer, its candidates) must fit the static shared
     memory beside the matvec carve-up; sm_75's 68 blocks leave each 3,652 of the 0.8B's rows."""
     t = load_target(target)
-    params = packing.kernel_params(ModelConfig.preset("qwen3.5-0.8b"), t)
+    params = kernel_params(ModelConfig.preset("qwen3.5-0.8b"), t)
     assert params["lm_screen"] is fits
     assert 4 * params["smem_floats"] <= t.smem_per_block
     source = codegen.render(t, "megakernel/decode.cu.j2", mk=params)

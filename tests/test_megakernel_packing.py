@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lucegen.errors import CheckpointError, TemplateError
+from lucegen.families import megakernel
 from lucegen.model.config import ModelConfig
 from lucegen.model.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from lucegen.model.reference import Reference
@@ -83,7 +84,7 @@ def packed_decode(layout, wmat_bits, wvec, tokens):
         for lay in layout.layers:
             h = _rms1p(x, vec(lay.in_norm, H), eps)
             if lay.kind == 0:
-                y = mat(lay.in_mat, packing.in_rows(c, 0), H) @ h
+                y = mat(lay.in_mat, megakernel.in_rows(c, 0), H) @ h
                 win = conv[lay.slot]
                 taps = vec(lay.conv_w, CONV * CK).reshape(CONV, CK)
                 qkv = _silu((taps[:, : CK - 1] * win).sum(1) + taps[:, CK - 1] * y[:CONV])
@@ -110,7 +111,7 @@ def packed_decode(layout, wmat_bits, wvec, tokens):
                 gn = oh / np.sqrt((oh * oh).mean(1, keepdims=True) + eps) * vec(lay.gnorm, DV) * _silu(z.reshape(NV, DV))
                 x = x + mat(lay.out_mat, H, VD) @ gn.reshape(-1)
             else:
-                y = mat(lay.in_mat, packing.in_rows(c, 1), H) @ h
+                y = mat(lay.in_mat, megakernel.in_rows(c, 1), H) @ h
                 QP, KVD = 2 * NH * HD, NKV * HD
                 ao = np.zeros(NH * HD, np.float32)
                 ang = pos * inv_freq
@@ -145,7 +146,7 @@ def packed_decode(layout, wmat_bits, wvec, tokens):
 def test_packed_decode_matches_reference(preset):
     config = ModelConfig.preset(preset)
     ckpt = DictCheckpoint(config, seed=5)
-    layout = packing.plan_layout(config)
+    layout = megakernel.plan_layout(config)
     wmat, wvec = packing.pack_host(layout, ckpt)
     tokens = np.random.default_rng(2).integers(0, config.vocab_size, 9)
     logits, conv, rec, kc = packed_decode(layout, wmat, wvec, tokens)
@@ -167,10 +168,10 @@ def test_packed_decode_matches_reference(preset):
 @given(preset=st.sampled_from(["tiny", "tiny-gqa", "qwen3.5-0.8b", "qwen3.5-27b"]))
 def test_layout_regions_are_aligned_and_disjoint(preset):
     c = ModelConfig.preset(preset)
-    lay = packing.plan_layout(c)
+    lay = megakernel.plan_layout(c)
     regions = []
     for i, l in enumerate(lay.layers):
-        regions += [(l.in_mat, packing.in_rows(c, l.kind) * c.hidden_size), (l.out_mat, c.hidden_size * packing.out_cols(c, l.kind)),
+        regions += [(l.in_mat, megakernel.in_rows(c, l.kind) * c.hidden_size), (l.out_mat, c.hidden_size * megakernel.out_cols(c, l.kind)),
                     (l.gateup, 2 * c.intermediate_size * c.hidden_size), (l.down, c.hidden_size * c.intermediate_size)]
     regions.append((lay.embed, c.vocab_size * c.hidden_size))
     if not c.tie_word_embeddings:
@@ -181,14 +182,14 @@ def test_layout_regions_are_aligned_and_disjoint(preset):
     for (a, n), (b, _) in zip(regions, regions[1:]):
         assert a + n <= b
     assert regions[-1][0] + regions[-1][1] <= lay.wmat_elems
-    assert all(off % packing.MAT_ALIGN == 0 for off, _ in regions)
+    assert all(off % megakernel.MAT_ALIGN == 0 for off, _ in regions)
     assert len({l.slot for l in lay.layers if l.kind == 0}) == lay.n_dn
 
 
 def test_pack_fills_every_matrix_in_the_kernel_order():
     c = ModelConfig.preset("tiny-gqa")
     ckpt = DictCheckpoint(c, seed=1)
-    lay = packing.plan_layout(c)
+    lay = megakernel.plan_layout(c)
     wmat, wvec = packing.pack_host(lay, ckpt)
     dn = c.linear_attention_layers[0]
     at = c.full_attention_layers[0]
@@ -212,7 +213,7 @@ def test_pack_refuses_a_wrongly_shaped_tensor():
     ckpt = DictCheckpoint(c, seed=1)
     ckpt.t["layers.0.mlp.down_proj.weight"] = ckpt.t["layers.0.mlp.down_proj.weight"][:, :-8]
     with pytest.raises(CheckpointError, match="down_proj.weight: shape"):
-        packing.pack_host(packing.plan_layout(c), ckpt)
+        packing.pack_host(megakernel.plan_layout(c), ckpt)
 
 
 @pytest.mark.parametrize("target", list_targets())
@@ -220,7 +221,7 @@ def test_kernel_params_fit_every_target(target):
     t = load_target(target)
     for preset in ("tiny", "tiny-gqa", "qwen3.5-0.8b"):
         c = ModelConfig.preset(preset)
-        p = packing.kernel_params(c, t)
+        p = megakernel.kernel_params(c, t)
         assert p["smem_floats"] * 4 <= t.smem_per_block
         for key, cols in (("segs_c_dn", c.linear_value_dim), ("segs_c_at", c.num_attention_heads * c.head_dim),
                           ("segs_e", c.intermediate_size)):
@@ -230,7 +231,7 @@ def test_kernel_params_fit_every_target(target):
 def test_27b_shapes_are_refused_clearly():
     # the x vector of the 27B's down projection (17408 floats) does not fit one block's shared memory
     with pytest.raises(CheckpointError, match="shared memory .*does not fit sm_90's smem_per_block"):
-        packing.kernel_params(ModelConfig.preset("qwen3.5-27b"), load_target("sm_90"))
+        megakernel.kernel_params(ModelConfig.preset("qwen3.5-27b"), load_target("sm_90"))
 
 
 def test_unsupported_shape_is_a_clear_error():
@@ -238,7 +239,7 @@ def test_unsupported_shape_is_a_clear_error():
 
     bad = dataclasses.replace(ModelConfig.preset("tiny"), head_dim=48, rotary_dim=16)
     with pytest.raises(CheckpointError, match="head_dim must be a multiple of the warp size"):
-        packing.kernel_params(bad, load_target("sm_90"))
+        megakernel.kernel_params(bad, load_target("sm_90"))
 
 
 @pytest.mark.parametrize("knob, value, rows", [("rows_a", 3, 3), ("pairs_d", 3, 6), ("rows_screen", 64, 64),
@@ -247,8 +248,8 @@ def test_rows_a_warp_must_be_a_power_of_two(knob, value, rows):
     # the matvec's rows are summed over a warp by halving exchanges (warp_sum_rows)
     with pytest.raises(TemplateError, match=f"tuning {knob}={value}: {rows} rows a warp; .*power of two up to "
                                             "sm_90's warp size 32"):
-        packing.kernel_params(ModelConfig.preset("tiny"), load_target("sm_90"), **{knob: value})
-    packing.kernel_params(ModelConfig.preset("tiny"), load_target("sm_90"), rows_a=4, pairs_d=4, rows_screen=8)
+        megakernel.kernel_params(ModelConfig.preset("tiny"), load_target("sm_90"), **{knob: value})
+    megakernel.kernel_params(ModelConfig.preset("tiny"), load_target("sm_90"), rows_a=4, pairs_d=4, rows_screen=8)
 
 
 def test_the_down_prefetch_needs_a_bulk_copy_engine():
@@ -257,19 +258,19 @@ def test_the_down_prefetch_needs_a_bulk_copy_engine():
     cfg = ModelConfig.preset("tiny")
     for name, tma in (("sm_90", True), ("sm_86", False), ("gfx1100", False)):
         t = load_target(name)
-        params = packing.kernel_params(cfg, t)
+        params = megakernel.kernel_params(cfg, t)
         assert params["prefetch_down"] is tma  # on by default exactly where the descriptor has features.tma
         assert ("mk_prefetch_l2(down.w" in codegen.render(t, "megakernel/decode.cu.j2", mk=params)) is tma
-    off = packing.kernel_params(cfg, load_target("sm_90"), prefetch_down=False)
+    off = megakernel.kernel_params(cfg, load_target("sm_90"), prefetch_down=False)
     assert "mk_prefetch_l2(down.w" not in codegen.render(load_target("sm_90"), "megakernel/decode.cu.j2", mk=off)
     with pytest.raises(TemplateError, match="prefetch_down=True: a bulk prefetch into the L2, which sm_86 lacks"):
-        packing.kernel_params(cfg, load_target("sm_86"), prefetch_down=True)
+        megakernel.kernel_params(cfg, load_target("sm_86"), prefetch_down=True)
 
 
 def test_kernel_for_other_shapes_is_refused():
     from lucegen.runtime.megakernel import check_kernel_matches
 
-    params = packing.kernel_params(ModelConfig.preset("qwen3.5-0.8b"), load_target("sm_90"))
+    params = megakernel.kernel_params(ModelConfig.preset("qwen3.5-0.8b"), load_target("sm_90"))
     check_kernel_matches(params, ModelConfig.preset("qwen3.5-0.8b"))
     with pytest.raises(CheckpointError, match="cannot run.*H=1024 \\(model: 128\\)"):
         check_kernel_matches(params, ModelConfig.preset("tiny"))

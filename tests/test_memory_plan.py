@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import types
 
+from lucegen.families.megakernel import plan_layout
 from lucegen.model.config import ModelConfig
 from lucegen.runtime import memory_plan
 from lucegen.runtime.memory_plan import GIB, MemoryPlan
-from lucegen.runtime.packing import plan_layout
 from lucegen.target import load_target
 
 
@@ -36,7 +36,7 @@ def test_per_token_bytes_of_the_27b():
 
 
 def test_a_verify_slot_of_the_27b_keeps_updates_not_states():
-    from lucegen.runtime.prefill.params import prefill_params
+    from lucegen.families.prefill import prefill_params
 
     dec = decoder_27b()
     pf = prefill_params(dec.config, load_target("sm_90"), "tiled")

@@ -8,10 +8,9 @@ import shutil
 import pytest
 
 from lucegen import codegen
-from lucegen.compile import compile_source
+from lucegen.families.prefill import prefill_params
 from lucegen.model.config import ModelConfig
-from lucegen.runtime.prefill.attention import MODULE, TEMPLATE, launch_geometry
-from lucegen.runtime.prefill.params import prefill_params
+from lucegen.runtime.prefill.attention import MODULE, launch_geometry
 from lucegen.target import list_targets, load_target
 
 
@@ -22,8 +21,8 @@ def test_attention_compiles(target_name, preset):
     if target.is_amd and shutil.which("clang-19") is None:
         pytest.skip("clang-19 not installed")
     pf = prefill_params(ModelConfig.preset(preset), target)
-    source = codegen.render(target, TEMPLATE, pf=pf)
-    module = compile_source(target, MODULE, source, template=TEMPLATE)
+    module = codegen.build(target, MODULE, params={"pf": pf})
+    source = module.source
     kernels = {k.name: k for k in module.kernels}
     assert set(kernels) == {"prefill_attention_prepare", "prefill_attention"}
     if target_name == "sm_90" and preset == "qwen3.5-0.8b":  # the timed configuration: HD 256 fits in registers

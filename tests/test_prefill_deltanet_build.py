@@ -10,11 +10,10 @@ import shutil
 import pytest
 
 from lucegen import codegen
-from lucegen.compile import compile_source
 from lucegen.errors import LucegenError
+from lucegen.families.prefill import prefill_params
 from lucegen.model.config import ModelConfig
-from lucegen.runtime.prefill.deltanet import MODULE, TEMPLATE, check_shape, padded_tokens, workspace_floats
-from lucegen.runtime.prefill.params import prefill_params
+from lucegen.runtime.prefill.deltanet import MODULE, check_shape, padded_tokens, workspace_floats
 from lucegen.target import list_targets, load_target
 
 KERNELS = {"deltanet_conv_prepare", "deltanet_chunk_prepare", "deltanet_chunk_scan", "deltanet_chunk_output",
@@ -28,8 +27,8 @@ def test_deltanet_compiles(target_name, preset):
     if target.is_amd and shutil.which("clang-19") is None:
         pytest.skip("clang-19 not installed")
     pf = prefill_params(ModelConfig.preset(preset), target)
-    source = codegen.render(target, TEMPLATE, pf=pf)
-    module = compile_source(target, MODULE, source, template=TEMPLATE)
+    module = codegen.build(target, MODULE, params={"pf": pf})
+    source = module.source
     kernels = {k.name: k for k in module.kernels}
     assert set(kernels) == KERNELS
     scan_smem = int(re.search(r"#define DN_SCAN_SMEM (\d+)", source).group(1))

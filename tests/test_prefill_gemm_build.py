@@ -9,11 +9,11 @@ import pytest
 from lucegen import codegen
 from lucegen.compile import compile_source
 from lucegen.errors import LucegenError
+from lucegen.families.prefill import prefill_params
 from lucegen.model.config import ModelConfig
 from lucegen.runtime.device import TensorMap
 from lucegen.runtime.prefill.gemm import (GemmKernels, block_heights, pick_block_rows, smem_bytes, uses_tma,
                                           warp_grid)
-from lucegen.runtime.prefill.params import prefill_params
 from lucegen.target import list_targets, load_target
 
 

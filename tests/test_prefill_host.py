@@ -10,9 +10,9 @@ import pytest
 from lucegen.bench.prefill import gemm_shapes, matmul_flops
 from lucegen.cli import main
 from lucegen.errors import CheckpointError
+from lucegen.families.prefill import prefill_params
 from lucegen.model.config import ModelConfig
 from lucegen.model.init_weights import write_hf_checkpoint
-from lucegen.runtime.prefill.params import prefill_params
 from lucegen.target import list_targets, load_target
 
 

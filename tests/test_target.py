@@ -431,9 +431,9 @@ def test_amd_descriptor_states_its_simds(value):
 
 def test_megakernel_waves_per_simd_follow_the_descriptor():
     """The AMD megakernel asks clang for the waves its blocks put on each SIMD: 512 threads of wave32 over 2 SIMDs."""
-    from lucegen.runtime import packing
+    from lucegen.families.megakernel import kernel_params
 
     t = load_target("gfx1100")
-    params = packing.kernel_params(ModelConfig.preset("tiny"), t)
+    params = kernel_params(ModelConfig.preset("tiny"), t)
     assert params["waves_per_simd"] == 512 // 32 // 2
-    assert packing.kernel_params(ModelConfig.preset("tiny"), load_target("sm_90"))["waves_per_simd"] == 0
+    assert kernel_params(ModelConfig.preset("tiny"), load_target("sm_90"))["waves_per_simd"] == 0

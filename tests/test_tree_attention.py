@@ -11,11 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lucegen.errors import LucegenError
+from lucegen.families.prefill import prefill_params
 from lucegen.families.tree_verify import (ATTENTION_MAX_RANGES, MMA_MAX_RANGES, attention_ranges, attention_tiling,
                                           kv_raw_chunks, mma_range_keys, partial_ranges)
 from lucegen.model import kv_cache
 from lucegen.model.config import ModelConfig
-from lucegen.runtime.prefill.params import prefill_params
 from lucegen.runtime.tree_attention import NEVER, TreeAttention
 from lucegen.target import load_target
 

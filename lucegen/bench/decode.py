@@ -141,7 +141,7 @@ def _time_greedy(dec, prompt, gen_tokens: int, repeats: int):
 def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, repeats: int = 10,
                      max_context: int | None = None, profile: bool = False, target=None, seed: int = 0) -> dict:
     """tg-N of the megakernel: greedy steps with the lm_head screened where the kernel renders the screen
-    (runtime/lm_screen.py), and, in the same run, the same launches reading the whole lm_head ("whole_lm_head")."""
+    (model/lm_screen.py), and, in the same run, the same launches reading the whole lm_head ("whole_lm_head")."""
     from ..runtime.megakernel import MegakernelDecoder
 
     max_context = max_context or prompt_tokens + gen_tokens + 1

@@ -139,9 +139,9 @@ def main() -> None:  # python -m lucegen.bench.gemm [--sweep | --tiles JSON] [--
     import argparse
     import json
 
+    from ..families.prefill import prefill_params
     from ..model.config import ModelConfig
     from ..runtime.device import Device
-    from ..runtime.prefill.params import prefill_params
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")

@@ -1,8 +1,9 @@
 """``lucegen build --target NAME | --all [--out DIR] [--check] [--jobs N]``: render every kernel family for each
-target, compile it (NVRTC → cubin, clang → AMDGPU code object, through the cache), report each kernel's resources
-and write the sources into DIR/<target>/ (default: generated/ in a source checkout; an installed lucegen, which has
-no generated/, writes nothing without --out). ``--check`` renders in memory only and fails (exit 1) if the sources there
-are stale; it writes and deletes nothing.
+target (and each model shape a shape-dependent family declares), compile it (NVRTC → cubin, clang → AMDGPU code
+object, through the cache), report each kernel's resources and write the sources into DIR/<target>/ (layout:
+lucegen.codegen; default: generated/ in a source checkout; an installed lucegen, which has no generated/, writes
+nothing without --out). ``--check`` renders in memory only and fails (exit 1) if the sources there are stale; it
+writes and deletes nothing.
 
 Order of work, so that a bad input writes nothing: load every descriptor, render every family, compile everything,
 and only then write the generated files (atomically, only those that changed) and remove sources that no family
@@ -19,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import PACKAGE_DIR, codegen, source_checkout
-from ..compile import CompiledModule
 from ..atomic import atomic_write
+from ..compile import CompiledModule
 from ..errors import LucegenError
+from ..families.base import KernelFamily
 from ..target import Target, list_targets, load_target
 
 SOURCE_SUFFIXES = (".cu", ".hip")
@@ -46,38 +48,43 @@ def register(subparsers) -> None:
 
 @dataclass
 class Unit:
-    """One family rendered for one target."""
+    """One family rendered for one target and shape (a preset name; None: shape-free)."""
 
     target: Target
-    family: codegen.KernelFamily
+    family: KernelFamily
+    shape: str | None
     source: str
     path: Path
     module: CompiledModule | None = None
 
 
-def source_path(root: Path, target: Target, fam: codegen.KernelFamily) -> Path:
-    """Where a family's source for ``target`` goes under ``root``: its place in generated/, moved to ``root``."""
-    return root / codegen.generated_path(target, fam).relative_to(codegen.GENERATED_DIR)
+def source_path(root: Path, target: Target, fam: KernelFamily, shape) -> Path:
+    """Where a family's source for ``target`` and ``shape`` goes under ``root``: its place in generated/, moved to
+    ``root``."""
+    return root / codegen.generated_path(target, fam, shape).relative_to(codegen.GENERATED_DIR)
 
 
 def render_units(targets: list[Target], root: Path | None = None) -> list[Unit]:
-    """Every family for each target, and for its quantised-target variant where that differs ([quant]): a family
-    whose render is the same for the variant (it does not read what [quant] changes) is written and compiled once.
-    ``root`` is the directory the sources belong in (default generated/; --out)."""
+    """Every family for each target at each shape it declares (codegen.shapes), and for the target's quantised-target
+    variant where that differs ([quant]): a family and shape whose render is the same for the variant (it does not
+    read what [quant] changes) is written and compiled once. ``root`` is the directory the sources belong in (default
+    generated/; --out)."""
     root = codegen.GENERATED_DIR if root is None else root
     units = []
     for t in targets:
         base = {}
         for fam in codegen.families(t):
-            base[fam.name] = codegen.render_family(t, fam)
-            units.append(Unit(t, fam, base[fam.name], source_path(root, t, fam)))
+            for shape in codegen.shapes(t, fam):
+                base[fam.name, shape] = codegen.render_family(t, fam, shape)
+                units.append(Unit(t, fam, shape, base[fam.name, shape], source_path(root, t, fam, shape)))
         q = t.quantised_target()
         if q is t:
             continue
         for fam in codegen.families(q):
-            source = codegen.render_family(q, fam)
-            if source != base.get(fam.name):
-                units.append(Unit(q, fam, source, source_path(root, q, fam)))
+            for shape in codegen.shapes(q, fam):
+                source = codegen.render_family(q, fam, shape)
+                if source != base.get((fam.name, shape)):
+                    units.append(Unit(q, fam, shape, source, source_path(root, q, fam, shape)))
     return units
 
 
@@ -153,15 +160,15 @@ def compile_units(units: list[Unit], jobs: int, progress) -> None:
 
 
 def report(units: list[Unit]) -> str:
-    header = ("target", "module", "kernel", "regs", "spills", "smem", "code")
+    header = ("target", "shape", "module", "kernel", "regs", "spills", "smem", "code")
     rows = [header]
     for u in units:
         for k in u.module.kernels:
             where = "/".join(filter(None, (u.target.name, u.target.variant)))  # sm_90, sm_90/quant
-            rows.append((where, u.family.name, k.name, str(k.registers), str(k.spills), str(k.shared_bytes),
-                         str(k.code_bytes)))
+            rows.append((where, u.shape or "-", u.family.name, k.name, str(k.registers), str(k.spills),
+                         str(k.shared_bytes), str(k.code_bytes)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    lines = ["  ".join(c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -48,7 +48,7 @@ def run(args) -> int:
         seconds = write_hf_checkpoint(config, args.out, seed=args.seed, progress=not args.quiet)
         target = args.out
     else:
-        from ..model.gguf_io import write_gguf_checkpoint
+        from ..model.init_gguf import write_gguf_checkpoint
 
         target = gguf_path(args)
         seconds = write_gguf_checkpoint(config, target, quant=args.quant or "bf16", seed=args.seed,
@@ -75,8 +75,8 @@ def gguf_path(args) -> Path:
 def run_draft(args) -> int:
     """A random-weight DFlash draft: config.json + model.safetensors (BF16, the published draft's layout), or a GGUF
     in lucebox-hub's draft layout with the matrices in BF16 or Q8_0 (lucegen/model/dflash_gguf.py)."""
-    from ..model.dflash import DFlashConfig, write_dflash_checkpoint
-    from ..model.dflash_gguf import QUANTS as DRAFT_QUANTS, write_dflash_gguf
+    from ..model.dflash import DFlashConfig
+    from ..model.init_dflash import QUANTS as DRAFT_QUANTS, write_dflash_checkpoint, write_dflash_gguf
 
     config = DFlashConfig.preset(args.preset)
     target = args.out

@@ -16,12 +16,12 @@ import sys
 import numpy as np
 
 from lucegen.bench.gemm import time_graph_us
+from lucegen.families.prefill import prefill_params
 from lucegen.model import kv_cache
 from lucegen.model.config import ModelConfig
 from lucegen.runtime import ddtree
 from lucegen.runtime.device import Device
 from lucegen.runtime.prefill.attention import query_workspace_bytes
-from lucegen.runtime.prefill.params import prefill_params
 from lucegen.runtime.tree_attention import NEVER, TreeAttention, partial_bytes
 from lucegen.runtime.tree_verify import load_module, tree_layout
 

@@ -35,7 +35,7 @@ import sys
 import numpy as np
 
 from lucegen.bench.gemm import time_graph_us
-from lucegen.model.gguf_io import random_k_blocks
+from lucegen.model.init_gguf import random_k_blocks
 from lucegen.model.quant import TYPES
 from lucegen.runtime.device import Device
 from lucegen.runtime.quant_gemm import QuantGemm

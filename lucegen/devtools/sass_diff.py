@@ -10,7 +10,11 @@ unzip it), whose libraries are loaded before cuda-python opens its own. The SASS
 process of its own, with the tree first on its path, outside any cache (``use_cache=False``).
 
     python -m lucegen.devtools.sass_diff OLD_TREE NEW_TREE [--target sm_90] [--quantised]
-                                         [--families quant_gemm tree_verify] [--nvrtc-lib DIR] [--cuobjdump PATH]
+                                         [--families quant_gemm tree_verify] [--shape qwen3.5-0.8b]
+                                         [--nvrtc-lib DIR] [--cuobjdump PATH]
+
+A shape-dependent family compiles for ``--shape`` (a model or draft preset), by default the first shape
+``lucegen build`` renders it for on that target; a tree from before families took shapes renders its own default.
 
 A tree is a directory holding the ``lucegen`` package (and, at revisions that kept them outside it, ``templates`` and
 ``targets``): ``git archive REV | tar -x -C DIR``. Prints, per family, the kernels whose SASS differs (with their
@@ -42,7 +46,7 @@ def preload_nvrtc(lib_dir: str) -> None:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
-def compile_tree(out_dir: str, target_name: str, quantised: bool, names: list[str]) -> dict:
+def compile_tree(out_dir: str, target_name: str, quantised: bool, names: list[str], shape: str | None = None) -> dict:
     """(In the tree's own process.) Each family's cubin into ``out_dir``; returns {family: cubin path} and the
     compiler's id."""
     from lucegen import codegen
@@ -57,7 +61,11 @@ def compile_tree(out_dir: str, target_name: str, quantised: bool, names: list[st
         fam = codegen.family(name)
         if not fam.applies(target):
             continue
-        source = codegen.render_family(target, fam)
+        if hasattr(codegen, "shapes"):  # a tree whose families render for a shape
+            declared = [s for s in codegen.shapes(target, fam) + fam.shapes + fam.quantised_shapes if s]
+            source = codegen.render_family(target, fam, (shape or declared[0]) if declared else None)
+        else:
+            source = codegen.render_family(target, fam)
         module = compile_source(target, fam.name, source, template=fam.template, options=tuple(fam.options(target)),
                                 arch=fam.arch(target), use_cache=False)
         path = os.path.join(out_dir, f"{name}.cubin")
@@ -131,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--target", default="sm_90")
     ap.add_argument("--quantised", action="store_true", help="the target's quantised-GGUF variant")
     ap.add_argument("--families", nargs="+", default=["quant_gemm"])
+    ap.add_argument("--shape", help="the model or draft preset of shape-dependent families (default: lucegen build's)")
     ap.add_argument("--nvrtc-lib", help="a directory of another NVRTC's libraries (nvidia/cu13/lib of its wheel)")
     ap.add_argument("--cuobjdump")
     ap.add_argument("--compile-into", help=argparse.SUPPRESS)  # the per-tree child process
@@ -142,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile_into:
         if args.nvrtc_lib:
             preload_nvrtc(args.nvrtc_lib)
-        print(json.dumps(compile_tree(args.compile_into, args.target, args.quantised, args.families)))
+        print(json.dumps(compile_tree(args.compile_into, args.target, args.quantised, args.families, args.shape)))
         return 0
     cuobjdump = find_cuobjdump(args.cuobjdump)
     results = {}
@@ -156,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, os.path.abspath(__file__), args.old, args.new, "--target", args.target,
                    "--families", *args.families, "--compile-into", out]
             cmd += ["--quantised"] if args.quantised else []
+            cmd += ["--shape", args.shape] if args.shape else []
             cmd += ["--nvrtc-lib", args.nvrtc_lib] if args.nvrtc_lib else []
             path = os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
             run = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=path),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..codegen import KernelFamily
 from ..model.quant import TYPES
+from .base import KernelFamily
 
 #: Block types in the kernels' type switch, in the order of QgSegment.type (the Q4_K_M mix: Q4_K, Q5_K, Q6_K; Q8_0).
 GEMM_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -197,7 +197,7 @@ def _has_wgmma(target) -> bool:
 MAX_SEGMENTS = 8
 
 
-def _params(target) -> dict:
+def _params(target, shape: None) -> dict:
     """The template parameters: the block types, the warps and the kernels to emit for ``target``."""
     kernels = instances(target)
     return {"types": GEMM_TYPES, "k_quants": K_QUANTS, "warps": WARPS, "instances": kernels,

@@ -3,8 +3,8 @@ Q6_K): the quantised target path of DFlash / DDTree. Bit-exact with lucegen.mode
 
 from __future__ import annotations
 
-from ..codegen import KernelFamily
 from ..kernel_signature import KernelSignature, pointer, scalar
+from .base import KernelFamily
 
 #: The GGML block types the kernels are instantiated for (the Q4_K_M mix: Q4_K, Q5_K, Q6_K; Q8_0).
 QUANT_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -24,5 +24,5 @@ SIGNATURES = (
 )
 
 FAMILIES = (KernelFamily("quant_matvec", "kernels/quant_matvec.cu.j2",
-                         params=lambda target: {"instances": QUANT_TYPES, "block_threads": BLOCK_THREADS},
+                         params=lambda target, shape: {"instances": QUANT_TYPES, "block_threads": BLOCK_THREADS},
                          signatures=SIGNATURES),)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..codegen import KernelFamily
 from ..kernel_signature import KernelSignature, pointer, scalar
 from ..target import Target
+from .base import KernelFamily
 
 #: Element types the small kernels are instantiated for (the two-byte float types the chip supports).
 HALF_DTYPES = ("bf16", "fp16")
@@ -12,7 +12,7 @@ HALF_DTYPES = ("bf16", "fp16")
 BLOCK_THREADS = 256
 
 
-def _params(target: Target) -> dict:
+def _params(target: Target, shape: None) -> dict:
     return {"instances": [d for d in target.dtypes if d in HALF_DTYPES], "block_threads": BLOCK_THREADS}
 
 

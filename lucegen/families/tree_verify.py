@@ -1,11 +1,14 @@
 """The DDTree verify kernels (templates/dflash/tree_verify.cu.j2): tree conv / delta rule / attention, per-row
-argmax and the commit, rendered for the default model shape; the runtime renders the loaded model's own shape."""
+argmax and the commit. `lucegen build` renders them for the prefill family's shapes (the layer loop's ``pf``: the
+0.8B on the descriptor, the 27B on its quantised-target variant); the runtime renders the loaded model's own shape
+with :func:`verify_params`."""
 
 from __future__ import annotations
 
-from ..codegen import KernelFamily
 from ..kernel_signature import KernelSignature, pointer, scalar
-from .prefill import _params as _prefill_params
+from ..model.config import ModelConfig
+from .base import KernelFamily
+from .prefill import DEFAULT_MODEL, QUANTISED_MODEL, prefill_params
 
 #: Threads per block of every tree kernel (the template's TV_NT).
 THREADS = 256
@@ -128,8 +131,7 @@ def gated_norm_quantises(pf: dict, target) -> bool:
 
 
 def template_params(pf: dict, target) -> dict:
-    """The tree kernels' tiling for the model of ``pf`` on ``target``, given to the template by the family and by the
-    runtime's own render alike."""
+    """The tree kernels' tiling for the model of ``pf`` on ``target``."""
     tuning = target.tuning.tree_verify
     return {"tv_threads": THREADS, "tv_rule_threads": tuning.rule_threads, "tv_rule_cpw": RULE_COLUMNS_PER_WARP,
             "tv_rule_round": tuning.rule_round, "tv_at_streams": tuning.attention_streams, "tv_at_pack": ATTENTION_PACK,
@@ -138,9 +140,9 @@ def template_params(pf: dict, target) -> dict:
             "tv_norm_q8": gated_norm_quantises(pf, target), **attention_tiling(pf, target)}
 
 
-def _params(target) -> dict:
-    params = _prefill_params(target)
-    return {**params, **template_params(params["pf"], target)}
+def verify_params(pf: dict, target) -> dict:
+    """The template parameters of the tree kernels for the layer loop's ``pf``."""
+    return {"pf": pf, **template_params(pf, target)}
 
 
 #: tree_attention's parameters, shared by its packed twin (tree_attention_packed).
@@ -215,4 +217,9 @@ SIGNATURES = (
     )),
 )
 
-FAMILIES = (KernelFamily("tree_verify", "dflash/tree_verify.cu.j2", params=_params, signatures=SIGNATURES),)
+def _params(target, config: ModelConfig) -> dict:
+    return verify_params(prefill_params(config, target), target)
+
+
+FAMILIES = (KernelFamily("tree_verify", "dflash/tree_verify.cu.j2", params=_params, shapes=(DEFAULT_MODEL,),
+                         quantised_shapes=(QUANTISED_MODEL,), preset=ModelConfig.preset, signatures=SIGNATURES),)

@@ -1,4 +1,5 @@
-"""The DFlash draft model: its config, tensor shapes, random weights and loading.
+"""The DFlash draft model: its config, tensor shapes and its directory reader (random weights:
+:mod:`lucegen.model.init_dflash`; any draft path: :func:`lucegen.model.checkpoint.load_dflash`).
 
 What a DFlash draft is (z-lab/dflash ``dflash/model.py``: ``DFlashDraftModel``, ``Qwen3DFlashAttention``; the same
 model in liranringel/ddtree ``model/dflash.py``):
@@ -408,66 +409,14 @@ def is_dflash_config(cfg) -> bool:
     return "dflash_config" in cfg or (isinstance(archs, list) and any("DFlash" in str(a) for a in archs))
 
 
-# ------------------------------------------------------------------------------------------------ random weights
-def init_tensor(config: DFlashConfig, name: str, seed: int) -> np.ndarray:
-    """The initial value of draft tensor ``name`` as bf16 bits. Linear layers: N(0, initializer_range) (HF
-    ``_init_weights``); the Qwen3 RMSNorm weights (used as is, HF init ones): 1 + N(0, 0.05), like the DeltaNet norm
-    in :mod:`lucegen.model.init_weights`, so that a test cannot pass on all-ones. The generator is keyed by
-    ``dflash/<name>`` so a draft and a target written with one seed do not share draws."""
-    from .dtypes import f32_to_bf16_bits
-    from .init_weights import NORM_SPREAD, normal_bf16, tensor_rng
-
-    shape = config.tensor_shapes()[name]
-    rng = tensor_rng(seed, "dflash/" + name)
-    if name.endswith("norm.weight"):
-        return f32_to_bf16_bits((1.0 + NORM_SPREAD * rng.standard_normal(shape)).astype(np.float32))
-    if len(shape) == 2:
-        return normal_bf16(rng, shape, config.initializer_range)
-    raise CheckpointError(f"init-weights: no initialiser for draft tensor {name!r}")
-
-
-def write_dflash_checkpoint(config: DFlashConfig, out, seed: int = 0, progress: bool = True) -> float:
-    """Write ``config.json`` + ``model.safetensors`` (BF16, one file like the published draft) into directory
-    ``out``, streaming one tensor at a time, atomically; ``config.json`` last. Returns seconds spent."""
-    from .init_weights import Progress, write_json_atomic
-    from .safetensors_io import write_safetensors
-
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"{out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    shapes = config.tensor_shapes()
-    total = 2 * config.num_parameters()
-    bar = Progress(total, f"writing {out / 'model.safetensors'}") if progress else None
-    (out / "config.json").unlink(missing_ok=True)  # until the new weights are complete, the directory is no model
-    write_safetensors(out / "model.safetensors", [(n, "BF16", s) for n, s in shapes.items()],
-                      lambda n: init_tensor(config, n, seed), metadata={"format": "pt"}, on_bytes=bar)
-    for stale in out.glob("model*.safetensors"):
-        if stale.name != "model.safetensors":
-            stale.unlink()
-    (out / "model.safetensors.index.json").unlink(missing_ok=True)
-    write_json_atomic(out / "config.json", config.to_hf_config())
-    return bar.finish() if bar else 0.0
-
-
 # ------------------------------------------------------------------------------------------------ loading
-def load_dflash(path, vocab_size: int | None = None):
-    """A draft from its HF directory (config.json + safetensors) or a GGUF file (:mod:`lucegen.model.dflash_gguf`;
-    ``vocab_size``, the target's, for a GGUF that does not state it)."""
-    from .dflash_gguf import is_gguf, load_dflash_gguf
-
-    if is_gguf(path):
-        return load_dflash_gguf(path, vocab_size)
-    if Path(path).is_file():
-        raise CheckpointError(f"{path}: a DFlash draft is a directory (config.json + safetensors) or a GGUF file")
-    return load_dflash_directory(path)
 
 
 def load_dflash_directory(directory):
-    """A draft's HF directory -> a :class:`~lucegen.model.checkpoint.SafetensorsCheckpoint` whose ``config`` is a
+    """A draft's HF directory -> a :class:`~lucegen.model.checkpoint_base.SafetensorsCheckpoint` whose ``config`` is a
     :class:`DFlashConfig`; every tensor checked for presence, dtype and shape. Names may carry a ``model.`` prefix
     (stripped)."""
-    from .checkpoint import read_safetensors_directory
+    from .checkpoint_base import read_safetensors_directory
 
     directory = Path(directory)
     config = DFlashConfig.from_file(directory / "config.json")

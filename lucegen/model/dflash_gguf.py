@@ -16,8 +16,8 @@ attention.sliding_window and attention.sliding_window_pattern (bool per layer) f
 dflash.is_causal / input_embedding_scale / output_multiplier / final_logit_softcapping where not the default.
 
 ``load_dflash_gguf(path)`` checks every tensor's presence, shape and type and returns a checkpoint under the
-safetensors names (:meth:`DFlashConfig.tensor_shapes`); ``write_dflash_gguf`` writes the random draft of
-:func:`lucegen.model.dflash.write_dflash_checkpoint` (the same values for the same seed) in BF16 or Q8_0.
+safetensors names (:meth:`DFlashConfig.tensor_shapes`); :mod:`lucegen.model.init_dflash` writes random drafts in
+this layout.
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ import numpy as np
 from ..errors import CheckpointError
 from .dflash import FULL, SLIDING, DFlashConfig, build_target_layer_ids
 from .gguf_io import LAYER_NAMES as TARGET_LAYER_NAMES, GGUFFile, GGUFStoredCheckpoint, gguf_name
-from .quant import READABLE, nbytes
+from .quant import READABLE
 
 ARCH = "qwen35-dflash-draft"
 ARCHES = (ARCH, "dflash-draft")
-QUANTS = {"bf16": "BF16", "q8_0": "Q8_0"}  # init-weights --quant: the matrices' type (norms are F32)
 GLOBAL_NAMES = {"fc.weight": "dflash.fc.weight", "hidden_norm.weight": "dflash.hidden_norm.weight",
                 "norm.weight": "output_norm.weight"}
 # per layer: llama.cpp's names for the leaves a draft layer shares with a target's attention layer, except that the
@@ -167,62 +166,3 @@ def is_gguf(path) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ writing
-def write_dflash_gguf(config: DFlashConfig, out, quant: str = "bf16", seed: int = 0, progress: bool = True) -> float:
-    """The random draft of ``write_dflash_checkpoint`` (same seed, same values) as a GGUF file ``out``: matrices in
-    ``quant`` (bf16: the same bits; q8_0: those values quantised), norms in F32. Written to a temp file, then
-    renamed. Returns seconds spent."""
-    import gguf
-
-    from ..atomic import atomic_path
-    from .dflash import init_tensor
-    from .dtypes import bf16_bits_to_f32
-    from .init_weights import Progress
-    from .quant import quantize
-
-    if quant not in QUANTS:
-        raise CheckpointError(f"a draft GGUF holds its matrices in {' or '.join(QUANTS)}, not {quant}")
-    out, c = Path(out), config
-    shapes = c.tensor_shapes()
-    kinds = {n: "F32" if len(s) == 1 else QUANTS[quant] for n, s in shapes.items()}
-    size = {n: nbytes(kinds[n], int(np.prod(s, dtype=np.int64))) for n, s in shapes.items()}
-    with atomic_path(out) as tmp:
-        w = gguf.GGUFWriter(tmp, ARCH)
-        w.add_name(c.name)
-        for key, value in (("embedding_length", c.hidden_size), ("block_count", c.num_layers),
-                           ("feed_forward_length", c.intermediate_size),
-                           ("attention.head_count", c.num_attention_heads),
-                           ("attention.head_count_kv", c.num_kv_heads), ("attention.key_length", c.head_dim),
-                           ("attention.value_length", c.head_dim), ("context_length", c.max_position_embeddings),
-                           ("dflash.block_size", c.block_size), ("dflash.mask_token_id", c.mask_token_id),
-                           ("vocab_size", c.vocab_size)):
-            w.add_uint32(f"{ARCH}.{key}", value)
-        w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
-        w.add_float32(f"{ARCH}.rope.freq_base", c.rope_theta)
-        w.add_array(f"{ARCH}.dflash.target_layer_ids", [int(i) for i in c.target_layer_ids])
-        if c.num_target_layers is not None:
-            w.add_uint32(f"{ARCH}.dflash.n_target_layers", c.num_target_layers)
-        if SLIDING in c.layer_types:
-            w.add_uint32(f"{ARCH}.attention.sliding_window", c.sliding_window)
-            w.add_array(f"{ARCH}.attention.sliding_window_pattern", [t == SLIDING for t in c.layer_types])
-        if c.is_causal is not None:
-            w.add_bool(f"{ARCH}.dflash.is_causal", c.is_causal)
-        for key, value, default in (("input_embedding_scale", c.input_embedding_scale, 1.0),
-                                    ("output_multiplier", c.output_multiplier, 1.0),
-                                    ("final_logit_softcapping", c.final_logit_softcapping or 0.0, 0.0)):
-            if value != default:
-                w.add_float32(f"{ARCH}.dflash.{key}", value)
-        for name, shape in shapes.items():
-            w.add_tensor_info(draft_gguf_name(name), shape, np.dtype(np.float32), size[name],
-                              raw_dtype=gguf.GGMLQuantizationType[kinds[name]])
-        bar = Progress(sum(size.values()), f"writing {out}") if progress else None
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for name in shapes:
-            bits = init_tensor(c, name, seed)
-            data = bits if kinds[name] == "BF16" else quantize(bf16_bits_to_f32(bits), kinds[name])
-            w.write_tensor_data(np.ascontiguousarray(data))
-            if bar:
-                bar(data.nbytes)
-        w.close()
-    return bar.finish() if bar else 0.0

@@ -1,4 +1,4 @@
-"""bfloat16 <-> float32 conversions on raw bits (numpy has no bfloat16)."""
+"""bfloat16 <-> float32 conversions on raw bits (numpy has no bfloat16), and rounding to the two-byte float types."""
 
 from __future__ import annotations
 
@@ -21,3 +21,12 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     if nan.any():
         rounded = np.where(nan, ((u >> 16) | np.uint32(0x40)).astype(np.uint16), rounded)
     return rounded
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x rounded to a two-byte float type (round to nearest even) and back to float32."""
+    if dtype == "bf16":
+        return bf16_bits_to_f32(f32_to_bf16_bits(np.ascontiguousarray(x, np.float32))).reshape(np.shape(x))
+    if dtype == "fp16":
+        return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+    raise ValueError(f"round_to: unknown dtype {dtype!r}")

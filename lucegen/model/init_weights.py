@@ -28,6 +28,7 @@ from ..atomic import atomic_write
 from ..errors import CheckpointError
 from .config import ModelConfig
 from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+from .init_tokenizer import write_tokenizer
 from .safetensors_io import write_safetensors
 
 NORM_SPREAD = 0.05
@@ -156,8 +157,6 @@ def write_json_atomic(path: Path, data) -> None:
 def write_hf_checkpoint(config: ModelConfig, out: Path, seed: int = 0, progress: bool = True) -> float:
     """Write config.json, model.safetensors (or shards + index), tokenizer.json, tokenizer_config.json.
     Returns seconds spent."""
-    from .tokenizer import write_tokenizer
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = checkpoint_config(config)

@@ -36,6 +36,7 @@ import dataclasses
 import numpy as np
 
 from ..errors import LucegenError
+from .dtypes import round_to
 
 F32 = np.float32
 BLOCK = 32  # values per quantised block
@@ -221,8 +222,6 @@ def stored(fmt: KvFormat, x: np.ndarray) -> np.ndarray:
     """What the cache holds for rows ``x`` (float32): rounded to the float type, or quantised and back."""
     if fmt.quantised:
         return dequantise(fmt, *quantise(fmt, x))
-    from .reference import round_to
-
     return round_to(x, fmt.name)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import FULL, ModelConfig
+from .dtypes import round_to
 from .kv_cache import kv_format, stored
 from .quant import q8_dequantized
 
@@ -216,17 +217,6 @@ class _DictWeights:
 
     def f32(self, name):
         return np.asarray(self.tensors[name], dtype=F32)
-
-
-def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
-    """x rounded to a two-byte float type (round to nearest even) and back to float32."""
-    if dtype == "bf16":
-        from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits
-
-        return bf16_bits_to_f32(f32_to_bf16_bits(np.ascontiguousarray(x, F32))).reshape(np.shape(x))
-    if dtype == "fp16":
-        return np.asarray(x, F32).astype(np.float16).astype(F32)
-    raise ValueError(f"round_to: unknown dtype {dtype!r}")
 
 
 def norm_input(x: np.ndarray, gain: np.ndarray, eps: float, gemm_inputs: str = "f32", int8: bool = False) -> np.ndarray:

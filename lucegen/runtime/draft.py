@@ -35,42 +35,19 @@ from __future__ import annotations
 import numpy as np
 
 from .. import codegen
-from ..compile import compile_source
 from ..errors import CheckpointError, LucegenError
-from ..model.dflash import DFlashConfig, load_dflash
+from ..families.dflash_draft import TOPK_MAX
+from ..families.prefill import prefill_params
+from ..model.checkpoint import load_dflash
+from ..model.dflash import DFlashConfig
 from ..model.dflash_reference import draft_inv_freq
-from ..target import DTYPES, Target
 from .device import Buffer, address
 from .draft_weights import draft_weights
-from .packing import checked_shape, f32_literal
-from .prefill.params import prefill_params
+from .packing import checked_shape
 
-TEMPLATE = "dflash/draft.cu.j2"
-MODULE = "dflash_draft"
 THREADS = 256  # templates/dflash/draft.cu.j2: DR_NT, DR_TK_NT
 ATTENTION_WARPS = 4  # DR_AT_WARPS
-TOPK_MAX = 8  # DR_TOPK_MAX: the most candidates per drafted position
 TOPK_CHUNK = 8192  # logits per block of draft_topk_partial (at most THREADS // TOPK_MAX chunks per row)
-
-
-def draft_params(config: DFlashConfig, target: Target) -> dict:
-    """The ``dp`` dict ``templates/dflash/draft.cu.j2`` renders with; one clear error for shapes it cannot run."""
-    c = config
-    if c.head_dim % target.warp_size:
-        raise CheckpointError(f"draft {c.name}: head_dim {c.head_dim} must be a multiple of {target.name}'s warp "
-                              f"size {target.warp_size}")
-    for key, value in (("hidden_size", c.hidden_size), ("intermediate_size", c.intermediate_size),
-                       ("q heads x head_dim", c.q_dim), ("kv heads x head_dim", c.kv_dim)):
-        if value % 8:
-            raise CheckpointError(f"draft {c.name}: {key} = {value} must be a multiple of 8 (16-byte GEMM rows)")
-    if target.compute_dtype not in ("bf16", "fp16"):
-        raise CheckpointError(f"{target.name}: the draft needs compute_dtype bf16 or fp16")
-    return {
-        "draft_name": c.name, "H": c.hidden_size, "TAPS": len(c.target_layer_ids), "NH": c.num_attention_heads,
-        "NKV": c.num_kv_heads, "HD": c.head_dim, "B": c.block_size, "L": c.num_layers,
-        "EPS": f32_literal(c.rms_norm_eps), "attn_scale": f32_literal(c.head_dim ** -0.5),
-        "ctype": DTYPES[target.compute_dtype][0], "TOPK_MAX": TOPK_MAX,
-    }
 
 
 class DraftLayout:
@@ -161,12 +138,11 @@ class DFlashDrafter:
         self.taps = {layer: i for i, layer in enumerate(cfg.target_layer_ids)}
         dev, t = self.device, self.target
         self.pf = prefill_params(decoder.config, t)
-        self.dp = draft_params(cfg, t)
+        compiled = codegen.build(t, "dflash_draft", cfg)  # the loaded draft's shape (one the kernels can run)
         self.weights = draft_weights(dev, t, self.pf, self.checkpoint, rows)  # dense, or Q8_0 blocks kept
         self.gemm = self.weights.gemm
         self.head = decoder.layer_weights(decoder.layer_params())  # the target's embedding and lm_head
-        source = codegen.render(t, TEMPLATE, dp=self.dp)
-        module = dev.load(compile_source(t, MODULE, source, template=TEMPLATE))
+        module = dev.load(compiled)
         self.capture_fn, self.store_fn = module.function("draft_capture"), module.function("draft_context_store")
         self.prepare_fn, self.attend_fn = module.function("draft_block_prepare"), module.function("draft_attention")
         self.topk_partial_fn, self.topk_merge_fn = module.function("draft_topk_partial"), \

@@ -19,14 +19,13 @@ import numpy as np
 
 from .. import codegen
 from ..errors import CheckpointError, DeviceError, LucegenError
-from ..model import kv_cache
+from ..families.megakernel import KERNEL_NAME, kernel_params, plan_layout
+from ..model import kv_cache, lm_screen
 from ..model.config import ModelConfig
 from ..model.kv_cache import KvFormat
 from ..target import Target
-from . import lm_screen, packing
+from . import packing
 from .device import Buffer, Device, address
-
-TEMPLATE = "megakernel/decode.cu.j2"
 
 
 def _sub(buffer: Buffer, offset_bytes: int) -> Buffer:
@@ -59,7 +58,7 @@ class RunResult:
 
 class SequenceState:
     """What every target decoder (megakernel, quantised) does with its sequence state: the device buffers ``conv``,
-    ``recurrent`` and ``kv`` (layouts of ``packing.plan_layout``; the KV cache in ``kv_format``, one attention
+    ``recurrent`` and ``kv`` (layouts of ``lucegen.families.megakernel.plan_layout``; the KV cache in ``kv_format``, one attention
     layer every ``kv_layer_bytes``: lucegen/model/kv_cache.py), ``position`` and ``next_token``."""
 
     kv_format: KvFormat
@@ -127,7 +126,6 @@ class MegakernelDecoder(SequenceState):
     def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None,
                  profile: bool = False, tuning: dict | None = None, params: dict | None = None,
                  lm_screen: bool = True):
-        from ..compile import compile_source
         from ..model.checkpoint import Checkpoint, load_checkpoint
 
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(Path(model))
@@ -141,7 +139,7 @@ class MegakernelDecoder(SequenceState):
         if t.compute_dtype not in ("bf16", "fp16"):
             raise DeviceError(f"{t.name}: the megakernel needs compute_dtype bf16 or fp16, not {t.compute_dtype}")
         self.kv_format = kv_cache.kv_format(t.kv_cache_type)  # a float type (the descriptor's validation)
-        self.params = params or packing.kernel_params(self.config, t, profile=profile, **(tuning or {}))
+        self.params = params or kernel_params(self.config, t, profile=profile, **(tuning or {}))
         check_kernel_matches(self.params, self.config)
         if not isinstance(max_context, int) or max_context < 1:
             raise LucegenError(f"max_context must be a positive integer, got {max_context!r}")
@@ -150,10 +148,9 @@ class MegakernelDecoder(SequenceState):
                                f"{self.config.max_position_embeddings}")
         self.max_context = max_context
         self.profiling = bool(self.params["profile"])
-        source = codegen.render(t, TEMPLATE, mk=self.params)
-        self.compiled = compile_source(t, "megakernel", source, template=TEMPLATE)
+        self.compiled = codegen.build(t, "megakernel", params={"mk": self.params})
         self.module = self.device.load(self.compiled)
-        self.function = self.module.function(packing.KERNEL_NAME)
+        self.function = self.module.function(KERNEL_NAME)
         self.blocks, self.threads = t.megakernel.blocks, t.megakernel.threads
         if t.megakernel.blocks_per_cu * self.threads > t.max_threads_per_cu:
             raise DeviceError(f"{t.name}: {t.megakernel.blocks_per_cu} blocks of {self.threads} threads exceed "
@@ -166,7 +163,7 @@ class MegakernelDecoder(SequenceState):
                               f"block(s) of {self.threads} threads ({info.registers} registers, {info.shared_bytes} B "
                               f"static + {self.dynamic_smem} B dynamic shared memory) fit on one SM; the grid barrier "
                               "needs every block resident: lower blocks_per_cu or threads in the descriptor")
-        self.layout = packing.plan_layout(self.config)
+        self.layout = plan_layout(self.config)
         # greedy steps without logits read the lm_head through its 6-bit screen (lm_screen.py) where it is rendered
         self.lm_screen = bool(lm_screen and self.params.get("lm_screen"))
         self._allocate()
@@ -224,7 +221,7 @@ class MegakernelDecoder(SequenceState):
 
     def layer_params(self) -> dict:
         """The ``pf`` the prefill / verify layer loop renders its kernels with for this model."""
-        from .prefill.params import prefill_params
+        from ..families.prefill import prefill_params
 
         return prefill_params(self.config, self.target, self.v_heads)
 

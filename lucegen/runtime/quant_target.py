@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import codegen
 from ..errors import CheckpointError, DeviceError, LucegenError
+from ..families.megakernel import Layout, plan_layout
 from ..families.quant_gemm import GEMM_TYPES
 from ..families.quant_matvec import BLOCK_THREADS, QUANT_TYPES
 from ..model.gguf_io import GGUFCheckpoint, load_gguf, v_head_order
@@ -43,7 +44,7 @@ from .prefill.runner import LayerWeights
 from .quant_gemm import TILE_ROWS, QuantGemm, QuantMatrix
 
 
-def _vector_pieces(layout: packing.Layout, checkpoint, tiled: bool):
+def _vector_pieces(layout: Layout, checkpoint, tiled: bool):
     """The layout's float vectors, DeltaNet value-head vectors in ggml's tiled order when ``tiled``."""
     c = layout.config
     heads, channels = v_head_order(c, 1, True), v_head_order(c, c.linear_value_head_dim, True)
@@ -92,7 +93,7 @@ class QuantDecoder(SequenceState):
                  kv_cache: str | None = None):
         self.checkpoint = model if isinstance(model, GGUFCheckpoint) else load_gguf(Path(model))
         self.config = c = self.checkpoint.config
-        self.layout = packing.plan_layout(c)
+        self.layout = plan_layout(c)
         self._check_types()  # before the device: a file this path cannot read is refused on any machine
         if kv_cache is not None:  # the descriptor's default is a float type: any head_dim
             kv_format(kv_cache).check_head_dim(c.head_dim, f"model {c.name}")
@@ -199,7 +200,7 @@ class QuantDecoder(SequenceState):
     # ------------------------------------------------------------------------------------------ the contract
     def layer_params(self) -> dict:
         """The prefill / verify ``pf`` for this model: DeltaNet heads tiled, the quantised residual's partial sums."""
-        from .prefill.params import prefill_params
+        from ..families.prefill import prefill_params
 
         pf = prefill_params(self.config, self.target, self.v_heads)
         pf["ss_parts"], pf["ss_scratch"] = self.ss_parts, self.ss_scratch  # parts read, parts a residual writes

@@ -27,23 +27,18 @@ from __future__ import annotations
 import numpy as np
 
 from .. import codegen
-from ..compile import compile_source
 from ..errors import LucegenError
-from ..families.tree_verify import RULE_COLUMNS_PER_WARP, THREADS, gated_norm_quantises, template_params
+from ..families.tree_verify import RULE_COLUMNS_PER_WARP, THREADS, gated_norm_quantises, verify_params
 from . import ddtree
 from .device import Buffer, address
 from .prefill.attention import AttentionKernels, query_workspace_bytes
 from .prefill.runner import Activations, MixWrote, conv_layer, enqueue_layers, kv_layer, recurrent_layer, wvec_at
 from .tree_attention import TreeAttention, partial_bytes
 
-TEMPLATE = "dflash/tree_verify.cu.j2"
-MODULE = "tree_verify"
-
 
 def load_module(device, target, pf: dict):
     """The tree verify kernels for the model of ``pf``, compiled for ``target`` and loaded on ``device``."""
-    source = codegen.render(target, TEMPLATE, pf=pf, **template_params(pf, target))
-    return device.load(compile_source(target, MODULE, source, template=TEMPLATE))
+    return device.load(codegen.build(target, "tree_verify", params=verify_params(pf, target)))
 
 
 #: rows_argmax's blocks per logits row, at most: a cap that sizes every slot's partial results (the count itself

@@ -48,7 +48,8 @@ def checkpoint_dir(preset: str, seed: int = 0) -> Path:
 @functools.cache
 def draft_dir(preset: str, seed: int = 0) -> Path:
     """A random-weight DFlash draft of ``preset`` (lucegen/model/dflash.py PRESETS)."""
-    from lucegen.model.dflash import DFlashConfig, write_dflash_checkpoint
+    from lucegen.model.dflash import DFlashConfig
+    from lucegen.model.init_dflash import write_dflash_checkpoint
 
     return _written(preset, seed,
                     lambda out: write_dflash_checkpoint(DFlashConfig.preset(preset), out, seed=seed, progress=False))
@@ -56,9 +57,9 @@ def draft_dir(preset: str, seed: int = 0) -> Path:
 
 @functools.cache
 def draft_gguf(preset: str, quant: str = "q8_0", seed: int = 0) -> Path:
-    """A random-weight DFlash draft of ``preset`` as a GGUF (lucegen/model/dflash_gguf.py), matrices in ``quant``."""
+    """A random-weight DFlash draft of ``preset`` as a GGUF (lucegen/model/init_dflash.py), matrices in ``quant``."""
     from lucegen.model.dflash import DFlashConfig
-    from lucegen.model.dflash_gguf import write_dflash_gguf
+    from lucegen.model.init_dflash import write_dflash_gguf
 
     return _written_file(f"{preset}-{quant}-{seed}.gguf", lambda out: write_dflash_gguf(
         DFlashConfig.preset(preset), out, quant=quant, seed=seed, progress=False))
@@ -89,7 +90,7 @@ def ggml_blocks(rng, qtype: str, rows: int, k: int, source: str, value_scale: tu
 @functools.cache
 def gguf_file(preset: str, quant: str = "q4_k_m", seed: int = 0) -> Path:
     """A random-weight GGUF of ``preset`` in the ``quant`` mix (needs the gguf package to write)."""
-    from lucegen.model.gguf_io import write_gguf_checkpoint
+    from lucegen.model.init_gguf import write_gguf_checkpoint
 
     return _written_file(f"{preset}-{quant}-{seed}.gguf", lambda out: write_gguf_checkpoint(
         ModelConfig.preset(preset), out, quant=quant, seed=seed, progress=False))

@@ -165,7 +165,7 @@ def test_chunked_launches_equal_one_launch():
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-gqa"])
 def test_screened_lm_head_picks_the_whole_lm_heads_token(preset):
-    """A greedy step reads the lm_head through its 6-bit screen (lucegen/runtime/lm_screen.py); a step that returns
+    """A greedy step reads the lm_head through its 6-bit screen (lucegen/model/lm_screen.py); a step that returns
     logits reads it whole. Over the same forced tokens both must choose the same token, numpy's argmax of the
     logits (lowest index on ties)."""
     dec, _ = decoder(preset)
@@ -221,11 +221,11 @@ def test_refuses_context_overflow_before_launch():
 
 
 def test_refuses_kernel_for_other_shapes():
-    from lucegen.runtime import packing
+    from lucegen.families.megakernel import kernel_params
     from lucegen.runtime.megakernel import MegakernelDecoder
 
     dev = gpu_device()
-    other = packing.kernel_params(ModelConfig.preset("tiny-gqa"), dev.target)
+    other = kernel_params(ModelConfig.preset("tiny-gqa"), dev.target)
     with pytest.raises(LucegenError, match="cannot run"):
         MegakernelDecoder(load_checkpoint(checkpoint_dir("tiny")), device=dev, params=other)
 

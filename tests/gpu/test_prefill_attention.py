@@ -44,8 +44,8 @@ F32 = np.float32
 def kernels(preset: str, instruction: str | None = None, kv: str | None = None):
     """AttentionKernels for ``preset`` on this GPU; ``instruction="simt"`` renders the FMA body (the AMD path) for
     the same chip, so that it too is checked on a device; ``kv`` a KV cache format other than the descriptor's."""
+    from lucegen.families.prefill import prefill_params
     from lucegen.runtime.prefill.attention import AttentionKernels
-    from lucegen.runtime.prefill.params import prefill_params
 
     dev = gpu_device()
     config = ModelConfig.preset(preset)

@@ -39,8 +39,8 @@ F32 = np.float32
 
 @functools.cache
 def kernels(preset: str, chunk: int | None = None, scan_tile: int | None = None):
+    from lucegen.families.prefill import prefill_params
     from lucegen.runtime.prefill.deltanet import DeltaNetKernels
-    from lucegen.runtime.prefill.params import prefill_params
 
     dev = gpu_device()
     config = ModelConfig.preset(preset)

@@ -35,8 +35,8 @@ F32 = np.float32
 
 @functools.cache
 def _setup():
+    from lucegen.families.prefill import prefill_params
     from lucegen.runtime.prefill.gemm import GemmKernels
-    from lucegen.runtime.prefill.params import prefill_params
 
     dev = gpu_device()
     pf = prefill_params(ModelConfig.preset("qwen3.5-0.8b"), dev.target)

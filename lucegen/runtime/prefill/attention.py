@@ -14,11 +14,9 @@ flash attention over cache positions 0 .. pos0+t, times sigmoid(gate), into ``ou
 from __future__ import annotations
 
 from ... import codegen
-from ...compile import compile_source
 from ...errors import LucegenError
 from ..device import address
 
-TEMPLATE = "prefill/attention.cu.j2"
 MODULE = "prefill_attention"
 PREPARE_THREADS = 256  # templates/prefill/attention.cu.j2: PREP_THREADS
 SIMT_ROWS = 4  # templates/prefill/attention.cu.j2: rows (warps) per block of the FMA kernel
@@ -48,8 +46,7 @@ class AttentionKernels:
             raise LucegenError(f"{target.name}: prefill attention needs the KV cache in compute_dtype "
                                f"({pf['ctype']}) or quantised, got {pf['kv']}")
         self.device, self.target, self.pf = device, target, pf
-        source = codegen.render(target, TEMPLATE, pf=pf)
-        self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE))
+        self.module = device.load(codegen.build(target, MODULE, params={"pf": pf}))
         self.prepare_fn = self.module.function("prefill_attention_prepare", programmatic=True)
         self.attend_fn = self.module.function("prefill_attention")
         smem = launch_geometry(pf, 1, target.warp_size)[2]

@@ -17,11 +17,9 @@ from __future__ import annotations
 import re
 
 from ... import codegen
-from ...compile import compile_source
 from ...errors import LucegenError
 from ..device import address
 
-TEMPLATE = "prefill/deltanet.cu.j2"
 MODULE = "prefill_deltanet"
 THREADS = 256  # templates/prefill/deltanet.cu.j2: NT
 
@@ -69,8 +67,9 @@ class DeltaNetKernels:
         check_shape(pf, self.scan_tile)
         self.device, self.target, self.pf = device, target, pf
         extra = {} if scan_tile is None else {"scan_tile": self.scan_tile}
-        source = codegen.render(target, TEMPLATE, pf=pf, **extra)
-        self.module = device.load(compile_source(target, MODULE, source, template=TEMPLATE))
+        compiled = codegen.build(target, MODULE, params={"pf": pf, **extra})
+        self.module = device.load(compiled)
+        source = compiled.source
         self.conv_fn = self.module.function("deltanet_conv_prepare")
         self.prepare_fn = self.module.function("deltanet_chunk_prepare")
         self.scan_fn = self.module.function("deltanet_chunk_scan")

@@ -17,12 +17,10 @@ from __future__ import annotations
 import math
 
 from ... import codegen
-from ...compile import compile_source
 from ...errors import LucegenError
+from ...families.prefill import GEMM_MODULE, instance_params, module_name
 from ..device import address
 
-TEMPLATE = "prefill/gemm.cu.j2"
-MODULE = "prefill_gemm"
 GEMV_MAX_M = 4  # templates/prefill/gemm.cu.j2: GEMV_MAX_M
 GEMV_WARPS = 8  # templates/prefill/gemm.cu.j2: GEMV_WARPS
 EPILOGUES = ("rows_f32", "swiglu", "residual")
@@ -126,22 +124,11 @@ def argmax_from_key(key: int) -> int:
     return (~int(key)) & 0xFFFFFFFF
 
 
-def instance_params(pf: dict, epilogue: str) -> dict:
-    """The template parameters of the GEMM instance an epilogue runs on: ``pf`` with that epilogue's own tiling from
-    the descriptor (``[matmul.<epilogue>]``, in ``pf["gemm_tilings"]``) in place of ``[matmul]``'s."""
-    return dict(pf, **pf["gemm_tilings"].get(epilogue, {}))
-
-
-def module_name(pf: dict, epilogue: str) -> str:
-    """``prefill_gemm`` for the [matmul] tiling, ``prefill_gemm_<epilogue>`` for an epilogue's own."""
-    return f"{MODULE}_{epilogue}" if epilogue in pf["gemm_tilings"] else MODULE
-
-
 class GemmInstance:
     """One compiled instance of the GEMM template: a tiling (tiles, warps, stages, schedule) with every epilogue's
     kernel at every block height, the split-K reduce and the GEMV."""
 
-    def __init__(self, device, target, pf: dict, name: str = MODULE):
+    def __init__(self, device, target, pf: dict, name: str = GEMM_MODULE):
         wm, wn = warp_grid(pf["warps"], pf["gemm_instruction"], crews(pf, target))
         if pf["tile_n"] % (16 * wn) or pf["tile_k"] % 16 or not block_heights(pf, target):
             raise LucegenError(f"{target.name}: [matmul] tiles {pf['tile_m']}x{pf['tile_n']}x{pf['tile_k']} with "
@@ -155,9 +142,7 @@ class GemmInstance:
         self.heights = block_heights(pf, target)
         self.cluster = pf["cluster_m"] if self.tma else 1  # templates/prefill/gemm.cu.j2 GEMM_CLUSTER
         self.threads = pf["warps"] * 32 + (32 if self.tma else 0)  # templates/prefill/gemm.cu.j2 GEMM_BLOCK_THREADS
-        source = codegen.render(target, TEMPLATE, pf=pf)
-        self.module = device.load(compile_source(target, name, source, template=TEMPLATE,
-                                                  arch="sm_90a" if uses_wgmma(pf) else None))
+        self.module = device.load(codegen.build(target, name, params={"pf": pf}))
         self.functions: dict[tuple[str, int], object] = {}
         self.smem: dict[int, int] = {}
         per_unit: dict[int, int] = {}

@@ -25,7 +25,6 @@ import enum
 import numpy as np
 
 from ... import codegen
-from ...compile import compile_source
 from ...errors import LucegenError
 from ..device import Buffer, address
 from .attention import AttentionKernels
@@ -37,8 +36,7 @@ EMBED_THREADS = 256  # templates/prefill/common.cu.j2
 
 def load_common(device, target, pf: dict):
     """The prefill's small-kernel module (``prefill_embed``) for this model shape, loaded on ``device``."""
-    source = codegen.render(target, "prefill/common.cu.j2", pf=pf)
-    return device.load(compile_source(target, "prefill_common", source, template="prefill/common.cu.j2"))
+    return device.load(codegen.build(target, "prefill_common", params={"pf": pf}))
 
 
 def wmat_at(dec, elem_offset: int) -> int:
