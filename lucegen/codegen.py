@@ -29,6 +29,7 @@ import jinja2
 
 from . import GENERATED_DIR, TEMPLATES_DIR
 from .errors import LucegenError, TemplateError
+from .kernel_signature import KernelSignature, SignatureError, find
 from .target import Target
 
 
@@ -41,6 +42,8 @@ class KernelFamily:
     ``target.features.wgmma``); ``options(target)`` extra compiler options; ``arch(target)`` an arch string
     override (e.g. ``"sm_90a"``), None for the target's own. ``quantised_target``: the quantised GGUF target loads
     it too, so it is also rendered for ``Target.quantised_target()`` where that differs (generated/<target>/quant/).
+    ``signatures``: the declarations of its kernels' parameter lists (lucegen.kernel_signature), from which the
+    template's C signatures are rendered and the runtime's launches packed.
     """
 
     name: str
@@ -50,11 +53,12 @@ class KernelFamily:
     options: Callable[[Target], tuple[str, ...]] = lambda target: ()
     arch: Callable[[Target], str | None] = lambda target: None
     quantised_target: bool = True
+    signatures: tuple[KernelSignature, ...] = ()
 
 
 @functools.cache
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -62,6 +66,29 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.globals["kernel_signature"] = _kernel_signature
+    return env
+
+
+@jinja2.pass_context
+def _kernel_signature(context, kernel: str, **values) -> str:
+    """The template global ``kernel_signature(name, **values)``: ``name(<parameters>)`` rendered from the declaration
+    that the families rendering this template give for the kernel ``name`` (KernelSignature.render)."""
+    declared = tuple(dict.fromkeys(s for f in all_families() if f.template == context.name for s in f.signatures))
+    found = find(declared, kernel)
+    if found is None:
+        raise SignatureError(f"no family rendering this template declares the kernel {kernel} "
+                             f"(declared: {', '.join(sorted({s.name for s in declared})) or 'none'})")
+    return found.render(kernel, values)
+
+
+def signature(family_name: str, kernel: str) -> KernelSignature | None:
+    """The declaration of ``kernel`` in the family ``family_name`` (None if that family does not declare it or no
+    family is so named)."""
+    for f in all_families():
+        if f.name == family_name:
+            return find(f.signatures, kernel)
+    return None
 
 
 def render(target: Target, template: str, **extra: Any) -> str:
@@ -76,6 +103,8 @@ def render(target: Target, template: str, **extra: Any) -> str:
         raise TemplateError(f"template {exc.name!r} not found under {TEMPLATES_DIR} (target {target.name})") from None
     except jinja2.UndefinedError as exc:
         raise TemplateError(f"{template}: {exc.message} (target {target.name})") from None
+    except SignatureError as exc:
+        raise TemplateError(f"{template}: {exc} (target {target.name})") from None
 
 
 def render_string(target: Target, text: str, **extra: Any) -> str:

@@ -4,6 +4,7 @@ argmax and the commit, rendered for the default model shape; the runtime renders
 from __future__ import annotations
 
 from ..codegen import KernelFamily
+from ..kernel_signature import KernelSignature, pointer, scalar
 from .prefill import _params as _prefill_params
 
 #: Threads per block of every tree kernel (the template's TV_NT).
@@ -144,4 +145,76 @@ def _params(target) -> dict:
     return {**params, **template_params(params["pf"], target)}
 
 
-FAMILIES = (KernelFamily("tree_verify", "dflash/tree_verify.cu.j2", params=_params),)
+#: tree_attention's parameters, shared by its packed twin (tree_attention_packed).
+TREE_ATTENTION_PARAMS = (
+    pointer("q_ws", "{OT}", const=True), pointer("proj", "float", const=True), pointer("kv", "{KVT}", const=True),
+    scalar("max_context", "int"), pointer("anc", "int", const=True), scalar("anc_stride", "int"),
+    pointer("depth", "int", const=True), pointer("out", "{OT}"), scalar("n_slots", "int"),
+    pointer("pos0_at", "int", const=True), pointer("amax_out", "unsigned short"), pointer("partial", "float"),
+    pointer("arrived", "unsigned"), scalar("mma_keys", "int"),
+)
+
+#: The kernels' parameters; ``{OT}`` is the compute type, ``{KVT}`` the KV cache's element type.
+SIGNATURES = (
+    KernelSignature("tree_conv_prepare", (
+        pointer("proj", "float", const=True), pointer("conv_w", "float", const=True),
+        pointer("conv_state", "float", const=True), pointer("a_log", "float", const=True),
+        pointer("dt_bias", "float", const=True), pointer("parent", "int", const=True), pointer("workspace", "float"),
+        pointer("windows", "float"), scalar("n_slots", "int"),
+    )),
+    KernelSignature("tree_delta_rule", (
+        pointer("workspace", "float"), pointer("parent", "int", const=True), pointer("depth", "int", const=True),
+        pointer("anc", "int", const=True), pointer("committed", "float", const=True), scalar("n_slots", "int"),
+    )),
+    KernelSignature("tree_gated_norm", (
+        pointer("proj", "float", const=True), pointer("gnorm_w", "float", const=True),
+        pointer("workspace", "float", const=True), pointer("out", "{OT}"), scalar("n_slots", "int"),
+        pointer("amax_out", "unsigned short"),
+    )),
+    KernelSignature("tree_gated_norm_q8", (
+        pointer("proj", "float", const=True), pointer("gnorm_w", "float", const=True),
+        pointer("workspace", "float", const=True), scalar("n_slots", "int"), pointer("aq", "unsigned char"),
+        pointer("a_da", "float"), scalar("group", "int"),
+    )),
+    KernelSignature("deltanet_decode_step", (
+        pointer("proj", "float", const=True), pointer("conv_w", "float", const=True),
+        pointer("window", "float", restrict=False), pointer("a_log", "float", const=True),
+        pointer("dt_bias", "float", const=True), pointer("gnorm_w", "float", const=True),
+        pointer("state", "float", restrict=False), pointer("out", "{OT}"), pointer("amax_out", "unsigned short"),
+        pointer("arrived", "unsigned"),
+    )),
+    KernelSignature("tree_attention", TREE_ATTENTION_PARAMS),
+    KernelSignature("tree_attention_packed", TREE_ATTENTION_PARAMS),
+    KernelSignature("tree_attention_mma", (
+        pointer("q_ws", "{OT}", const=True), pointer("proj", "float", const=True), pointer("kv", "{KVT}", const=True),
+        scalar("max_context", "int"), pointer("anc", "int", const=True), scalar("anc_stride", "int"),
+        pointer("depth", "int", const=True), pointer("out", "{OT}"), scalar("n_slots", "int"),
+        pointer("pos0_at", "int", const=True), pointer("amax_out", "unsigned short"), pointer("partial", "float"),
+        scalar("max_ranges", "int"), scalar("mma_keys", "int"), scalar("range_keys", "int"), scalar("stages", "int"),
+    )),
+    KernelSignature("tree_attention_merge", (
+        pointer("proj", "float", const=True), pointer("depth", "int", const=True), pointer("out", "{OT}"),
+        pointer("pos0_at", "int", const=True), pointer("amax_out", "unsigned short"),
+        pointer("partial", "float", const=True), scalar("max_ranges", "int"), scalar("mma_keys", "int"),
+        scalar("range_keys", "int"),
+    )),
+    KernelSignature("rows_argmax", (
+        pointer("logits", "float", const=True), scalar("n_cols", "int"), pointer("partial_v", "float"),
+        pointer("partial_i", "int"), pointer("arrived", "unsigned"), pointer("tokens", "int"),
+    )),
+    KernelSignature("tree_greedy_advance", (
+        pointer("argmax", "int", const=True), pointer("tokens", "int"), pointer("pos0", "int"),
+        pointer("history", "int"),
+    )),
+    KernelSignature("tree_commit_deltanet", (
+        pointer("workspaces", "float"), scalar("ws_layer_stride", "size_t"), pointer("windows", "float", const=True),
+        scalar("windows_layer_stride", "size_t"), pointer("recurrent", "float"), pointer("conv", "float"),
+        pointer("path", "int", const=True), scalar("n", "int"), scalar("n_slots", "int"),
+    )),
+    KernelSignature("tree_commit_kv", (
+        pointer("kv_all", "{KVT}"), scalar("layer_bytes", "size_t"), scalar("max_context", "int"),
+        pointer("path", "int", const=True), scalar("n", "int"), scalar("pos0", "int"),
+    )),
+)
+
+FAMILIES = (KernelFamily("tree_verify", "dflash/tree_verify.cu.j2", params=_params, signatures=SIGNATURES),)

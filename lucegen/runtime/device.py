@@ -3,12 +3,16 @@
     dev = Device.open()                       # detects sm_XY + SM count, picks targets/sm_XY.toml
     mod = dev.load(codegen.build(dev.target, "small_kernels"))
     x = dev.upload(np.ones(1024, np.float32)); out = dev.alloc(4)
-    mod.function("argmax_f32").launch(grid=1, block=256, args=(x, np.int32(1024), out))
+    mod.function("argmax_f32").launch(grid=1, block=256, x=x, n=1024, out=out)
     idx = dev.download(out, np.int32, (1,))
 
-Kernel arguments are :class:`Buffer` (passed as a device pointer) or numpy scalars (``np.int32(n)``,
-``np.float32(eps)``, ...) whose dtype must match the kernel's parameter type; Python ints and floats are refused
-because their C type would be a guess. Every driver call is checked: a failure is a DeviceError naming the call.
+A kernel's launch names its arguments after the parameters its family declares (lucegen.kernel_signature; the
+Function looks the declaration up when the module is loaded): a pointer takes a :class:`Buffer` or an
+:func:`address`, a scalar a Python or numpy number (converted to the declared C type, refused out of its range), a
+struct a :class:`ByValue` (a :class:`TensorMap`). A missing, unknown or wrongly-kinded argument is a DeviceError
+naming the kernel and the parameter. A kernel no family declares (a probe's own source) takes ``args``, a tuple of
+Buffers, ByValue structs and numpy scalars in the kernel's order. Every driver call is checked: a failure is a
+DeviceError naming the call.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .. import codegen
 from ..errors import DeviceError
+from ..kernel_signature import KernelSignature, SignatureError, parameter_name, source_parameters
 from ..target import Target, list_targets, load_target
 
 
@@ -250,6 +256,74 @@ def pack_args(args: Iterable) -> tuple[np.ndarray, np.ndarray]:
     return storage, pointers
 
 
+def bind_arguments(kernel: str, signature: KernelSignature, values: dict) -> tuple:
+    """The arguments of a launch of ``kernel``, named in ``values``, in the order of its declared parameters: a
+    pointer's Buffer or address, a scalar converted to its declared type's numpy scalar, a struct's ByValue. A
+    DeviceError names the kernel and the parameter of a missing, unknown or wrongly-kinded argument."""
+    names = [p.name for p in signature.params]
+    missing, unknown = [n for n in names if n not in values], [n for n in values if n not in names]
+    if missing or unknown:
+        raise DeviceError(f"launch of {kernel}: " + "; ".join(
+            ([f"no argument for {', '.join(missing)}"] if missing else []) +
+            ([f"no parameter named {', '.join(unknown)}"] if unknown else [])) + f" (parameters: {', '.join(names)})")
+    out = []
+    for p in signature.params:
+        value, where = values[p.name], f"launch of {kernel}: argument {p.name}"
+        if p.kind == "pointer":
+            if not isinstance(value, (Buffer, np.uint64)):
+                raise DeviceError(f"{where} ({p.ctype}*) takes a Buffer or an address "
+                                  f"(lucegen.runtime.device.address), not {type(value).__name__} {value!r}")
+            out.append(value)
+        elif p.kind == "struct":
+            if not isinstance(value, ByValue):
+                raise DeviceError(f"{where} ({p.ctype} by value) takes a ByValue (a TensorMap), not "
+                                  f"{type(value).__name__}")
+            if p.nbytes is not None and len(value.raw) != p.nbytes:
+                raise DeviceError(f"{where} ({p.ctype}) is {p.nbytes} bytes, given {len(value.raw)}")
+            out.append(value)
+        else:
+            dtype = np.dtype(p.dtype)
+            number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, np.bool_)
+            if not number or (dtype.kind != "f" and isinstance(value, (float, np.floating))):
+                raise DeviceError(f"{where} ({p.ctype}) takes "
+                                  f"{'a number' if dtype.kind == 'f' else 'an integer'}, not "
+                                  f"{type(value).__name__} {value!r}")
+            if dtype.kind != "f" and not np.iinfo(dtype).min <= int(value) <= np.iinfo(dtype).max:
+                raise DeviceError(f"{where} ({p.ctype}): {int(value)} is out of its range")
+            out.append(dtype.type(value))
+    return tuple(out)
+
+
+def declared_signature(compiled, kernel: str) -> KernelSignature | None:
+    """The declaration of ``kernel`` in the family the module ``compiled`` was built for, as that module's source
+    instantiates it (its conditional parameters resolved); None where the family declares no such kernel. A
+    DeviceError if the source's parameters are none of the declaration's."""
+    declared = codegen.signature(compiled.name, kernel)
+    if declared is None:
+        return None
+    params = source_parameters(compiled.source).get(kernel)
+    if params is None:
+        raise DeviceError(f"module {compiled.name}: its source declares no kernel {kernel}")
+    try:
+        return declared.check_source(kernel, tuple(parameter_name(p) for p in params))
+    except SignatureError as exc:
+        raise DeviceError(f"module {compiled.name}: {exc}") from None
+
+
+def launch_arguments(function, args: Sequence, named: dict) -> tuple:
+    """What a launch of ``function`` (a Function or the host device's) passes: its named arguments bound to its
+    declaration, or, for a kernel no family declares, its ``args``."""
+    if function.signature is not None:
+        if args:
+            raise DeviceError(f"launch of {function.name}: name its arguments "
+                              f"({', '.join(p.name for p in function.signature.params)}), not a tuple")
+        return bind_arguments(function.name, function.signature, named)
+    if named:
+        raise DeviceError(f"launch of {function.name}: no family declares its parameters, so its arguments go in "
+                          f"args=(...) in the kernel's order, not by name ({', '.join(named)})")
+    return tuple(args)
+
+
 def _launch_config(grid, block, smem: int, stream=0, attributes=()):
     """A CUlaunchConfig (cuLaunchKernelEx, the occupancy queries) of a 3-D grid and block."""
     config = _driver().CUlaunchConfig()
@@ -263,15 +337,19 @@ def _launch_config(grid, block, smem: int, stream=0, attributes=()):
 class Function:
     def __init__(self, module: "Module", name: str, handle):
         self.module, self.name, self.handle = module, name, handle
+        #: The kernel's declared parameters (None: no family declares it; launches then take ``args``).
+        self.signature = declared_signature(module.compiled, name)
         #: Whether launches are programmatic unless told otherwise (Module.function's ``programmatic``).
         self.programmatic = False
 
     def launch(self, grid, block, args: Sequence = (), *, smem: int = 0, stream: Stream | None = None,
-               cooperative: bool = False, programmatic: bool | None = None) -> None:
-        """Launch on ``stream`` (default stream if None). ``cooperative`` uses cuLaunchCooperativeKernel (all blocks
-        co-resident; required for grid-wide barriers). ``programmatic`` (features.programmatic_launch; None: the
-        function's own) lets the kernel start before the previous one in the stream has finished: it must call
-        lg_grid_dependency_wait() before it touches what that kernel writes (common/prelude.cuh.j2)."""
+               cooperative: bool = False, programmatic: bool | None = None, **arguments) -> None:
+        """Launch on ``stream`` (default stream if None) with the kernel's ``arguments`` by parameter name
+        (:func:`bind_arguments`; ``args`` only for a kernel no family declares). ``cooperative`` uses
+        cuLaunchCooperativeKernel (all blocks co-resident; required for grid-wide barriers). ``programmatic``
+        (features.programmatic_launch; None: the function's own) lets the kernel start before the previous one in
+        the stream has finished: it must call lg_grid_dependency_wait() before it touches what that kernel writes
+        (common/prelude.cuh.j2)."""
         if programmatic is None:
             programmatic = self.programmatic
         driver = _driver()
@@ -282,7 +360,7 @@ class Function:
         if threads > target.max_threads_per_block:
             raise DeviceError(f"{self.name}: {threads} threads per block exceed {target.name}'s "
                               f"max_threads_per_block {target.max_threads_per_block}")
-        _storage, pointers = pack_args(args)
+        _storage, pointers = pack_args(launch_arguments(self, args, arguments))
         params = pointers.ctypes.data if len(pointers) else 0
         handle = stream.handle if stream else 0
         if programmatic:

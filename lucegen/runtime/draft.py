@@ -250,8 +250,7 @@ class DFlashDrafter:
             if tap is not None:
                 if T > self.rows:
                     raise LucegenError(f"draft capture: {T} rows exceed the drafter's {self.rows}")
-                self.capture_fn.launch(T, THREADS, (address(x), address(self.capture.ptr), np.int32(tap)),
-                                       stream=stream)
+                self.capture_fn.launch(T, THREADS, stream=stream, x=address(x), capture=self.capture, tap=tap)
         return after_layer
 
     def enqueue_ingest(self, T: int, stream, *, pos0: int = 0, from_commit: bool = False) -> None:
@@ -269,11 +268,11 @@ class DFlashDrafter:
             self.gemm.rows_f32(self.ctx_xn.ptr, H, self._mat(("kv", l)), H, T, 2 * kvd, H, *ctx_ss, R,
                                self.ctx_kv.ptr + 4 * l * 2 * kvd, L * 2 * kvd, stream=stream, **self._split_k())
         ci = self.commit_in.ptr
-        args = ((address(ci + 8), np.int32(T), address(ci + 4), np.int32(0), address(ci)) if from_commit
-                else (address(0), np.int32(T), address(0), np.int32(pos0), address(0)))
-        self.store_fn.launch((T, L), THREADS, (address(self.ctx_kv.ptr),) + args
-                             + (address(self._vec("k_norm")), address(self._vec("inv_freq")),
-                                address(self.cache.ptr), np.int32(self.ring)), stream=stream)
+        rows = (dict(rows=address(ci + 8), n=T, n_at=address(ci + 4), pos0=0, pos0_at=address(ci)) if from_commit
+                else dict(rows=address(0), n=T, n_at=address(0), pos0=pos0, pos0_at=address(0)))
+        self.store_fn.launch((T, L), THREADS, stream=stream, ctx_kv=self.ctx_kv, **rows,
+                             k_norm=address(self._vec("k_norm")), inv_freq=address(self._vec("inv_freq")),
+                             cache=self.cache, ring=self.ring)
 
     def committed(self, path, pos0: int, slots: int) -> None:
         """After a verify pass of ``slots`` slots committed ``path`` (slot indices, root first) at positions pos0 ..:
@@ -309,15 +308,16 @@ class DFlashDrafter:
             in_ss, in_parts = embed_ss if l == 0 else (ss, ss_parts)
             self.gemm.rows_f32(self.xn.ptr, H, self._mat(("qkv", l)), H, B, nqkv, H, in_ss, in_parts, B,
                                self.proj.ptr, nqkv, stream=st, **self._split_k())
-            self.prepare_fn.launch(B, THREADS, (address(self.proj.ptr), address(self._vec("q_norm") + 4 * l * c.head_dim),
-                                                address(self._vec("k_norm") + 4 * l * c.head_dim),
-                                                address(self._vec("inv_freq")), address(start),
-                                                address(self.q_ws.ptr), address(self.block_kv.ptr)), stream=st)
+            self.prepare_fn.launch(B, THREADS, stream=st, proj=self.proj,
+                                   q_norm=address(self._vec("q_norm") + 4 * l * c.head_dim),
+                                   k_norm=address(self._vec("k_norm") + 4 * l * c.head_dim),
+                                   inv_freq=address(self._vec("inv_freq")), start_at=address(start), q_ws=self.q_ws,
+                                   block_kv=self.block_kv)
             layer_cache = self.cache.ptr + 2 * l * 2 * c.kv_dim * self.ring
-            self.attend_fn.launch((B, c.num_attention_heads), ATTENTION_WARPS * self.target.warp_size,
-                                  (address(self.q_ws.ptr), address(layer_cache), np.int32(self.ring),
-                                   address(self.block_kv.ptr), address(start), np.int32(c.layer_is_causal(l)),
-                                   np.int32(c.layer_window(l) or 0), address(self.attn.ptr)), stream=st)
+            self.attend_fn.launch((B, c.num_attention_heads), ATTENTION_WARPS * self.target.warp_size, stream=st,
+                                  q_ws=self.q_ws, cache=address(layer_cache), ring=self.ring, block_kv=self.block_kv,
+                                  start_at=address(start), causal=int(c.layer_is_causal(l)),
+                                  window=c.layer_window(l) or 0, out=self.attn)
             self.gemm.residual(self.attn.ptr, c.q_dim, self._mat(("o", l)), c.q_dim, B, H, c.q_dim, self.x.ptr, H,
                                self._vec(("post_norm", l)), self.xn.ptr, H, self.ss.ptr, B, stream=st,
                                **self._split_k())
@@ -329,12 +329,11 @@ class DFlashDrafter:
         self.head.lm_head(self.xn.ptr + 2 * H, rows, ss + 4, ss_parts, B, self.logits.ptr, st)
         chunks = self.topk_chunks
         cand, part = self.topk_ws.ptr, self.topk_ws.ptr + 8 * rows * chunks * TOPK_MAX
-        self.topk_partial_fn.launch((rows, chunks), THREADS,
-                                    (address(self.logits.ptr), np.int32(c.vocab_size), np.float32(c.output_multiplier),
-                                     np.float32(c.final_logit_softcapping or 0.0),
-                                     np.int32(-(-c.vocab_size // chunks)), address(cand), address(part)), stream=st)
-        self.topk_merge_fn.launch(rows, THREADS, (address(cand), address(part), np.int32(chunks), np.int32(self.k),
-                                                  address(self.lp.ptr), address(self.tok.ptr)), stream=st)
+        self.topk_partial_fn.launch((rows, chunks), THREADS, stream=st, logits=self.logits, n_cols=c.vocab_size,
+                                    multiplier=c.output_multiplier, softcap=c.final_logit_softcapping or 0.0,
+                                    chunk_cols=-(-c.vocab_size // chunks), cand=address(cand), part=address(part))
+        self.topk_merge_fn.launch(rows, THREADS, stream=st, cand=address(cand), part=address(part), chunks=chunks,
+                                  k=self.k, lp_out=self.lp, tok_out=self.tok)
 
     def _run(self, key, enqueue) -> None:
         if not self.use_graphs:

@@ -4,9 +4,11 @@ dry runs, ``lucegen plan``) exactly as it would on the chip of a descriptor, all
 Modules are compiled as for a GPU (NVRTC runs without one) but nothing is loaded or run. Every launch is checked
 against the kernel it names, which is where the host side of a kernel's contract can break unseen on a CPU:
 
-- the argument list: as many arguments as the kernel declares, each of the kind its C declaration says (an
-  address, an ``int``, a ``float``, a 64-bit integer, a struct passed by value) and, on NVIDIA targets, of the byte
-  size the cubin's parameter table records;
+- the argument list: bound to the kernel's declaration in its family (lucegen.kernel_signature; every parameter
+  named once, each of its kind), which must agree with the kernel's C declaration in the source and, on NVIDIA
+  targets, with the cubin's parameter table (count and byte sizes) when the function is looked up; then as many
+  arguments as the kernel declares, each of the kind its C declaration says (an address, an ``int``, a ``float``,
+  a 64-bit integer, a struct passed by value) and of the byte size the cubin's parameter table records;
 - every address argument: null or inside a live allocation (nothing freed, nothing never allocated);
 - the launch shape: threads per block within the target's limit, dynamic shared memory within what the function
   was given (``set_max_dynamic_smem`` past the 48 KB default) and the target's opt-in limit, a programmatic launch
@@ -27,21 +29,21 @@ import numpy as np
 
 from ..compile.elf import cubin_parameters
 from ..errors import DeviceError
-from .device import Buffer, ByValue, TensorMap, check_tensor_map_2d, upload_pair
+from ..kernel_signature import KernelSignature, source_parameters
+from .device import (Buffer, ByValue, TensorMap, check_tensor_map_2d, declared_signature, launch_arguments,
+                     upload_pair)
 
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
 DECLARED_BYTES = {"address": 8, "int32": 4, "float": 4, "int64": 8, "struct": None}
-_KERNEL = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?'
-                     r'(?:__attribute__\(\(\w+\([^)]*\)\)\)\s*)*(\w+)\s*\(([^)]*)\)')
 _QUALIFIERS = re.compile(r"\b(const|volatile|__restrict__|__grid_constant__)\b")
 
 
 def kernel_kinds(source: str) -> dict[str, tuple[str, ...]]:
     """{kernel: the kind of each parameter} from the ``extern "C" __global__`` declarations of a CUDA source."""
     out = {}
-    for m in _KERNEL.finditer(source):
+    for name, params in source_parameters(source).items():
         kinds = []
-        for param in filter(None, (p.strip() for p in m.group(2).split(","))):
+        for param in params:
             words = _QUALIFIERS.sub(" ", param).split()[:-1]  # drop the parameter's name
             decl = " ".join(words)
             if "*" in param:
@@ -54,8 +56,21 @@ def kernel_kinds(source: str) -> dict[str, tuple[str, ...]]:
                 kinds.append("int64")
             else:
                 kinds.append("struct")
-        out[m.group(1)] = tuple(kinds)
+        out[name] = tuple(kinds)
     return out
+
+
+def declared_kinds(signature: KernelSignature) -> tuple[tuple[str, int | None], ...]:
+    """(kind as kernel_kinds names it, bytes) of each parameter of a declaration."""
+    out = []
+    for p in signature.params:
+        if p.kind == "scalar":
+            dtype = np.dtype(p.dtype)
+            kind = "float" if dtype.kind == "f" else "int32" if dtype.itemsize == 4 else "int64"
+        else:
+            kind = "address" if p.kind == "pointer" else "struct"
+        out.append((kind, p.size))
+    return tuple(out)
 
 
 def argument_kind(arg) -> tuple[str, int]:
@@ -103,12 +118,28 @@ class HostFunction:
         if self.kinds is None or len(self.kinds) != len(self.sizes):
             raise DeviceError(f"{name}: its declaration in the module's source ({self.kinds}) does not match the "
                               f"compiled kernel's {len(self.sizes)} parameters")
+        self.signature = declared_signature(module.compiled, name)
+        if self.signature is not None:
+            self._check_declaration()
         self.info = module.compiled.kernel(name)
         self.max_dynamic_smem = DEFAULT_DYNAMIC_SMEM
         self.programmatic = False  # as Function's: launches programmatic unless told otherwise
 
+    def _check_declaration(self) -> None:
+        """The family's declaration against the source's C declaration (kinds) and the compiled parameter table
+        (count, sizes)."""
+        declared = declared_kinds(self.signature)
+        if len(declared) != len(self.sizes):
+            raise DeviceError(f"{self.name}: its family declares {len(declared)} parameters, the compiled kernel has "
+                              f"{len(self.sizes)}")
+        for p, (kind, nbytes), source_kind, size in zip(self.signature.params, declared, self.kinds, self.sizes):
+            if kind != source_kind or (size is not None and nbytes not in (None, size)):
+                raise DeviceError(f"{self.name}: parameter {p.name} is declared {kind} of {nbytes} bytes; the source "
+                                  f"declares {source_kind} and the compiled kernel takes {size} bytes")
+
     def launch(self, grid, block, args=(), *, smem: int = 0, stream=None, cooperative: bool = False,
-               programmatic: bool | None = None) -> None:
+               programmatic: bool | None = None, **arguments) -> None:
+        args = launch_arguments(self, args, arguments)
         dev, target = self.module.device, self.module.device.target
         if programmatic is None:
             programmatic = self.programmatic
@@ -129,13 +160,14 @@ class HostFunction:
         for i, (arg, size) in enumerate(zip(args, self.sizes)):
             kind, nbytes = argument_kind(arg)
             declared = self.kinds[i]
+            label = f"argument {self.signature.params[i].name}" if self.signature else f"argument {i}"
             if (size is not None and nbytes != size) or declared not in kind.split("|"):
-                raise DeviceError(f"{where}: argument {i} is {kind} of {nbytes} bytes; the kernel's parameter is "
+                raise DeviceError(f"{where}: {label} is {kind} of {nbytes} bytes; the kernel's parameter is "
                                   f"{declared} of {size} bytes")
             if declared == "address":
                 address = arg.ptr if isinstance(arg, Buffer) else int(arg)
                 if address and dev.allocation(address) is None:
-                    raise DeviceError(f"{where}: argument {i} ({address:#x}) is in no live allocation")
+                    raise DeviceError(f"{where}: {label} ({address:#x}) is in no live allocation")
         dev.launches.append((self.name, grid, block, smem, self, tuple(args)))
 
     def set_max_dynamic_smem(self, nbytes: int) -> None:

@@ -277,12 +277,14 @@ class MegakernelDecoder(SequenceState):
             self.device.memset_async(self.scratch.ptr, self.scratch.nbytes, stream)
             self.epoch_base = 0
         self.device.memset_async(self.argmax.ptr, self.argmax.nbytes, stream)  # step 0's keys start at zero
-        screen = ((self.lm_codes, self.lm_rows, address(self.argmax.ptr + 16)) if self.lm_screen else
-                  (np.uint64(0),) * 3)
-        args = (self.wmat, self.wvec, self.conv, self.recurrent, self.kv, self.scratch, self.barrier, self.argmax,
-                self.tokens_in, self.tokens_out, logits_ptr, *screen, profile_ptr, np.int32(self.max_context),
-                np.int32(self.position), np.int32(n_steps), np.int32(n_forced), np.uint32(self.epoch_base))
-        self.function.launch(self.blocks, self.threads, args, smem=self.dynamic_smem, stream=stream)
+        screen = (dict(lm_codes=self.lm_codes, lm_rows=self.lm_rows, screen_floor=address(self.argmax.ptr + 16))
+                  if self.lm_screen else dict(lm_codes=address(0), lm_rows=address(0), screen_floor=address(0)))
+        self.function.launch(self.blocks, self.threads, smem=self.dynamic_smem, stream=stream,
+                             wmat=self.wmat, wvec=self.wvec, conv_state=self.conv, recurrent=self.recurrent,
+                             kv_cache=self.kv, scratch=self.scratch, barrier=self.barrier, argmax=self.argmax,
+                             tokens_in=self.tokens_in, tokens_out=self.tokens_out, logits=logits_ptr, **screen,
+                             profile=profile_ptr, max_context=self.max_context, start_pos=self.position,
+                             n_steps=n_steps, n_forced=n_forced, epoch_base=self.epoch_base)
         self.position += n_steps
         self.epoch_base += phases
         self._last_steps = n_steps

@@ -25,12 +25,12 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import CheckpointError, TemplateError
+from ..families.megakernel import KERNEL_NAME
 from ..model.config import FULL, ModelConfig
 from ..model.dtypes import bf16_bits_to_f32
 from ..target import DTYPES, Target
 from . import lm_screen as lm_screen_bound
 
-KERNEL_NAME = "qwen35_decode"
 MAT_ALIGN = 128  # elements (256 bytes for 2-byte types)
 VEC_ALIGN = 16  # floats
 SCRATCH_ALIGN = 32  # floats

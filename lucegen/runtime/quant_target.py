@@ -76,10 +76,11 @@ class QuantWeights(LayerWeights):
         """x, xn, ss of T rows from device int32 ``tokens``: the GGML rows of token_embd (``embed_<type>``); ss holds
         a part per row tile and, at more than one row, the rows' totals after them (QuantGemm.row_totals)."""
         d = self.dec
-        d.embed_fn.launch(T, BLOCK_THREADS, (
-            address(tokens), address(d.embedding.ptr), np.int32(d.config.hidden_size),
-            address(self.first_norm() if norm is None else norm), address(x), address(xn), address(ss),
-            np.int32(ss_stride), np.int32(d.part_columns), np.int32(d.qgemm.row_totals(T))), stream=stream)
+        d.embed_fn.launch(T, BLOCK_THREADS, stream=stream,
+                          tokens=address(tokens), E=d.embedding, H=d.config.hidden_size,
+                          norm_w=address(self.first_norm() if norm is None else norm), x=address(x), xn=address(xn),
+                          ss=address(ss), ss_stride=ss_stride, part_cols=d.part_columns,
+                          totals=d.qgemm.row_totals(T))
 
 
 class QuantDecoder(SequenceState):

@@ -112,21 +112,23 @@ class TreeAttention:
         output rows, pos0, the output's magnitudes (0: none), the partial sums (:func:`partial_bytes` a slot) and
         the FMA body's counters (an int a (slot, head), zero between launches)."""
         pf, warp = self.pf, self.target.warp_size
-        mma_keys = np.int32(NEVER if self.mma_keys is None else self.mma_keys)
-        common = (address(q_ws), address(proj), address(kv), np.int32(self.max_context), address(anc), np.int32(S),
-                  address(depth), address(out), np.int32(S), address(pos0_at), address(amax), address(partial))
+        mma_keys = NEVER if self.mma_keys is None else self.mma_keys
+        common = dict(q_ws=address(q_ws), proj=address(proj), kv=address(kv), max_context=self.max_context,
+                      anc=address(anc), anc_stride=S, depth=address(depth), out=address(out), n_slots=S,
+                      pos0_at=address(pos0_at), amax_out=address(amax), partial=address(partial))
         fma, mma = bodies
         if fma:
             fn, threads = self.fma_kernel(S)
-            fn.launch((S, pf["NH"], self.fma_ranges), threads, common + (address(arrived), mma_keys), stream=stream)
+            fn.launch((S, pf["NH"], self.fma_ranges), threads, stream=stream, **common, arrived=address(arrived),
+                      mma_keys=mma_keys)
         if not mma:
             return
         grid, smem = self._mma_grid(S)
-        self.mma_fn.launch(grid, ATTENTION_SLOTS * warp,
-                           common + (np.int32(self.partial_ranges), mma_keys, np.int32(self.range_keys),
-                                     np.int32(self.stages)), smem=smem, stream=stream)
+        self.mma_fn.launch(grid, ATTENTION_SLOTS * warp, smem=smem, stream=stream, **common,
+                           max_ranges=self.partial_ranges, mma_keys=mma_keys, range_keys=self.range_keys,
+                           stages=self.stages)
         if self.mma_ranges > 1:  # some slot may have keys in more than one range
-            self.merge_fn.launch((S, pf["NH"]), THREADS,
-                                 (address(proj), address(depth), address(out), address(pos0_at), address(amax),
-                                  address(partial), np.int32(self.partial_ranges), mma_keys,
-                                  np.int32(self.range_keys)), stream=stream)
+            self.merge_fn.launch((S, pf["NH"]), THREADS, stream=stream, proj=address(proj), depth=address(depth),
+                                 out=address(out), pos0_at=address(pos0_at), amax_out=address(amax),
+                                 partial=address(partial), max_ranges=self.partial_ranges, mma_keys=mma_keys,
+                                 range_keys=self.range_keys)

@@ -218,36 +218,36 @@ class TreeVerifier:
         wvec = lambda off: wvec_at(dec, off)  # noqa: E731
         parent = self.layout_buf.ptr
         depth, anc = parent + 4 * S, parent + 8 * S
-        n = np.int32(S)
 
         def mix(l, T, amax=0, int8=None):  # amax: the output's magnitudes per 16 values, written beside it
             if l.kind == 0 and in_place:  # the whole mixer in one launch, over the live state and window
-                self.step_fn.launch(pf["NV"], 2 * THREADS,
-                                    (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv_layer(dec, l)),
-                                     address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(wvec(l.gnorm)),
-                                     address(recurrent_layer(dec, l)), address(acts.mix.ptr), address(amax),
-                                     address(self.dn_arrived.ptr)), stream=st)
+                self.step_fn.launch(pf["NV"], 2 * THREADS, stream=st,
+                                    proj=acts.proj, conv_w=address(wvec(l.conv_w)),
+                                    window=address(conv_layer(dec, l)), a_log=address(wvec(l.a_log)),
+                                    dt_bias=address(wvec(l.dt_bias)), gnorm_w=address(wvec(l.gnorm)),
+                                    state=address(recurrent_layer(dec, l)), out=acts.mix, amax_out=address(amax),
+                                    arrived=self.dn_arrived)
             elif l.kind == 0:
                 ws = self._layer_ws(l)
                 windows = self.windows.ptr + 4 * l.slot * self.slots * lay.conv_window_floats
                 conv_groups = 2 * pf["NK"] + -(-pf["VD"] // THREADS)  # q/k heads, then value chunks
-                self.conv_fn.launch((S, conv_groups), THREADS,
-                                    (address(acts.proj.ptr), address(wvec(l.conv_w)), address(conv_layer(dec, l)),
-                                     address(wvec(l.a_log)), address(wvec(l.dt_bias)), address(parent),
-                                     address(ws), address(windows), n), stream=st)
-                self.rule_fn.launch(self._rule_blocks(), RULE_THREADS,
-                                    (address(ws), address(parent), address(depth), address(anc),
-                                     address(recurrent_layer(dec, l)), n),
-                                    smem=self.rule_stage_bytes(S), stream=st)
+                self.conv_fn.launch((S, conv_groups), THREADS, stream=st,
+                                    proj=acts.proj, conv_w=address(wvec(l.conv_w)),
+                                    conv_state=address(conv_layer(dec, l)), a_log=address(wvec(l.a_log)),
+                                    dt_bias=address(wvec(l.dt_bias)), parent=address(parent), workspace=address(ws),
+                                    windows=address(windows), n_slots=S)
+                self.rule_fn.launch(self._rule_blocks(), RULE_THREADS, smem=self.rule_stage_bytes(S), stream=st,
+                                    workspace=address(ws), parent=address(parent), depth=address(depth),
+                                    anc=address(anc), committed=address(recurrent_layer(dec, l)), n_slots=S)
                 heads = -(-pf["NV"] // self._warps_per_block())  # blocks of a slot: a warp per value head
                 if int8 is not None and self.norm_q8_fn is not None and self.mixers_quantise:
                     self.norm_q8_fn.launch((-(-S // int8.group) * int8.group, heads), THREADS,  # the group's rows
-                                           (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws), n,
-                                            address(int8.aq), address(int8.da), np.int32(int8.group)), stream=st)
+                                           stream=st, proj=acts.proj, gnorm_w=address(wvec(l.gnorm)),
+                                           workspace=address(ws), n_slots=S, aq=address(int8.aq),
+                                           a_da=address(int8.da), group=int8.group)
                     return MixWrote.INT8
-                self.norm_fn.launch((S, heads), THREADS,
-                                    (address(acts.proj.ptr), address(wvec(l.gnorm)), address(ws),
-                                     address(acts.mix.ptr), n, address(amax)), stream=st)
+                self.norm_fn.launch((S, heads), THREADS, stream=st, proj=acts.proj, gnorm_w=address(wvec(l.gnorm)),
+                                    workspace=address(ws), out=acts.mix, n_slots=S, amax_out=address(amax))
             else:
                 kv = kv_layer(dec, l)
                 self.attention.prepare(proj=acts.proj.ptr, T=S, pos0=0, q_norm=wvec(l.q_norm),
@@ -275,10 +275,9 @@ class TreeVerifier:
         """argmax [s] = the greedy token of logits row s, for s < S (rows_argmax), rows of ``n_cols`` (the
         vocabulary's unless given: the tests' other lengths)."""
         n_cols = self.config.vocab_size if n_cols is None else n_cols
-        self.argmax_fn.launch((S, self._argmax_slices(S)), THREADS,
-                              (address(self.logits.ptr), np.int32(n_cols), address(self.argmax_v.ptr),
-                               address(self.argmax_i.ptr), address(self.argmax_arrived.ptr), address(self.argmax.ptr)),
-                              stream=self.stream)
+        self.argmax_fn.launch((S, self._argmax_slices(S)), THREADS, stream=self.stream,
+                              logits=self.logits, n_cols=n_cols, partial_v=self.argmax_v, partial_i=self.argmax_i,
+                              arrived=self.argmax_arrived, tokens=self.argmax)
 
     def _replay(self, graphs: dict, key, enqueue) -> None:
         """Run ``enqueue()`` on the stream: as the graph ``graphs[key]``, captured the first time, or directly
@@ -360,12 +359,11 @@ class TreeVerifier:
         layer's state; its last slot's conv window becomes the live one."""
         lay = self.dec.layout
         if lay.n_dn:
-            self.commit_dn_fn.launch((self._column_blocks(), lay.n_dn), THREADS,
-                                     (address(self.ws.ptr), np.uint64(self.slots * ws_floats(self.pf)),
-                                      address(self.windows.ptr), np.uint64(self.slots * lay.conv_window_floats),
-                                      address(self.dec.recurrent.ptr), address(self.dec.conv.ptr),
-                                      address(self.path.ptr), np.int32(path_len - 1), np.int32(slots)),
-                                     stream=self.stream)
+            self.commit_dn_fn.launch((self._column_blocks(), lay.n_dn), THREADS, stream=self.stream,
+                                     workspaces=self.ws, ws_layer_stride=self.slots * ws_floats(self.pf),
+                                     windows=self.windows, windows_layer_stride=self.slots * lay.conv_window_floats,
+                                     recurrent=self.dec.recurrent, conv=self.dec.conv, path=self.path,
+                                     n=path_len - 1, n_slots=slots)
 
     def commit(self, tree: ddtree.Tree, accepted, bonus: int) -> None:
         """Make the root and the ``accepted`` nodes (``ddtree.accept``'s, root's child first) part of the sequence:
@@ -384,10 +382,9 @@ class TreeVerifier:
         self._commit_deltanet(int(path.size), S)
         if lay.n_at and path.size > 1:
             c = self.config
-            self.commit_kv_fn.launch((-(-2 * c.num_kv_heads * c.head_dim // THREADS), lay.n_at), THREADS,
-                                     (address(dec.kv.ptr), np.uint64(dec.kv_layer_bytes), np.int32(dec.max_context),
-                                      address(self.path.ptr),
-                                      np.int32(path.size - 1), np.int32(dec.position)), stream=st)
+            self.commit_kv_fn.launch((-(-2 * c.num_kv_heads * c.head_dim // THREADS), lay.n_at), THREADS, stream=st,
+                                     kv_all=dec.kv, layer_bytes=dec.kv_layer_bytes, max_context=dec.max_context,
+                                     path=self.path, n=int(path.size) - 1, pos0=dec.position)
         st.synchronize()
         dec.position += int(path.size)
         dec.next_token = int(bonus)
@@ -398,8 +395,8 @@ class TreeVerifier:
         DeltaNet state and conv window written in place (what committing its slot would copy), then
         tree_greedy_advance (argmax -> tokens[0] and history[pos0], pos0 + 1)."""
         self._enqueue_pass(1, bodies, in_place=True)
-        self.advance_fn.launch(1, 32, (address(self.argmax.ptr), address(self.tokens.ptr), address(self.pos0.ptr),
-                                       address(self.history.ptr)), stream=self.stream)
+        self.advance_fn.launch(1, 32, stream=self.stream, argmax=self.argmax, tokens=self.tokens, pos0=self.pos0,
+                               history=self.history)
 
     def decode(self, n: int) -> list[int]:
         """Plain greedy decoding of ``n`` tokens (the first being the decoder's next token) with every step queued

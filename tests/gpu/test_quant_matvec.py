@@ -44,7 +44,7 @@ def test_dequantize_bit_exact(gpu, qtype, n_blocks, seed, source):
     ref = quant.dequantize(data, qtype, n)
     with device.upload(data) as dd, device.alloc(n * 4) as dout:
         module.function(f"dequantize_{qtype.lower()}").launch(-(-n // BLOCK_THREADS), BLOCK_THREADS,
-                                                               (dd, dout, np.int64(n)))
+                                                               data=dd, out=dout, n=n)
         got = device.download(dout, np.float32, (n,))
     np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
 
@@ -62,7 +62,7 @@ def test_matvec(gpu, qtype, rows, k_blocks, seed, source):
     warps = BLOCK_THREADS // device.target.warp_size
     with device.upload(data) as dw, device.upload(x) as dx, device.alloc(rows * 4) as dy:
         module.function(f"matvec_{qtype.lower()}").launch(-(-rows // warps), BLOCK_THREADS,
-                                                           (dw, dx, dy, np.int32(rows), np.int32(k)))
+                                                           W=dw, x=dx, y=dy, N=rows, K=k)
         y = device.download(dy, np.float32, (rows,))
     ref = w @ x.astype(np.float64)
     tol = 1e-5 * (np.abs(w) @ np.abs(x.astype(np.float64))) + 1e-30

@@ -53,7 +53,7 @@ def test_rmsnorm(gpu, dtype, rows, n, seed, eps):
     w = kernels_ref.round_to(rng.standard_normal(n).astype(np.float32) * 0.5, dtype)
     with device.upload(kernels_ref.to_device_dtype(x, dtype)) as dx, \
             device.upload(kernels_ref.to_device_dtype(w, dtype)) as dw, device.alloc(rows * n * 2) as dy:
-        module.function(f"rmsnorm_{dtype}").launch(rows, BLOCK, (dx, dw, dy, np.int32(n), np.float32(eps)))
+        module.function(f"rmsnorm_{dtype}").launch(rows, BLOCK, x=dx, w=dw, y=dy, n=n, eps=eps)
         y = kernels_ref.from_device_dtype(device.download(dy, np.uint16 if dtype == "bf16" else np.float16,
                                                           (rows, n)), dtype)
     ref = kernels_ref.rmsnorm(x, w, eps)
@@ -72,8 +72,7 @@ def test_matvec(gpu, dtype, n, k, seed):
     warps = BLOCK // 32
     with device.upload(kernels_ref.to_device_dtype(w, dtype)) as dw, \
             device.upload(kernels_ref.to_device_dtype(x, dtype)) as dx, device.alloc(n * 4) as dy:
-        module.function(f"matvec_{dtype}").launch((n + warps - 1) // warps, BLOCK,
-                                                  (dw, dx, dy, np.int32(n), np.int32(k)))
+        module.function(f"matvec_{dtype}").launch((n + warps - 1) // warps, BLOCK, W=dw, x=dx, y=dy, N=n, K=k)
         y = device.download(dy, np.float32, (n,))
     ref = kernels_ref.matvec(w, x)
     tol = 1e-5 * (np.abs(w.astype(np.float64)) @ np.abs(x.astype(np.float64))) + 1e-30
@@ -95,7 +94,7 @@ def test_argmax(gpu, n, seed, kind):
     if kind == "neg_inf":
         x[:] = -np.inf
     with device.upload(x) as dx, device.alloc(4) as dout:
-        module.function("argmax_f32").launch(1, BLOCK, (dx, np.int32(n), dout))
+        module.function("argmax_f32").launch(1, BLOCK, x=dx, n=n, out=dout)
         got = int(device.download(dout, np.int32, (1,))[0])
     assert got == kernels_ref.argmax(x)
 
@@ -109,7 +108,7 @@ def test_graph_capture_and_events(gpu):
     with device.upload(x) as dx, device.alloc(4) as dout:
         device.memset(dout, 0xFF)
         stream.begin_capture()
-        module.function("argmax_f32").launch(1, BLOCK, (dx, np.int32(1000), dout), stream=stream)
+        module.function("argmax_f32").launch(1, BLOCK, stream=stream, x=dx, n=1000, out=dout)
         graph = stream.end_capture()
         start, end = device.event(), device.event()
         start.record(stream)

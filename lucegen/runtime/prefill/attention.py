@@ -13,8 +13,6 @@ flash attention over cache positions 0 .. pos0+t, times sigmoid(gate), into ``ou
 
 from __future__ import annotations
 
-import numpy as np
-
 from ... import codegen
 from ...compile import compile_source
 from ...errors import LucegenError
@@ -70,18 +68,17 @@ class AttentionKernels:
             raise LucegenError(f"prefill attention: positions {pos0} .. {pos0 + T - 1} do not fit a cache of "
                                f"max_context {max_context}")
         heads = self.pf["NH"] + self.pf["NKV"] + 1  # q heads, k heads, the V rows
-        self.prepare_fn.launch((T, heads), PREPARE_THREADS,
-                               (address(proj), address(q_norm), address(k_norm), address(inv_freq), address(kv),
-                                np.int32(max_context), address(workspace), np.int32(T), np.int32(pos0),
-                                address(depth), address(pos0_at)),
-                               stream=stream)
+        self.prepare_fn.launch((T, heads), PREPARE_THREADS, stream=stream,
+                               proj=address(proj), q_norm=address(q_norm), k_norm=address(k_norm),
+                               inv_freq=address(inv_freq), kv=address(kv), max_context=max_context,
+                               q_ws=address(workspace), n_tokens=T, pos0=pos0, depth=address(depth),
+                               pos0_at=address(pos0_at))
 
     def run(self, *, proj: int, T: int, pos0: int, q_norm: int, k_norm: int, inv_freq: int, kv: int,
             max_context: int, out: int, workspace: int, stream=None) -> None:
         self.prepare(proj=proj, T=T, pos0=pos0, q_norm=q_norm, k_norm=k_norm, inv_freq=inv_freq, kv=kv,
                      max_context=max_context, workspace=workspace, stream=stream)
         grid, threads, smem = launch_geometry(self.pf, T, self.target.warp_size)
-        self.attend_fn.launch(grid, threads,
-                              (address(workspace), address(proj), address(kv), np.int32(max_context), address(out),
-                               np.int32(T), np.int32(pos0)),
-                              smem=smem, stream=stream)
+        self.attend_fn.launch(grid, threads, smem=smem, stream=stream,
+                              q_ws=address(workspace), proj=address(proj), kv=address(kv), max_context=max_context,
+                              out=address(out), n_tokens=T, pos0=pos0)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-
 from ... import codegen
 from ...compile import compile_source
 from ...errors import LucegenError
@@ -94,15 +92,16 @@ class DeltaNetKernels:
         if T < 1:
             raise LucegenError(f"prefill DeltaNet: T must be at least 1, got {T}")
         n_chunks = padded_tokens(pf, T) // pf["chunk"]
-        ws, n = address(workspace), np.int32(T)
-        self.conv_fn.launch(n_chunks * pf["chunk"], THREADS,
-                            (address(proj), address(conv_w), address(conv_state), address(a_log), address(dt_bias), ws, n),
-                            stream=stream)
-        self.prepare_fn.launch((n_chunks, pf["NV"]), THREADS, (ws, n), stream=stream)
-        self.scan_fn.launch((pf["DV"] // self.scan_tile, pf["NV"]), THREADS, (ws, address(recurrent), n),
-                            smem=self.scan_smem, stream=stream)
-        self.output_fn.launch((n_chunks, pf["NV"], pf["DV"] // self.output_tile), self.output_threads, (ws, n),
-                              stream=stream)
+        ws = address(workspace)
+        self.conv_fn.launch(n_chunks * pf["chunk"], THREADS, stream=stream,
+                            proj=address(proj), conv_w=address(conv_w), conv_state=address(conv_state),
+                            a_log=address(a_log), dt_bias=address(dt_bias), workspace=ws, n_tokens=T)
+        self.prepare_fn.launch((n_chunks, pf["NV"]), THREADS, stream=stream, workspace=ws, n_tokens=T)
+        self.scan_fn.launch((pf["DV"] // self.scan_tile, pf["NV"]), THREADS, smem=self.scan_smem, stream=stream,
+                            workspace=ws, recurrent=address(recurrent), n_tokens=T)
+        self.output_fn.launch((n_chunks, pf["NV"], pf["DV"] // self.output_tile), self.output_threads, stream=stream,
+                              workspace=ws, n_tokens=T)
         heads_per_block = THREADS // self.target.warp_size
-        self.norm_fn.launch((T, -(-pf["NV"] // heads_per_block)), THREADS,
-                            (address(proj), address(gnorm_w), ws, address(conv_state), address(out), n), stream=stream)
+        self.norm_fn.launch((T, -(-pf["NV"] // heads_per_block)), THREADS, stream=stream,
+                            proj=address(proj), gnorm_w=address(gnorm_w), workspace=ws,
+                            conv_state=address(conv_state), out=address(out), n_tokens=T)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ... import codegen
 from ...compile import compile_source
 from ...errors import LucegenError
@@ -190,14 +188,15 @@ class GemmInstance:
             return groups
         return min(math.ceil(groups / self.crews), max(1, self.resident_clusters[bm])) * c
 
-    def maps(self, device, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, bm: int) -> tuple:
-        """The TMA builds' trailing kernel arguments: tensor maps of A [M][K] (boxes bm x tile_k) and W [N][K]
-        (tile_n / cluster_m x tile_k); () for the other mainloops."""
+    def maps(self, device, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, bm: int) -> dict:
+        """The TMA builds' kernel arguments map_a and map_w: tensor maps of A [M][K] (boxes bm x tile_k) and W [N][K]
+        (tile_n / cluster_m x tile_k); none for the other mainloops."""
         if not self.tma:
-            return ()
+            return {}
         dt, bk = self.pf["dtype"], self.pf["tile_k"]
         maps = device.tensor_map_2d  # W boxes: each CTA of a cluster loads 1 / cluster_m of the W tile
-        return maps(A, M, K, 2 * lda, bm, bk, dt), maps(W, N, K, 2 * ldw, self.pf["tile_n"] // self.cluster, bk, dt)
+        return {"map_a": maps(A, M, K, 2 * lda, bm, bk, dt),
+                "map_w": maps(W, N, K, 2 * ldw, self.pf["tile_n"] // self.cluster, bk, dt)}
 
 
 class GemmKernels:
@@ -275,27 +274,26 @@ class GemmKernels:
         self._check("rows_f32", M, N, K, {"lda": (lda, K), "ldw": (ldw, K), "ldo": (ldo, N)},
                     {"A": (A, 16), "W": (W, 16), "out": (out, 8)})
         self._check_ss("rows_f32", M, ss, ss_parts, ss_stride)
-        args = (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(ss),
-                np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo))
+        args = dict(A=address(A), lda=lda, W=address(W), ldw=ldw, M=M, N=N, K=K, ss=address(ss), ss_parts=ss_parts,
+                    ss_stride=ss_stride, out=address(out), ldo=ldo)
         if argmax_key and not M == 1 <= self.gemv_max_m:
             raise LucegenError(f"gemm_rows_f32: the folded argmax needs the one-row GEMV (M = 1), got M={M}")
         if M <= self.gemv_max_m:
-            self.instances["rows_f32"].gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, args + (address(argmax_key),),
-                                stream=stream)
+            self.instances["rows_f32"].gemv_fn.launch(math.ceil(N / GEMV_WARPS), GEMV_WARPS * 32, stream=stream,
+                                                      argmax_key=address(argmax_key), **args)
             return
         # the reduce moves 4 columns per 16-byte access (templates/prefill/gemm.cu.j2 gemm_rows_f32_reduce)
         vector_ok = N % 4 == 0 and ldo % 4 == 0 and not int(out) % 16
         split = self._partial_sums(A, lda, W, ldw, M, N, K, workspace if vector_ok else 0, workspace_bytes, stream)
         if split:
             g = self.instances["residual"]
-            g.rows_reduce_fn.launch((math.ceil(N / (4 * REDUCE_THREADS)), M), REDUCE_THREADS,
-                                    (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(ss),
-                                     np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo)),
-                                    stream=stream)
+            g.rows_reduce_fn.launch((math.ceil(N / (4 * REDUCE_THREADS)), M), REDUCE_THREADS, stream=stream,
+                                    part=address(workspace), splits=split, M=M, N=N, ss=address(ss),
+                                    ss_parts=ss_parts, ss_stride=ss_stride, out=address(out), ldo=ldo)
             return
         fn, grid, smem, bm, g = self._geometry("rows_f32", M, N)
-        fn.launch(grid, g.threads, args + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=smem,
-                  stream=stream)
+        fn.launch(grid, g.threads, smem=smem, stream=stream, **args,
+                  **g.maps(self.device, A, lda, W, ldw, M, N, K, bm))
 
     def _partial_sums(self, A, lda, W, ldw, M, N, K, workspace, workspace_bytes, stream) -> int:
         """Where :func:`plan_residual` splits K and ``workspace`` (16-byte aligned, of ``workspace_bytes``) holds the
@@ -307,11 +305,10 @@ class GemmKernels:
         bm, split = plan_residual(M, N, K, g.pf, self.target, g.heights, g.crews)
         if split == 1 or split * M * N * 4 > workspace_bytes:
             return 0
-        g.functions[("partial", bm)].launch(g.grid(bm, M, N, split), g.threads,
-                                            (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M),
-                                             np.int32(N), np.int32(K // split), np.int32(split), address(workspace))
-                                            + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=g.smem[bm],
-                                            stream=stream)
+        g.functions[("partial", bm)].launch(g.grid(bm, M, N, split), g.threads, smem=g.smem[bm], stream=stream,
+                                            A=address(A), lda=lda, W=address(W), ldw=ldw, M=M, N=N, K=K // split,
+                                            splits=split, part=address(workspace),
+                                            **g.maps(self.device, A, lda, W, ldw, M, N, K, bm))
         return split
 
     def swiglu(self, A: int, lda: int, W: int, ldw: int, M: int, N: int, K: int, ss: int, ss_parts: int,
@@ -323,10 +320,9 @@ class GemmKernels:
                     {"A": (A, 16), "W": (W, 16), "out": (out, 2)})
         self._check_ss("swiglu", M, ss, ss_parts, ss_stride)
         fn, grid, smem, bm, g = self._geometry("swiglu", M, N)
-        fn.launch(grid, g.threads,
-                  (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(ss),
-                   np.int32(ss_parts), np.int32(ss_stride), address(out), np.int32(ldo))
-                  + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=smem, stream=stream)
+        fn.launch(grid, g.threads, smem=smem, stream=stream,
+                  A=address(A), lda=lda, W=address(W), ldw=ldw, M=M, N=N, K=K, ss=address(ss), ss_parts=ss_parts,
+                  ss_stride=ss_stride, out=address(out), ldo=ldo, **g.maps(self.device, A, lda, W, ldw, M, N, K, bm))
 
     @staticmethod
     def residual_workspace_bytes(M: int, N: int) -> int:
@@ -350,12 +346,12 @@ class GemmKernels:
         split = self._partial_sums(A, lda, W, ldw, M, N, K, workspace if vector_ok else 0, workspace_bytes, stream)
         if split:
             self.instances["residual"].reduce_fn.launch(
-                M, REDUCE_THREADS, (address(workspace), np.int32(split), np.int32(M), np.int32(N), address(x),
-                                    np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out),
-                                    np.int32(ss_stride)), stream=stream)
+                M, REDUCE_THREADS, stream=stream, part=address(workspace), splits=split, M=M, N=N, x=address(x),
+                ldx=ldx, norm_w=address(norm_w), xn=address(xn), ldxn=ldxn, ss_out=address(ss_out),
+                ss_stride=ss_stride)
             return
         fn, grid, smem, bm, g = self._geometry("residual", M, N)
-        fn.launch(grid, g.threads,
-                  (address(A), np.int32(lda), address(W), np.int32(ldw), np.int32(M), np.int32(N), np.int32(K), address(x),
-                   np.int32(ldx), address(norm_w), address(xn), np.int32(ldxn), address(ss_out), np.int32(ss_stride))
-                  + g.maps(self.device, A, lda, W, ldw, M, N, K, bm), smem=smem, stream=stream)
+        fn.launch(grid, g.threads, smem=smem, stream=stream,
+                  A=address(A), lda=lda, W=address(W), ldw=ldw, M=M, N=N, K=K, x=address(x), ldx=ldx,
+                  norm_w=address(norm_w), xn=address(xn), ldxn=ldxn, ss_out=address(ss_out), ss_stride=ss_stride,
+                  **g.maps(self.device, A, lda, W, ldw, M, N, K, bm))

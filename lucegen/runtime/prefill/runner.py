@@ -167,9 +167,10 @@ class DenseWeights(LayerWeights):
     def embed(self, tokens: int, T: int, x: int, xn: int, ss: int, ss_stride: int, stream, *,
               norm: int | None = None) -> None:
         """x, xn, ss of T rows from device int32 ``tokens``: the compute-dtype embedding rows (``prefill_embed``)."""
-        self.embed_fn.launch(T, EMBED_THREADS, (address(tokens), address(self.matrix(self.dec.layout.embed)),
-                                                address(self.first_norm() if norm is None else norm), address(x),
-                                                address(xn), address(ss), np.int32(ss_stride)), stream=stream)
+        self.embed_fn.launch(T, EMBED_THREADS, stream=stream, tokens=address(tokens),
+                             embed=address(self.matrix(self.dec.layout.embed)),
+                             norm_w=address(self.first_norm() if norm is None else norm), x=address(x), xn=address(xn),
+                             ss=address(ss), ss_stride=ss_stride)
 
 
 class MixWrote(enum.Enum):
