@@ -6,14 +6,19 @@ A *kernel family* is one template rendered into one source file per target (``ge
 up automatically (no central list to edit). To add one, create ``lucegen/families/<yours>.py``::
 
     from lucegen.codegen import KernelFamily
+    from lucegen.kernel_signature import KernelSignature, pointer, scalar
 
     def _params(target):                      # per-target template parameters (beyond target.template_params())
         return {"instances": [d for d in target.dtypes if d in ("bf16", "fp16")], "block_threads": 256}
 
-    FAMILIES = (KernelFamily("small_kernels", "kernels/small_kernels.cu.j2", params=_params),)
+    SIGNATURES = (KernelSignature("argmax_f32", (pointer("x", "float", const=True), scalar("n", "int"),
+                                                 pointer("out", "int"))),)
+    FAMILIES = (KernelFamily("small_kernels", "kernels/small_kernels.cu.j2", params=_params, signatures=SIGNATURES),)
 
 then ``lucegen build`` renders, writes and compiles it for every target, and the runtime gets the compiled module
-with ``codegen.build(target, "small_kernels")`` (render + compile through the cache).
+with ``codegen.build(target, "small_kernels")`` (render + compile through the cache). The template writes each
+kernel's parameter list from its declaration (``{{ kernel_signature("argmax_f32") }}``, lucegen.kernel_signature)
+and the runtime launches it with named arguments (``fn.launch(1, 256, x=x, n=n, out=out)``).
 """
 
 from __future__ import annotations

@@ -125,25 +125,25 @@ def test_bind_checks_a_structs_kind_and_size():
 
 
 def test_every_declared_kernel_matches_its_cubin():
-    """Each family that declares its kernels declares every kernel of its module for sm_90, and each declaration
-    agrees with the compiled kernel's parameter table (count and sizes), read by the host-only device."""
+    """Every family but quant_gemm declares its kernels; each that does declares every kernel of its module for sm_90
+    (and its quantised variant), and each declaration agrees with the compiled kernel's parameter table (count and
+    sizes), read by the host-only device."""
     from lucegen import codegen
     from lucegen.compile.elf import cubin_parameters
     from lucegen.runtime.host_device import HostDevice
     from lucegen.target import load_target
 
-    target = load_target("sm_90")
-    dev = HostDevice(target)
-    declaring = [f for f in codegen.families(target) if f.signatures]
-    assert {"small_kernels", "quant_matvec"} <= {f.name for f in declaring}
-    for fam in declaring:
-        compiled = codegen.compile_family(target, fam)
-        table = cubin_parameters(compiled.binary)
-        module = dev.load(compiled)
-        for info in compiled.kernels:
-            fn = module.function(info.name)
-            assert fn.signature is not None, (fam.name, info.name)
-            assert [p.size for p in fn.signature.params] == list(table[info.name]), (fam.name, info.name)
+    for target in (load_target("sm_90"), load_target("sm_90").quantised_target()):
+        dev = HostDevice(target)
+        assert {f.name for f in codegen.families(target) if not f.signatures} <= {"quant_gemm"}
+        for fam in [f for f in codegen.families(target) if f.signatures]:
+            compiled = codegen.compile_family(target, fam)
+            table = cubin_parameters(compiled.binary)
+            module = dev.load(compiled)
+            for info in compiled.kernels:
+                fn = module.function(info.name)
+                assert fn.signature is not None, (fam.name, info.name)
+                assert [p.size for p in fn.signature.params] == list(table[info.name]), (fam.name, info.name)
 
 
 def test_host_device_launches_by_name():
@@ -167,3 +167,25 @@ def test_host_device_launches_by_name():
     out.free()
     with pytest.raises(DeviceError, match="argument out .* is in no live allocation"):
         fn.launch(1, 256, x=x, n=1024, out=freed)
+
+
+def test_host_device_refuses_a_declaration_the_kernel_does_not_have(monkeypatch):
+    """A declaration whose parameter differs from the compiled kernel's (here n as a 64-bit integer), or whose names
+    are not the source's, is refused when the function is looked up."""
+    from lucegen import codegen
+    from lucegen.runtime.host_device import HostDevice
+    from lucegen.target import load_target
+
+    dev = HostDevice(load_target("sm_90"))
+    compiled = codegen.build(dev.target, "small_kernels")
+    wide = KernelSignature("argmax_f32", (pointer("x", "float", const=True), scalar("n", "long long"),
+                                          pointer("out", "int")))
+    monkeypatch.setattr(codegen, "signature", lambda family, kernel: wide)
+    with pytest.raises(DeviceError, match="argmax_f32: parameter n is declared int64 of 8 bytes; the source declares "
+                                          "int32 and the compiled kernel takes 4 bytes"):
+        dev.load(compiled).function("argmax_f32")
+    renamed = KernelSignature("argmax_f32", (pointer("x", "float", const=True), scalar("count", "int"),
+                                             pointer("out", "int")))
+    monkeypatch.setattr(codegen, "signature", lambda family, kernel: renamed)
+    with pytest.raises(DeviceError, match=r"the source declares the parameters \(x, n, out\)"):
+        dev.load(compiled).function("argmax_f32")

@@ -61,8 +61,8 @@ class _Fn:
     def max_active_clusters(self, cluster, threads, smem):
         return 132 // cluster
 
-    def launch(self, grid, block, args, smem=0, stream=None):
-        self.log.append((self.name, grid, block, smem, args))
+    def launch(self, grid, block, *, smem=0, stream=None, **arguments):
+        self.log.append((self.name, grid, block, smem, arguments))
 
 
 class _Module:
@@ -109,7 +109,7 @@ def test_launch_geometry_and_kernel_choice(gemm90):
     assert name.startswith("gemm_swiglu_m") and grid == (min(-(-groups // crews), 132 // c) * c if tma else groups)
     assert block == 256 + (32 if tma else 0)  # 8 consumer warps (+ the TMA producer warp)
     if tma:  # A [520][1024] in boxes of bm x 64, W [7168][1024] in boxes of tile_n x 64, rows 2 * ld bytes apart
-        assert isinstance(args[-1], TensorMap) and isinstance(args[-2], TensorMap)
+        assert isinstance(args["map_w"], TensorMap) and isinstance(args["map_a"], TensorMap)
         assert [e[1] for e in dev.log[-3:-1]] == [(0x1000, 520, 1024, 2048, bm, 64, "bf16"),
                                                    (0x2000, 7168, 1024, 2048, tn // c, 64, "bf16")]
     # stages of (A + W) tiles; the wgmma mainloop adds 1024 bytes to align them for the 128-byte swizzle

@@ -372,9 +372,9 @@ draft_context_store(const float* __restrict__ ctx_kv, const int* __restrict__ ro
 //   q_ws[t][h] = apply_rope(rms_norm(q_h) * (1 + q_norm)), block_kv[0][g][t] = the same for k_g with k_norm,
 //   block_kv[1][g][t] = v_g,   from proj[t] = [q (NH * HD) | k (KVD) | v (KVD)] (f32). One block per row.
 extern "C" __global__ void __launch_bounds__(DR_NT)
-draft_block_prepare(const float* __restrict__ proj, const float* __restrict__ q_norm,
-                    const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
-                    const int* __restrict__ start_at, bf16_t* __restrict__ q_ws, bf16_t* __restrict__ block_kv) {
+draft_block_prepare(const float* __restrict__ proj, const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                    const float* __restrict__ inv_freq, const int* __restrict__ start_at, bf16_t* __restrict__ q_ws,
+                    bf16_t* __restrict__ block_kv) {
   const int t = blockIdx.x, pos = *start_at + t;
   const float* row = proj + (size_t)t * (DR_QD + 2 * DR_KVD);
   const int warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();

@@ -279,8 +279,7 @@ dequantize_q8_0(const unsigned char* __restrict__ data, float* __restrict__ out,
 // per row, lane l takes values l, l + 32, ... of each block (neighbouring lanes, neighbouring bytes),
 // f32 accumulation. Reference: dequantize(W) @ x.
 extern "C" __global__ void __launch_bounds__(256)
-matvec_q8_0(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N,
-                 int K) {
+matvec_q8_0(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N, int K) {
   const int row = blockIdx.x * 8 + threadIdx.x / LG_WARP_SIZE;
   if (row >= N) return;
   const int lane = lg_lane_id(), blocks = K / Q8_0::VALUES;
@@ -303,9 +302,9 @@ matvec_q8_0(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 //   leave it for readers of more than one row: QuantGemm.row_totals).
 // One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
-embed_q8_0(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
-                const float* __restrict__ norm_w, float* __restrict__ x, bf16_t* __restrict__ xn,
-                float* __restrict__ ss, int ss_stride, int part_cols, int totals) {
+embed_q8_0(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H, const float* __restrict__ norm_w,
+           float* __restrict__ x, bf16_t* __restrict__ xn, float* __restrict__ ss, int ss_stride, int part_cols,
+           int totals) {
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q8_0::VALUES) * Q8_0::BYTES;
   for (int part = threadIdx.x; part * part_cols < H; part += 256) {
@@ -341,8 +340,7 @@ dequantize_q4_k(const unsigned char* __restrict__ data, float* __restrict__ out,
 // per row, lane l takes values l, l + 32, ... of each block (neighbouring lanes, neighbouring bytes),
 // f32 accumulation. Reference: dequantize(W) @ x.
 extern "C" __global__ void __launch_bounds__(256)
-matvec_q4_k(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N,
-                 int K) {
+matvec_q4_k(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N, int K) {
   const int row = blockIdx.x * 8 + threadIdx.x / LG_WARP_SIZE;
   if (row >= N) return;
   const int lane = lg_lane_id(), blocks = K / Q4_K::VALUES;
@@ -365,9 +363,9 @@ matvec_q4_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 //   leave it for readers of more than one row: QuantGemm.row_totals).
 // One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
-embed_q4_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
-                const float* __restrict__ norm_w, float* __restrict__ x, bf16_t* __restrict__ xn,
-                float* __restrict__ ss, int ss_stride, int part_cols, int totals) {
+embed_q4_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H, const float* __restrict__ norm_w,
+           float* __restrict__ x, bf16_t* __restrict__ xn, float* __restrict__ ss, int ss_stride, int part_cols,
+           int totals) {
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q4_K::VALUES) * Q4_K::BYTES;
   for (int part = threadIdx.x; part * part_cols < H; part += 256) {
@@ -403,8 +401,7 @@ dequantize_q5_k(const unsigned char* __restrict__ data, float* __restrict__ out,
 // per row, lane l takes values l, l + 32, ... of each block (neighbouring lanes, neighbouring bytes),
 // f32 accumulation. Reference: dequantize(W) @ x.
 extern "C" __global__ void __launch_bounds__(256)
-matvec_q5_k(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N,
-                 int K) {
+matvec_q5_k(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N, int K) {
   const int row = blockIdx.x * 8 + threadIdx.x / LG_WARP_SIZE;
   if (row >= N) return;
   const int lane = lg_lane_id(), blocks = K / Q5_K::VALUES;
@@ -427,9 +424,9 @@ matvec_q5_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 //   leave it for readers of more than one row: QuantGemm.row_totals).
 // One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
-embed_q5_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
-                const float* __restrict__ norm_w, float* __restrict__ x, bf16_t* __restrict__ xn,
-                float* __restrict__ ss, int ss_stride, int part_cols, int totals) {
+embed_q5_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H, const float* __restrict__ norm_w,
+           float* __restrict__ x, bf16_t* __restrict__ xn, float* __restrict__ ss, int ss_stride, int part_cols,
+           int totals) {
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q5_K::VALUES) * Q5_K::BYTES;
   for (int part = threadIdx.x; part * part_cols < H; part += 256) {
@@ -465,8 +462,7 @@ dequantize_q6_k(const unsigned char* __restrict__ data, float* __restrict__ out,
 // per row, lane l takes values l, l + 32, ... of each block (neighbouring lanes, neighbouring bytes),
 // f32 accumulation. Reference: dequantize(W) @ x.
 extern "C" __global__ void __launch_bounds__(256)
-matvec_q6_k(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N,
-                 int K) {
+matvec_q6_k(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N, int K) {
   const int row = blockIdx.x * 8 + threadIdx.x / LG_WARP_SIZE;
   if (row >= N) return;
   const int lane = lg_lane_id(), blocks = K / Q6_K::VALUES;
@@ -489,9 +485,9 @@ matvec_q6_k(const unsigned char* __restrict__ W, const float* __restrict__ x, fl
 //   leave it for readers of more than one row: QuantGemm.row_totals).
 // One block per token, one thread per part at a time; the quantised GEMMs then apply rsqrt(sum_j ss / H + eps).
 extern "C" __global__ void __launch_bounds__(256)
-embed_q6_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H,
-                const float* __restrict__ norm_w, float* __restrict__ x, bf16_t* __restrict__ xn,
-                float* __restrict__ ss, int ss_stride, int part_cols, int totals) {
+embed_q6_k(const int* __restrict__ tokens, const unsigned char* __restrict__ E, int H, const float* __restrict__ norm_w,
+           float* __restrict__ x, bf16_t* __restrict__ xn, float* __restrict__ ss, int ss_stride, int part_cols,
+           int totals) {
   const int t = blockIdx.x;
   const unsigned char* row = E + (size_t)tokens[t] * (H / Q6_K::VALUES) * Q6_K::BYTES;
   for (int part = threadIdx.x; part * part_cols < H; part += 256) {

@@ -301,9 +301,9 @@ __device__ __forceinline__ void attn_sincos(float x, float* s, float* c) {
 //   A rotated cache format (tq3_0) gets q rotated block by block as it rotates k and v (kv_cache.cuh).
 extern "C" __global__ void __launch_bounds__(256)
 prefill_attention_prepare(const float* __restrict__ proj, const float* __restrict__ q_norm,
-                          const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
-                          bf16_t* __restrict__ kv, int max_context, bf16_t* __restrict__ q_ws, int n_tokens,
-                          int pos0, const int* __restrict__ depth, const int* __restrict__ pos0_at) {
+                          const float* __restrict__ k_norm, const float* __restrict__ inv_freq, bf16_t* __restrict__ kv,
+                          int max_context, bf16_t* __restrict__ q_ws, int n_tokens, int pos0,
+                          const int* __restrict__ depth, const int* __restrict__ pos0_at) {
   constexpr int NWARPS = 8;
   __shared__ float normed[ATTN_HD];
   __shared__ float warp_sums[NWARPS];

@@ -667,91 +667,85 @@ __device__ __forceinline__ void gemm_block(const bf16_t* __restrict__ A, int lda
 
 // ---- block tile 128 x 128 x 32, 2 x 4 warps, 3 stages, mma_m16n8k16 ----
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_rows_f32_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
-                        int ldo) {
+gemm_rows_f32_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                   const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out, int ldo) {
   gemm_block<128>(A, lda, W, ldw, M, N, K, 1, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_swiglu_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                      int K, const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out,
-                      int ldo) {
+gemm_swiglu_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                 const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out, int ldo) {
   gemm_block<128>(A, lda, W, ldw, M, N, K, 1, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_residual_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
-                        bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride) {
+gemm_residual_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                   float* __restrict__ x, int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, int ldxn,
+                   float* __restrict__ ss_out, int ss_stride) {
   gemm_block<128>(A, lda, W, ldw, M, N, K, 1, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride}
                        );
 }
 
 // Split-K: slice z of `splits` multiplies columns [z * K, (z + 1) * K) of A and W (K = the slice length).
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_partial_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                       int K, int splits, float* __restrict__ part) {
+gemm_partial_m128(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                  int splits, float* __restrict__ part) {
   gemm_block<128>(A, lda, W, ldw, M, N, K, splits, GemmPartial{part});
 }
 
 // ---- block tile 64 x 128 x 32, 2 x 4 warps, 3 stages, mma_m16n8k16 ----
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_rows_f32_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
-                        int ldo) {
+gemm_rows_f32_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                  const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out, int ldo) {
   gemm_block<64>(A, lda, W, ldw, M, N, K, 1, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_swiglu_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                      int K, const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out,
-                      int ldo) {
+gemm_swiglu_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out, int ldo) {
   gemm_block<64>(A, lda, W, ldw, M, N, K, 1, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_residual_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
-                        bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride) {
+gemm_residual_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                  float* __restrict__ x, int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, int ldxn,
+                  float* __restrict__ ss_out, int ss_stride) {
   gemm_block<64>(A, lda, W, ldw, M, N, K, 1, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride}
                        );
 }
 
 // Split-K: slice z of `splits` multiplies columns [z * K, (z + 1) * K) of A and W (K = the slice length).
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_partial_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                       int K, int splits, float* __restrict__ part) {
+gemm_partial_m64(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                 int splits, float* __restrict__ part) {
   gemm_block<64>(A, lda, W, ldw, M, N, K, splits, GemmPartial{part});
 }
 
 // ---- block tile 32 x 128 x 32, 2 x 4 warps, 3 stages, mma_m16n8k16 ----
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_rows_f32_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
-                        int ldo) {
+gemm_rows_f32_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                  const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out, int ldo) {
   gemm_block<32>(A, lda, W, ldw, M, N, K, 1, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo});
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_swiglu_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                      int K, const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out,
-                      int ldo) {
+gemm_swiglu_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                const float* __restrict__ ss, int ss_parts, int ss_stride, bf16_t* __restrict__ out, int ldo) {
   gemm_block<32>(A, lda, W, ldw, M, N, K, 1, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo});
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_residual_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
-                        bf16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride) {
+gemm_residual_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                  float* __restrict__ x, int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, int ldxn,
+                  float* __restrict__ ss_out, int ss_stride) {
   gemm_block<32>(A, lda, W, ldw, M, N, K, 1, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride}
                        );
 }
 
 // Split-K: slice z of `splits` multiplies columns [z * K, (z + 1) * K) of A and W (K = the slice length).
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_partial_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N,
-                       int K, int splits, float* __restrict__ part) {
+gemm_partial_m32(const bf16_t* __restrict__ A, int lda, const bf16_t* __restrict__ W, int ldw, int M, int N, int K,
+                 int splits, float* __restrict__ part) {
   gemm_block<32>(A, lda, W, ldw, M, N, K, splits, GemmPartial{part});
 }
 

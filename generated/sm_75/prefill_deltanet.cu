@@ -709,8 +709,8 @@ deltanet_chunk_output(float* __restrict__ workspace, int n_tokens) {
 // old window any more.
 extern "C" __global__ void __launch_bounds__(DN_NT)
 deltanet_gated_norm(const float* __restrict__ proj, const float* __restrict__ gnorm_w,
-                    const float* __restrict__ workspace, float* __restrict__ conv_state,
-                    fp16_t* __restrict__ out, int n_tokens) {
+                    const float* __restrict__ workspace, float* __restrict__ conv_state, fp16_t* __restrict__ out,
+                    int n_tokens) {
   const int tp = dn_padded(n_tokens);
   const float* o_all = dn_workspace(const_cast<float*>(workspace), tp).o;
   const int t = blockIdx.x, warp = threadIdx.x / LG_WARP_SIZE, lane = lg_lane_id();

@@ -1054,8 +1054,8 @@ extern "C" __global__ void __launch_bounds__(TV_AT_STREAMS / TV_AT_PACK * LG_WAR
 tree_attention_packed(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
                       int max_context, const int* __restrict__ anc, int anc_stride, const int* __restrict__ depth,
                       bf16_t* __restrict__ out, int n_slots, const int* __restrict__ pos0_at,
-                      unsigned short* __restrict__ amax_out, float* __restrict__ partial, unsigned* __restrict__ arrived,
-                      int mma_keys) {
+                      unsigned short* __restrict__ amax_out, float* __restrict__ partial,
+                      unsigned* __restrict__ arrived, int mma_keys) {
   tv_attention_block<1, TV_AT_PACK>(
       q_ws, proj, kv, max_context, anc, anc_stride, depth, out, n_slots, pos0_at, amax_out, partial, arrived, mma_keys);
 }
@@ -1210,11 +1210,11 @@ __device__ __forceinline__ const bf16_t* ta_key_row(const bf16_t* tile, const bf
 }
 
 extern "C" __global__ void __launch_bounds__(TA_THREADS)
-tree_attention_mma(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj,
-                   const bf16_t* __restrict__ kv, int max_context, const int* __restrict__ anc, int anc_stride,
-                   const int* __restrict__ depth, bf16_t* __restrict__ out, int n_slots,
-                   const int* __restrict__ pos0_at, unsigned short* __restrict__ amax_out, float* __restrict__ partial,
-                   int max_ranges, int mma_keys, int range_keys, int stages) {
+tree_attention_mma(const bf16_t* __restrict__ q_ws, const float* __restrict__ proj, const bf16_t* __restrict__ kv,
+                   int max_context, const int* __restrict__ anc, int anc_stride, const int* __restrict__ depth,
+                   bf16_t* __restrict__ out, int n_slots, const int* __restrict__ pos0_at,
+                   unsigned short* __restrict__ amax_out, float* __restrict__ partial, int max_ranges, int mma_keys,
+                   int range_keys, int stages) {
   static_assert(TV_GROUP <= 16, "a slot's query heads are the rows of one m16 tile");
   static_assert(TA_BKV % 16 == 0, "tiles of whole k16 steps (range_keys: whole tiles)");
   static_assert(TA_SLOTS * TV_GROUP * TV_HD * 4 <= 2 * TA_BKV * TA_ROW * 2, "the results fit one K/V stage");
@@ -1467,8 +1467,9 @@ rows_argmax(const float* __restrict__ logits, int n_cols, float* __restrict__ pa
 // The hand-over between two one-slot passes of a greedy decode queued on the device: the pass's argmax is the next
 // pass's token and history[pos0] (the token after position pos0), and the position advances (the slot's K/V row is
 // already at pos0; its DeltaNet state and conv window were written in place by deltanet_decode_step).
-extern "C" __global__ void tree_greedy_advance(const int* __restrict__ argmax, int* __restrict__ tokens,
-                                               int* __restrict__ pos0, int* __restrict__ history) {
+extern "C" __global__ void
+tree_greedy_advance(const int* __restrict__ argmax, int* __restrict__ tokens, int* __restrict__ pos0,
+                    int* __restrict__ history) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {
     const int token = argmax[0];
     tokens[0] = token;
@@ -1509,8 +1510,8 @@ tree_commit_deltanet(float* __restrict__ workspaces, size_t ws_layer_stride, con
 // path[d] >= d, so copying in increasing d never overwrites a row still to be read. The grid covers at least
 // 2 NKV KV_ROW_UNITS threads per layer.
 extern "C" __global__ void __launch_bounds__(TV_NT)
-tree_commit_kv(bf16_t* __restrict__ kv_all, size_t layer_bytes, int max_context, const int* __restrict__ path,
-               int n, int pos0) {
+tree_commit_kv(bf16_t* __restrict__ kv_all, size_t layer_bytes, int max_context, const int* __restrict__ path, int n,
+               int pos0) {
   const int i = blockIdx.x * TV_NT + threadIdx.x;
   if (i >= 2 * TV_NKV * KV_ROW_UNITS) return;
   const int head = i / KV_ROW_UNITS, u = i % KV_ROW_UNITS;  // head: K heads then V heads

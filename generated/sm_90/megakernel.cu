@@ -1560,9 +1560,10 @@ __device__ __noinline__ void lm_head_phase(const DecodeArgs& a, int step, float*
 // backend takes it as the waves each SIMD must hold (its launch bounds only cap the block size).
 extern "C" __global__ void __launch_bounds__(512, 1)
 qwen35_decode(const wt_t* wmat, const float* wvec, float* conv_state, float* recurrent, kv_t* kv_cache,
-    unsigned long long* scratch, unsigned* barrier, unsigned long long* argmax, const int* tokens_in, int* tokens_out,
-    float* logits, const code6_t* lm_codes, const float2* lm_rows, unsigned long long* screen_floor,
-    unsigned long long* profile, int max_context, int start_pos, int n_steps, int n_forced, unsigned epoch_base) {
+              unsigned long long* scratch, unsigned* barrier, unsigned long long* argmax, const int* tokens_in,
+              int* tokens_out, float* logits, const code6_t* lm_codes, const float2* lm_rows,
+              unsigned long long* screen_floor, unsigned long long* profile, int max_context, int start_pos,
+              int n_steps, int n_forced, unsigned epoch_base) {
   const DecodeArgs a{wmat, wvec, conv_state, recurrent, kv_cache, scratch, barrier, argmax, tokens_in, tokens_out,
                      logits, lm_codes, lm_rows, screen_floor, profile, max_context, start_pos, n_steps, n_forced,
                      epoch_base};

@@ -33,7 +33,8 @@ SIGNATURES = (
         pointer("lm_rows", "float2", const=True, restrict=False),
         pointer("screen_floor", "unsigned long long", restrict=False),
         pointer("profile", "unsigned long long", restrict=False), scalar("max_context", "int"),
-        scalar("start_pos", "int"), scalar("n_steps", "int"), scalar("n_forced", "int"), scalar("epoch_base", "unsigned"),
+        scalar("start_pos", "int"), scalar("n_steps", "int"), scalar("n_forced", "int"),
+        scalar("epoch_base", "unsigned"),
     )),
 )
 

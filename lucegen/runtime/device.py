@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -256,41 +257,62 @@ def pack_args(args: Iterable) -> tuple[np.ndarray, np.ndarray]:
     return storage, pointers
 
 
+@functools.lru_cache(maxsize=None)
+def _binding(signature: KernelSignature) -> tuple:
+    """Per parameter of a declaration, what binding an argument checks: (parameter, kind: pointer, struct, float or
+    int, numpy scalar type, least and greatest value of an int)."""
+    plan = []
+    for p in signature.params:
+        if p.kind != "scalar":
+            plan.append((p, p.kind, None, None, None))
+        elif np.dtype(p.dtype).kind == "f":
+            plan.append((p, "float", p.dtype, None, None))
+        else:
+            info = np.iinfo(p.dtype)
+            plan.append((p, "int", p.dtype, int(info.min), int(info.max)))
+    return tuple(plan)
+
+
 def bind_arguments(kernel: str, signature: KernelSignature, values: dict) -> tuple:
     """The arguments of a launch of ``kernel``, named in ``values``, in the order of its declared parameters: a
     pointer's Buffer or address, a scalar converted to its declared type's numpy scalar, a struct's ByValue. A
     DeviceError names the kernel and the parameter of a missing, unknown or wrongly-kinded argument."""
-    names = [p.name for p in signature.params]
-    missing, unknown = [n for n in names if n not in values], [n for n in values if n not in names]
-    if missing or unknown:
+    plan = _binding(signature)
+    if len(values) != len(plan) or any(p.name not in values for p, *_ in plan):
+        names = [p.name for p, *_ in plan]
+        missing, unknown = [n for n in names if n not in values], [n for n in values if n not in names]
         raise DeviceError(f"launch of {kernel}: " + "; ".join(
             ([f"no argument for {', '.join(missing)}"] if missing else []) +
             ([f"no parameter named {', '.join(unknown)}"] if unknown else [])) + f" (parameters: {', '.join(names)})")
     out = []
-    for p in signature.params:
-        value, where = values[p.name], f"launch of {kernel}: argument {p.name}"
-        if p.kind == "pointer":
+    for p, kind, scalar_type, least, greatest in plan:
+        value = values[p.name]
+        if kind == "int":
+            if not isinstance(value, (int, np.integer)):
+                raise DeviceError(f"launch of {kernel}: argument {p.name} ({p.ctype}) takes an integer, not "
+                                  f"{type(value).__name__} {value!r}")
+            if not least <= value <= greatest:
+                raise DeviceError(f"launch of {kernel}: argument {p.name} ({p.ctype}): {int(value)} is out of its "
+                                  f"range")
+            out.append(scalar_type(value))
+        elif kind == "float":
+            if not isinstance(value, (int, float, np.integer, np.floating)):
+                raise DeviceError(f"launch of {kernel}: argument {p.name} ({p.ctype}) takes a number, not "
+                                  f"{type(value).__name__} {value!r}")
+            out.append(scalar_type(value))
+        elif kind == "pointer":
             if not isinstance(value, (Buffer, np.uint64)):
-                raise DeviceError(f"{where} ({p.ctype}*) takes a Buffer or an address "
+                raise DeviceError(f"launch of {kernel}: argument {p.name} ({p.ctype}*) takes a Buffer or an address "
                                   f"(lucegen.runtime.device.address), not {type(value).__name__} {value!r}")
             out.append(value)
-        elif p.kind == "struct":
-            if not isinstance(value, ByValue):
-                raise DeviceError(f"{where} ({p.ctype} by value) takes a ByValue (a TensorMap), not "
-                                  f"{type(value).__name__}")
-            if p.nbytes is not None and len(value.raw) != p.nbytes:
-                raise DeviceError(f"{where} ({p.ctype}) is {p.nbytes} bytes, given {len(value.raw)}")
-            out.append(value)
         else:
-            dtype = np.dtype(p.dtype)
-            number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, np.bool_)
-            if not number or (dtype.kind != "f" and isinstance(value, (float, np.floating))):
-                raise DeviceError(f"{where} ({p.ctype}) takes "
-                                  f"{'a number' if dtype.kind == 'f' else 'an integer'}, not "
-                                  f"{type(value).__name__} {value!r}")
-            if dtype.kind != "f" and not np.iinfo(dtype).min <= int(value) <= np.iinfo(dtype).max:
-                raise DeviceError(f"{where} ({p.ctype}): {int(value)} is out of its range")
-            out.append(dtype.type(value))
+            if not isinstance(value, ByValue):
+                raise DeviceError(f"launch of {kernel}: argument {p.name} ({p.ctype} by value) takes a ByValue (a "
+                                  f"TensorMap), not {type(value).__name__}")
+            if p.nbytes is not None and len(value.raw) != p.nbytes:
+                raise DeviceError(f"launch of {kernel}: argument {p.name} ({p.ctype}) is {p.nbytes} bytes, given "
+                                  f"{len(value.raw)}")
+            out.append(value)
     return tuple(out)
 
 

@@ -266,10 +266,10 @@ class MegakernelDecoder(SequenceState):
         if tokens_in.min() < 0 or tokens_in.max() >= self.config.vocab_size:
             raise LucegenError(f"token id out of range [0, {self.config.vocab_size})")
         self.device.upload(tokens_in, self.tokens_in)
-        logits_ptr = np.uint64(0)
+        logits_ptr = address(0)
         if logits:
             logits_ptr = self._ensure("_logits", n_steps * self.config.vocab_size * 4)
-        profile_ptr = np.uint64(0)
+        profile_ptr = address(0)
         if self.profiling:
             profile_ptr = self._ensure("_profile", n_steps * packing.phases_per_step(self.config) * self.blocks * 32)
         phases = n_steps * packing.phases_per_step(self.config)

@@ -806,31 +806,33 @@ __device__ __forceinline__ void gemm_block(const fp16_t* __restrict__ A, int lda
 
 // ---- block tile 64 x 256 x 64, 4 x 1 warps, 4 stages, wgmma_m64nNk16 ----
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_rows_f32_m64(const fp16_t* __restrict__ A, int lda, const fp16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out,
-                        int ldo, const __grid_constant__ GemmTensorMap map_a, const __grid_constant__ GemmTensorMap map_w) {
+gemm_rows_f32_m64(const fp16_t* __restrict__ A, int lda, const fp16_t* __restrict__ W, int ldw, int M, int N, int K,
+                  const float* __restrict__ ss, int ss_parts, int ss_stride, float* __restrict__ out, int ldo,
+                  const __grid_constant__ GemmTensorMap map_a, const __grid_constant__ GemmTensorMap map_w) {
   gemm_block<64>(A, lda, W, ldw, M, N, K, 1, GemmRowsF32{ss, ss_parts, ss_stride, out, ldo}, &map_a, &map_w);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_swiglu_m64(const fp16_t* __restrict__ A, int lda, const fp16_t* __restrict__ W, int ldw, int M, int N,
-                      int K, const float* __restrict__ ss, int ss_parts, int ss_stride, fp16_t* __restrict__ out,
-                      int ldo, const __grid_constant__ GemmTensorMap map_a, const __grid_constant__ GemmTensorMap map_w) {
+gemm_swiglu_m64(const fp16_t* __restrict__ A, int lda, const fp16_t* __restrict__ W, int ldw, int M, int N, int K,
+                const float* __restrict__ ss, int ss_parts, int ss_stride, fp16_t* __restrict__ out, int ldo,
+                const __grid_constant__ GemmTensorMap map_a, const __grid_constant__ GemmTensorMap map_w) {
   gemm_block<64>(A, lda, W, ldw, M, N, K, 1, GemmSwiglu{ss, ss_parts, ss_stride, out, ldo}, &map_a, &map_w);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_residual_m64(const fp16_t* __restrict__ A, int lda, const fp16_t* __restrict__ W, int ldw, int M, int N,
-                        int K, float* __restrict__ x, int ldx, const float* __restrict__ norm_w,
-                        fp16_t* __restrict__ xn, int ldxn, float* __restrict__ ss_out, int ss_stride, const __grid_constant__ GemmTensorMap map_a, const __grid_constant__ GemmTensorMap map_w) {
+gemm_residual_m64(const fp16_t* __restrict__ A, int lda, const fp16_t* __restrict__ W, int ldw, int M, int N, int K,
+                  float* __restrict__ x, int ldx, const float* __restrict__ norm_w, fp16_t* __restrict__ xn, int ldxn,
+                  float* __restrict__ ss_out, int ss_stride, const __grid_constant__ GemmTensorMap map_a,
+                  const __grid_constant__ GemmTensorMap map_w) {
   gemm_block<64>(A, lda, W, ldw, M, N, K, 1, GemmResidual{x, ldx, norm_w, xn, ldxn, ss_out, ss_stride}
                        , &map_a, &map_w);
 }
 
 // Split-K: slice z of `splits` multiplies columns [z * K, (z + 1) * K) of A and W (K = the slice length).
 extern "C" __global__ void __launch_bounds__(GEMM_BLOCK_THREADS)
-gemm_partial_m64(const fp16_t* __restrict__ A, int lda, const fp16_t* __restrict__ W, int ldw, int M, int N,
-                       int K, int splits, float* __restrict__ part, const __grid_constant__ GemmTensorMap map_a, const __grid_constant__ GemmTensorMap map_w) {
+gemm_partial_m64(const fp16_t* __restrict__ A, int lda, const fp16_t* __restrict__ W, int ldw, int M, int N, int K,
+                 int splits, float* __restrict__ part, const __grid_constant__ GemmTensorMap map_a,
+                 const __grid_constant__ GemmTensorMap map_w) {
   gemm_block<64>(A, lda, W, ldw, M, N, K, splits, GemmPartial{part}, &map_a, &map_w);
 }
 
