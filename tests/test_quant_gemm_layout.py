@@ -249,9 +249,10 @@ def test_densest_row_tiles_come_first():
 
 def test_a_residual_leaves_its_row_totals_to_the_next_launch():
     """QuantGemm.residual(totals_by_reader=True) at 23 rows launches without its last block's tail (no ss_count) and
-    returns the hand-over (RowTotals), and the launch it is passed to makes the rows' totals: a prequantised reader's quantiser in one more column of blocks,
-    any other launch in a quantiser launch of the totals alone (K = 0) before it. At one row, or without
-    totals_by_reader, the residual keeps its tail and no quantiser makes totals."""
+    returns the hand-over (RowTotals), and the launch it is passed to makes the rows' totals: a prequantised reader's
+    quantiser in one more column of blocks, any other launch in a quantiser launch of the totals alone (K = 0) before
+    it. At one row, or without totals_by_reader, the residual keeps its tail, hands nothing over and no quantiser
+    makes totals."""
     from lucegen.runtime.host_device import HostDevice
     from lucegen.runtime.quant_gemm import QuantGemm
     from lucegen.target import load_target

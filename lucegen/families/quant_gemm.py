@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..codegen import KernelFamily
+from ..errors import LucegenError
 from ..kernel_signature import KernelSignature, pointer, scalar, struct
 from ..model.quant import TYPES
 
@@ -144,11 +145,11 @@ EPILOGUES = ("rows_f32", "swiglu", "residual")
 
 
 class GemmKernel(NamedTuple):
-    """A tile description of the family (CUTLASS's TileDescription): tiles of quant_gemm_<name>_<epilogue>, for groups
-    of 8 tokens ``nt``; ``one_row`` keeps token column 0 alone; ``staged`` copies activations into shared memory by
-    rounds; ``ring`` streams weights through per-warp rings; ``wgmma`` multiplies staged rounds by warpgroup MMAs;
-    ``int8`` quantises the activations; ``blocks_per_cu`` is its launch bounds' resident blocks per compute unit. The
-    template renders it as the traits struct QgTile_<name>."""
+    """A tile description of the family (CUTLASS's TileDescription), the mainloop of the kernels
+    quant_gemm_<name>_<epilogue>: for groups of 8 tokens ``nt``; ``one_row`` keeps token column 0 alone; ``staged``
+    copies activations into shared memory by rounds; ``ring`` streams weights through per-warp rings; ``wgmma``
+    multiplies staged rounds by warpgroup MMAs; ``int8`` quantises the activations; ``blocks_per_cu`` is its launch
+    bounds' resident blocks per compute unit. The template renders it as the traits struct QgTile_<name>."""
     name: str
     nt: int
     one_row: bool = False
@@ -183,7 +184,7 @@ class GemmKernel(NamedTuple):
 def kernel_name(tile: str, epilogue: str) -> str:
     """The kernel of tile description ``tile`` (GemmKernel.name) with ``epilogue`` (one of EPILOGUES)."""
     if epilogue not in EPILOGUES:
-        raise ValueError(f"quant_gemm epilogue {epilogue!r} is not one of {list(EPILOGUES)}")
+        raise LucegenError(f"quant_gemm epilogue {epilogue!r} is not one of {list(EPILOGUES)}")
     return f"quant_gemm_{tile}_{epilogue}"
 
 

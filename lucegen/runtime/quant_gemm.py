@@ -27,8 +27,9 @@ from .. import codegen
 from ..errors import LucegenError
 from ..families.quant_gemm import (EPILOGUE_PARAMS, EPILOGUES, GEMM_TYPES, INT8_OWN_KERNEL_TYPES, INT8_TYPES,
                                    K_QUANTS, MAX_SEGMENTS, NT_MAX, PREQUANTISED_NT, Q8_WARPS, Q8_WAVE_TIME,
-                                   RING_TYPES, WARPS, WGMMA_MAX_PARTS, block_warps, has_int8, instances, int8_kernel, kernel_name, q8_smem_bytes,
-                                   ring_smem_bytes, smem_fits, staged_smem_bytes, wgmma_smem_bytes)
+                                   RING_TYPES, WARPS, WGMMA_MAX_PARTS, block_warps, has_int8, instances, int8_kernel,
+                                   kernel_name, q8_smem_bytes, ring_smem_bytes, smem_fits, staged_smem_bytes,
+                                   wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
 from .quant_tiles import TILE_ROWS, tile_pack
