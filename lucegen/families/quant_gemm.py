@@ -189,15 +189,15 @@ def kernel_name(tile: str, epilogue: str) -> str:
 
 
 def instances(target) -> tuple[GemmKernel, ...]:
-    """The kernels for ``target``. quant_gemm_m1 is nt1 keeping token column 0 alone (M = 1, the decode step): the
-    same operations on that column, fewer on the columns it drops. A staged instance exists where the chip has
-    cp.async and room for the rounds of a launch of WARPS parts; m1r, m1 streaming its weights through per-warp
-    rings of shared memory, where the chip has cp.async; nt<N>w for WGMMA_NT, warpgroup MMAs over staged rounds,
-    where it has wgmma (sm_90a); nt<N>q, the int8-activation kernels, where :func:`has_int8`, with nt1q at the
-    other residencies of Q8_WAVE_TIME (nt1q_r<blocks per compute unit>: the same code, other launch bounds), the
-    one-token kernels m1q at every residency (``one_row``: an MMA's columns hold a tile-block's sub-blocks; nt1q's
-    bits at M = 1), the prequantised nt<N>qp for PREQUANTISED_NT (nt<N>q's bits), and their twins nt<N>q6, m1q6..,
-    nt<N>q6p for groups holding INT8_OWN_KERNEL_TYPES (:func:`int8_kernel`)."""
+    """The tile descriptions for ``target``, a kernel each per epilogue. m1 is nt1 keeping token column 0 alone (M =
+    1, the decode step): the same operations on that column, fewer on the columns it drops. A staged instance exists
+    where the chip has cp.async and room for the rounds of a launch of WARPS parts; m1r, m1 streaming its weights
+    through per-warp rings of shared memory, where the chip has cp.async; nt<N>w for WGMMA_NT, warpgroup MMAs over
+    staged rounds, where it has wgmma (sm_90a); nt<N>q, the int8-activation kernels, where :func:`has_int8`, with
+    nt1q at the other residencies of Q8_WAVE_TIME (nt1q_r<blocks per compute unit>: the same code, other launch
+    bounds), the one-token kernels m1q at every residency (``one_row``: an MMA's columns hold a tile-block's
+    sub-blocks; nt1q's bits at M = 1), the prequantised nt<N>qp for PREQUANTISED_NT (nt<N>q's bits), and their twins
+    nt<N>q6, m1q6.., nt<N>q6p for groups holding INT8_OWN_KERNEL_TYPES (:func:`int8_kernel`)."""
     plain = (GemmKernel("m1", 1, one_row=True),) + tuple(GemmKernel(f"nt{nt}", nt) for nt in range(1, NT_MAX + 1))
     room = target.smem_per_block_optin - STAGED_STATIC_BYTES
     staged = tuple(GemmKernel(f"nt{nt}s", nt, staged=True) for nt in STAGED_NT
