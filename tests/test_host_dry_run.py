@@ -272,18 +272,25 @@ def test_prequantised_kernels_keep_their_epilogue_in_dynamic_shared_memory(model
     static shared memory is the epilogue's early inputs and row scales alone: three blocks of a K = 5,120 launch then
     leave the H100 its 164 KB shared-memory carveout (92 KB of L1 for the rings' copies; 2026-11-27: the 27B's
     23-slot pass 11.3 -> 10.9 ms). Their nt<N>q twins keep static arrays."""
-    from lucegen.families.quant_gemm import Q8_WARPS, q8_smem_bytes
+    from lucegen.families.quant_gemm import Q8_WARPS, kernel_name, q8_smem_bytes
     from lucegen.runtime.quant_target import QuantDecoder
 
     dec = QuantDecoder(models / "tiny-q.gguf", device=host("sm_90"), max_context=512)
-    static = dec.qgemm.static_smem
+
+    def static(tile, epilogue):  # each kernel's (quant_gemm_<tile>_<epilogue>)
+        return dec.qgemm.functions[kernel_name(tile, epilogue)].attribute("SHARED_SIZE_BYTES")
+
     for nt in dec.target.tuning.quant_gemm.prequantised_nt:
         for own in ("", "6"):
-            early_inputs = 4 * (8 * nt + 768)  # row_ss and early_in (the template's QG_EARLY floats)
-            assert early_inputs <= static[f"nt{nt}q{own}p"] <= early_inputs + 128, (nt, own, static)
-            epilogue = 4 * Q8_WARPS * nt * 4 * 32 + 4 * 8 * nt * (16 * Q8_WARPS + 1)  # red and squares
-            assert static[f"nt{nt}q{own}"] >= early_inputs + epilogue
-    assert 3 * (static["nt3qp"] + q8_smem_bytes(3, 5120, prequantised=True) + 1024) <= 164 * 1024
+            early_in = 4 * 768  # the template's QG_EARLY floats
+            early_inputs = 4 * 8 * nt + early_in  # and a reader's row scales, row_ss
+            red, squares = 4 * Q8_WARPS * nt * 4 * 32, 4 * 8 * nt * (16 * Q8_WARPS + 1)  # the epilogue's arrays
+            for e in ("rows_f32", "swiglu"):  # the readers: row scales, no squares
+                assert early_inputs <= static(f"nt{nt}q{own}p", e) <= early_inputs + 128, (nt, own, e)
+                assert static(f"nt{nt}q{own}", e) >= early_inputs + red, (nt, own, e)
+            assert early_in <= static(f"nt{nt}q{own}p", "residual") <= early_in + 128, (nt, own)
+            assert static(f"nt{nt}q{own}", "residual") >= early_in + red + squares, (nt, own)
+    assert 3 * (dec.qgemm.static_smem["nt3qp"] + q8_smem_bytes(3, 5120, prequantised=True) + 1024) <= 164 * 1024
     dec.close()
 
 
@@ -294,25 +301,26 @@ def test_the_checks_can_fail(models):
 
     dev = HostDevice(load_target("sm_90"))
     qg = QuantGemm(dev, dev.target, 64, 1e-6)
-    fn = qg.functions["nt1"]
-    kinds = kernel_kinds(codegen.render_family(dev.target, codegen.family("quant_gemm")))["quant_gemm_nt1"]
+    fn = qg.functions["quant_gemm_nt1_rows_f32"]
+    kinds = kernel_kinds(codegen.render_family(dev.target, codegen.family("quant_gemm")))["quant_gemm_nt1_rows_f32"]
     assert kinds[:4] == ("struct", "int32", "address", "int32")
-    good = [device_module.ByValue(bytes(fn.sizes[0])), np.int32(1), device_module.address(0), np.int32(64)]
-    good += [np.int32(0) if k == "int32" else np.float32(0) if k == "float" else device_module.address(0)
-             for k in kinds[4:]]
-    fn.launch((1, 1), 256, good)
-    with pytest.raises(DeviceError, match="argument 1 is float"):
-        fn.launch((1, 1), 256, good[:1] + [np.float32(1)] + good[2:])
-    with pytest.raises(DeviceError, match="arguments for"):
-        fn.launch((1, 1), 256, good[:-1])
+    good = {p.name: device_module.ByValue(bytes(fn.sizes[0])) if p.kind == "struct" else
+            device_module.address(0) if p.kind == "pointer" else 0.0 if p.ctype == "float" else 0
+            for p in fn.signature.params}
+    good.update(nseg=1, lda=64)
+    fn.launch((1, 1), 256, **good)
+    with pytest.raises(DeviceError, match="argument nseg .*takes an integer"):
+        fn.launch((1, 1), 256, **{**good, "nseg": np.float32(1)})
+    with pytest.raises(DeviceError, match="no argument for"):
+        fn.launch((1, 1), 256, **{n: v for n, v in good.items() if n != "parts"})
     buf = dev.alloc(64)
     freed = device_module.address(buf.ptr)
-    fn.launch((1, 1), 256, good[:2] + [freed] + good[3:])
+    fn.launch((1, 1), 256, **{**good, "A": freed})
     buf.free()
     with pytest.raises(DeviceError, match="no live allocation"):
-        fn.launch((1, 1), 256, good[:2] + [freed] + good[3:])
+        fn.launch((1, 1), 256, **{**good, "A": freed})
     with pytest.raises(DeviceError, match="threads exceed"):
-        fn.launch((1, 1), 4096, good)
+        fn.launch((1, 1), 4096, **good)
 
 
 def test_plan_without_a_gpu(models, capsys):

@@ -1,4 +1,4 @@
-"""The quantised GEMM's weight layout (lucegen/runtime/quant_gemm.py): tile_pack is a byte permutation that
+"""The quantised GEMM's weight layout (lucegen/runtime/quant_tiles.py): tile_pack is a byte permutation that
 tile_unpack inverts, every lane chunk holds the bytes the template's fragments read, and the work plan depends on
 the matrix alone."""
 
@@ -13,7 +13,8 @@ from lucegen.errors import LucegenError
 from lucegen.families.quant_gemm import GEMM_TYPES
 from lucegen.model import quant
 from lucegen.model.quant import TYPES
-from lucegen.runtime.quant_gemm import _tile_map, plan_parts, tile_bytes, tile_pack, tile_unpack
+from lucegen.runtime.quant_gemm import plan_parts
+from lucegen.runtime.quant_tiles import _tile_map, tile_bytes, tile_pack, tile_unpack
 
 
 @settings(max_examples=30, deadline=None)
@@ -151,6 +152,7 @@ def test_kernels_that_wait_first_launch_programmatically_where_the_chip_can():
     programmatically by default where the descriptor has the feature, and plainly elsewhere, where asking for it
     is refused; the other functions of the module launch plainly."""
     from lucegen.errors import DeviceError
+    from lucegen.runtime.device import ByValue, address
     from lucegen.runtime.host_device import HostDevice
     from lucegen.runtime.quant_gemm import QuantGemm
     from lucegen.target import load_target
@@ -161,8 +163,11 @@ def test_kernels_that_wait_first_launch_programmatically_where_the_chip_can():
         assert {fn.programmatic for fn in qg.functions.values()} == {can}, name
         assert qg.amax_fn is None or not qg.amax_fn.programmatic
         if not can:
+            fn = qg.functions["quant_gemm_m1_rows_f32"]
+            zeros = {p.name: ByValue(bytes(p.nbytes)) if p.kind == "struct" else address(0) if p.kind == "pointer"
+                     else 0 for p in fn.signature.params}
             with pytest.raises(DeviceError, match="programmatic"):
-                qg.functions["m1"].launch(1, 256, (), programmatic=True)
+                fn.launch(1, 256, programmatic=True, **zeros)
 
 
 def test_grid_of_the_27b_launches():
@@ -244,10 +249,11 @@ def test_densest_row_tiles_come_first():
 
 
 def test_a_residual_leaves_its_row_totals_to_the_next_launch():
-    """QuantGemm.residual(totals_by_reader=True) at 23 rows launches without its last block's tail (no ss_count), and
-    the module's next launch makes the rows' totals: a prequantised reader's quantiser in one more column of blocks,
-    any other launch in a quantiser launch of the totals alone (K = 0) before it. At one row, or without
-    totals_by_reader, the residual keeps its tail and no quantiser makes totals."""
+    """QuantGemm.residual(totals_by_reader=True) at 23 rows launches without its last block's tail (no ss_count) and
+    returns the hand-over (RowTotals), and the launch it is passed to makes the rows' totals: a prequantised reader's
+    quantiser in one more column of blocks, any other launch in a quantiser launch of the totals alone (K = 0) before
+    it. At one row, or without totals_by_reader, the residual keeps its tail, hands nothing over and no quantiser
+    makes totals."""
     from lucegen.runtime.host_device import HostDevice
     from lucegen.runtime.quant_gemm import QuantGemm
     from lucegen.target import load_target
@@ -267,36 +273,39 @@ def test_a_residual_leaves_its_row_totals_to_the_next_launch():
     buf = {n: dev.alloc(b) for n, b in (("a", M * N * 2), ("am", M * N // 8), ("x", M * N * 4), ("w", N * 4),
                                          ("xn", M * N * 2), ("ss", (parts + 1) * M * 4), ("out", M * 64 * 4))}
     ss, ss_parts = qg.ss_for_readers(buf["ss"].ptr, parts, M, M)
-    tail_counter = 22  # quant_gemm's last argument: the residual's ss_count
+    tail_counter = "ss_count"  # the residual's counter, where its last block makes the totals
 
     def launches(rows, by_reader, W):
         del dev.launches[:]
-        qg.residual(buf["a"].ptr, K, down, None, rows, N, K, buf["x"].ptr, N, buf["w"].ptr, buf["xn"].ptr, N,
-                    buf["ss"].ptr, M, a_amax=buf["am"].ptr, amax_out=buf["am"].ptr, totals_by_reader=by_reader)
+        due = qg.residual(buf["a"].ptr, K, down, None, rows, N, K, buf["x"].ptr, N, buf["w"].ptr, buf["xn"].ptr, N,
+                          buf["ss"].ptr, M, a_amax=buf["am"].ptr, amax_out=buf["am"].ptr, totals_by_reader=by_reader)
+        assert (due is not None) == (by_reader and rows > 1)
         r_ss, r_parts = qg.ss_for_readers(buf["ss"].ptr, parts, M, rows)
         qg.rows_f32(buf["xn"].ptr, N, W, None, rows, 64, N, r_ss, r_parts, M, buf["out"].ptr, 64,
-                    a_amax=buf["am"].ptr)
-        assert qg._totals_due is None
-        return [(name, grid, args) for name, grid, _, _, _, args in dev.launches]
+                    a_amax=buf["am"].ptr, totals=due)
+        return [(name, grid, dict(zip((p.name for p in fn.signature.params), args)))
+                for name, grid, _, _, fn, args in dev.launches]
 
     def totals_job(args):  # quant_gemm_q8_rows' (ss, parts, stride, rows)
-        return tuple(int(a.ptr) if hasattr(a, "ptr") else int(a) for a in args[8:])
+        return tuple(int(args[n].ptr) if hasattr(args[n], "ptr") else int(args[n])
+                     for n in ("ss", "ss_parts", "ss_stride", "rows"))
 
     # deferred to a prequantised reader: no tail; its quantiser (K / 256 + 1 columns of blocks) totals the parts
     seq = launches(M, True, reader)
-    assert [n for n, _, _ in seq] == ["quant_gemm_q8_rows", "quant_gemm_nt3qp", "quant_gemm_q8_rows",
-                                      "quant_gemm_nt3qp"]
+    assert [n for n, _, _ in seq] == ["quant_gemm_q8_rows", "quant_gemm_nt3qp_residual", "quant_gemm_q8_rows",
+                                      "quant_gemm_nt3qp_rows_f32"]
     assert int(seq[1][2][tail_counter]) == 0
     assert seq[2][1] == (N // 256 + 1, 3) and totals_job(seq[2][2]) == (buf["ss"].ptr, parts, M, M)
     assert ss == buf["ss"].ptr + 4 * parts * M and ss_parts == 1
     # deferred, but the next launch quantises as it loads: the totals alone first
     seq = launches(M, True, float_reader)
-    assert [n for n, _, _ in seq][1:] == ["quant_gemm_nt3qp", "quant_gemm_q8_rows", "quant_gemm_nt3"]
-    assert seq[2][1] == (1, 3) and int(seq[2][2][4]) == 0 and totals_job(seq[2][2]) == (buf["ss"].ptr, parts, M, M)
+    assert [n for n, _, _ in seq][1:] == ["quant_gemm_nt3qp_residual", "quant_gemm_q8_rows", "quant_gemm_nt3_rows_f32"]
+    assert seq[2][1] == (1, 3) and int(seq[2][2]["K"]) == 0 and totals_job(seq[2][2]) == (buf["ss"].ptr, parts, M, M)
     # not deferred: the residual's tail, and a quantiser without totals
     seq = launches(M, False, reader)
     assert int(seq[1][2][tail_counter]) != 0
     assert seq[2][1] == (N // 256, 3) and totals_job(seq[2][2]) == (0, 0, 0, 0)
     # one row: the readers total the parts themselves; nothing deferred
     seq = launches(1, True, reader)
-    assert [n for n, _, _ in seq] == ["quant_gemm_m1q", "quant_gemm_m1q"] and int(seq[0][2][tail_counter]) == 0
+    assert [n for n, _, _ in seq] == ["quant_gemm_m1q_residual", "quant_gemm_m1q_rows_f32"]
+    assert int(seq[0][2][tail_counter]) == 0

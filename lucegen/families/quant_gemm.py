@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..errors import LucegenError
+from ..kernel_signature import KernelSignature, pointer, scalar, struct
 from ..model.quant import TYPES
 from .base import KernelFamily
 
@@ -124,10 +126,22 @@ def smem_fits(target, dynamic_bytes: int, static_bytes: int, blocks_per_cu: int)
     return static_bytes + dynamic_bytes <= per_block
 
 
+#: The mainloops a tile description picks (the template's QgMainloop, an include each under
+#: templates/kernels/quant_gemm/): the activations read from global memory as the MMAs need them; staged into shared
+#: memory by rounds; the weights streamed through per-warp rings; warpgroup MMAs over staged rounds; int8 activations
+#: quantised as they load; int8 activations quantised beforehand by quant_gemm_q8_rows.
+MAINLOOPS = ("float", "staged", "ring", "wgmma", "int8", "prequantised")
+#: The epilogues (the template's QgRowsF32, QgSwiglu, QgResidual): every tile description comes with each, a kernel
+#: quant_gemm_<tile>_<epilogue> (:func:`kernel_name`), the epilogue chosen when the kernel is compiled.
+EPILOGUES = ("rows_f32", "swiglu", "residual")
+
+
 class GemmKernel(NamedTuple):
-    """One kernel of the family: quant_gemm_<name>, for groups of 8 tokens ``nt``; ``one_row`` keeps token column 0
-    alone; ``staged`` copies activations into shared memory by rounds; ``ring`` streams weights through per-warp
-    rings; ``wgmma`` multiplies staged rounds by warpgroup MMAs; ``blocks_per_cu`` is its launch bounds' resident blocks per compute unit."""
+    """A tile description of the family (CUTLASS's TileDescription), the mainloop of the kernels
+    quant_gemm_<name>_<epilogue>: for groups of 8 tokens ``nt``; ``one_row`` keeps token column 0 alone; ``staged``
+    copies activations into shared memory by rounds; ``ring`` streams weights through per-warp rings; ``wgmma``
+    multiplies staged rounds by warpgroup MMAs; ``int8`` quantises the activations; ``blocks_per_cu`` is its launch
+    bounds' resident blocks per compute unit. The template renders it as the traits struct QgTile_<name>."""
     name: str
     nt: int
     one_row: bool = False
@@ -144,6 +158,13 @@ class GemmKernel(NamedTuple):
         return block_warps(self.int8)
 
     @property
+    def mainloop(self) -> str:
+        """Its mainloop, one of MAINLOOPS."""
+        if self.int8:
+            return "prequantised" if self.prequantised else "int8"
+        return "wgmma" if self.wgmma else "staged" if self.staged else "ring" if self.ring else "float"
+
+    @property
     def blocks_per_cu(self) -> int:  # 128 registers a thread for one or two groups unstaged, and wgmma
         if self.residency:
             return self.residency
@@ -152,17 +173,24 @@ class GemmKernel(NamedTuple):
         return 2 if (self.nt <= 2 and not self.staged) or self.wgmma else 1
 
 
+def kernel_name(tile: str, epilogue: str) -> str:
+    """The kernel of tile description ``tile`` (GemmKernel.name) with ``epilogue`` (one of EPILOGUES)."""
+    if epilogue not in EPILOGUES:
+        raise LucegenError(f"quant_gemm epilogue {epilogue!r} is not one of {list(EPILOGUES)}")
+    return f"quant_gemm_{tile}_{epilogue}"
+
+
 def instances(target) -> tuple[GemmKernel, ...]:
-    """The kernels for ``target`` (the variants its [tuning.quant_gemm] lists). quant_gemm_m1 is nt1 keeping token
-    column 0 alone (M = 1, the decode step): the same operations on that column, fewer on the columns it drops. A
-    staged instance (staged_nt) exists where the chip has cp.async and room for the rounds of a launch of WARPS parts;
-    m1r, m1 streaming its weights through per-warp rings of shared memory, where the chip has cp.async and ring_types
-    names a block type; nt<N>w for wgmma_nt, warpgroup MMAs over staged rounds, where it has wgmma (sm_90a); nt<N>q,
-    the int8-activation kernels, where :func:`has_int8`, with nt1q at the other residencies of :func:`q8_wave_time`
-    (nt1q_r<blocks per compute unit>: the same code, other launch bounds), the one-token kernels m1q at every
-    residency (``one_row``: an MMA's columns hold a tile-block's sub-blocks; nt1q's bits at M = 1), the prequantised
-    nt<N>qp for prequantised_nt (nt<N>q's bits), and their twins nt<N>q6, m1q6.., nt<N>q6p for groups holding
-    INT8_OWN_KERNEL_TYPES (:func:`int8_kernel`)."""
+    """The tile descriptions for ``target`` (the variants its [tuning.quant_gemm] lists), a kernel each per epilogue.
+    m1 is nt1 keeping token column 0 alone (M = 1, the decode step): the same operations on that column, fewer on the
+    columns it drops. A staged instance (staged_nt) exists where the chip has cp.async and room for the rounds of a
+    launch of WARPS parts; m1r, m1 streaming its weights through per-warp rings of shared memory, where the chip has
+    cp.async and ring_types names a block type; nt<N>w for wgmma_nt, warpgroup MMAs over staged rounds, where it has
+    wgmma (sm_90a); nt<N>q, the int8-activation kernels, where :func:`has_int8`, with nt1q at the other residencies of
+    :func:`q8_wave_time` (nt1q_r<blocks per compute unit>: the same code, other launch bounds), the one-token kernels
+    m1q at every residency (``one_row``: an MMA's columns hold a tile-block's sub-blocks; nt1q's bits at M = 1), the
+    prequantised nt<N>qp for prequantised_nt (nt<N>q's bits), and their twins nt<N>q6, m1q6.., nt<N>q6p for groups
+    holding INT8_OWN_KERNEL_TYPES (:func:`int8_kernel`)."""
     plain = (GemmKernel("m1", 1, one_row=True),) + tuple(GemmKernel(f"nt{nt}", nt) for nt in range(1, NT_MAX + 1))
     room, tuning = target.smem_per_block_optin - STAGED_STATIC_BYTES, target.tuning.quant_gemm
     staged = tuple(GemmKernel(f"nt{nt}s", nt, staged=True) for nt in tuning.staged_nt
@@ -201,6 +229,7 @@ def _params(target, shape: None) -> dict:
     """The template parameters: the block types, the warps and the kernels to emit for ``target``."""
     kernels = instances(target)
     return {"types": GEMM_TYPES, "k_quants": K_QUANTS, "warps": WARPS, "instances": kernels,
+            "mainloops": MAINLOOPS, "epilogues": EPILOGUES,
             "staged_any": any(k.staged for k in kernels), "ring_any": any(k.ring for k in kernels),
             "ring_stages": target.tuning.quant_gemm.ring_stages, "ring_types": target.tuning.quant_gemm.ring_types,
             "max_segments": MAX_SEGMENTS, "wgmma_any": any(k.wgmma for k in kernels), "nt_max": NT_MAX,
@@ -215,4 +244,37 @@ def _arch(target) -> str | None:
     return "sm_90a" if _has_wgmma(target) else None
 
 
-FAMILIES = (KernelFamily("quant_gemm", "kernels/quant_gemm.cu.j2", params=_params, arch=_arch),)
+#: Every kernel's first parameters: the launch's matrices (a QgSegmentTable by value, MAX_SEGMENTS entries, nseg
+#: used), the activations A [M, K] (row stride lda), the K parts of a row tile, and A's magnitudes per 16 values
+#: (int8 groups; unread by the others).
+_OPERANDS = (struct("segs", "QgSegmentTable", 32 * MAX_SEGMENTS), scalar("nseg", "int"),
+             pointer("A", "{T}", const=True), scalar("lda", "int"), scalar("M", "int"), scalar("K", "int"),
+             scalar("parts", "int"), pointer("a_amax", "unsigned short", const=True))
+#: A reader's RMSNorm row scales (the template's QgRowNorm): ss_parts partial sums of squares a row, ss_stride apart.
+_ROW_NORM = (pointer("ss", "float", const=True), scalar("ss_parts", "int"), scalar("ss_stride", "int"),
+             scalar("norm_dim", "int"), scalar("eps", "float"))
+#: The prequantised kernels' (nt<N>qp) int8 activations and their da, from quant_gemm_q8_rows.
+_PREQUANTISED = (pointer("aq", "unsigned char", const=True, when="prequantised"),
+                 pointer("a_da", "float", const=True, when="prequantised"))
+#: Each epilogue's parameters after the operands (the template's QgRowsF32, QgSwiglu, QgResidual).
+EPILOGUE_PARAMS = {
+    "rows_f32": _ROW_NORM + (pointer("out", "float"), scalar("ldo", "int"),
+                             pointer("argmax_key", "unsigned long long")),
+    "swiglu": _ROW_NORM + (pointer("out", "{T}"), scalar("ldo", "int"), pointer("amax_out", "unsigned short")),
+    "residual": (pointer("x", "float"), scalar("ldx", "int"), pointer("norm_w", "float", const=True),
+                 pointer("xn", "{T}"), pointer("ss_out", "float"), scalar("ss_stride", "int"),
+                 pointer("amax_out", "unsigned short"), pointer("ss_count", "unsigned")),
+}
+SIGNATURES = tuple(KernelSignature(kernel_name("{tile}", e), _OPERANDS + EPILOGUE_PARAMS[e] + _PREQUANTISED)
+                   for e in EPILOGUES) + (
+    KernelSignature("quant_gemm_amax", (pointer("A", "{T}", const=True), scalar("lda", "int"), scalar("K", "int"),
+                                        pointer("amax", "unsigned short"))),
+    KernelSignature("quant_gemm_q8_rows", (
+        pointer("A", "{T}", const=True), scalar("lda", "int"), pointer("amax", "unsigned short", const=True),
+        scalar("M", "int"), scalar("K", "int"), scalar("group", "int"), pointer("aq", "unsigned char"),
+        pointer("a_da", "float"), pointer("ss", "float"), scalar("ss_parts", "int"), scalar("ss_stride", "int"),
+        scalar("rows", "int"))),
+)
+
+FAMILIES = (KernelFamily("quant_gemm", "kernels/quant_gemm.cu.j2", params=_params, arch=_arch,
+                         signatures=SIGNATURES),)

@@ -1,4 +1,4 @@
-"""Launcher of the quantised small-batch GEMM (``templates/kernels/quant_gemm.cu.j2``) and its weight layout.
+"""Launcher of the quantised small-batch GEMM (``templates/kernels/quant_gemm.cu.j2``).
 
     qg = QuantGemm(device, target)
     W = qg.matrix([("Q5_K", qkv_bytes, rows, 0), ("Q4_K", z_bytes, rows_z, col_z), ...], K)   # repack + upload once
@@ -7,35 +7,36 @@
 The three epilogues have :class:`lucegen.runtime.prefill.gemm.GemmKernels`' signatures (``ldw`` is unused: the
 matrix carries its layout), so the prefill / verify layer loop runs on quantised weights unchanged. A launch
 covers one *matrix group* (a :class:`QuantMatrix`): segments of possibly different block types whose rows are
-concatenated into the output columns (a DeltaNet in-projection is [qkv | z | a | b]).
+concatenated into the output columns (a DeltaNet in-projection is [qkv | z | a | b]); its kernel is
+quant_gemm_<tile>_<epilogue>, the tile description picked per launch (:meth:`QuantGemm.kernel`), the epilogue by the
+method called. The weights' layout is lucegen/runtime/quant_tiles.py's.
 
-Layout: ``tile_pack`` permutes a matrix's GGML bytes into tile-blocks (16 rows x one block each), so that lane
-4 g + t of a warp reads its m16n8k16 fragments of rows g and g + 8 as 16-byte chunks (see the template's notes),
-or, for a group on int8 activations, its m16n8k32 fragments of values 8t .. 8t + 7 of each 32; ``tile_unpack``
-inverts it. The bytes are not changed, only moved.
+A residual whose rows the next launch reads may leave their RMSNorm totals to that launch (``totals_by_reader``): it
+returns the hand-over, a :class:`RowTotals`, which the caller passes to the next launch (``totals=``); the module
+keeps no state from one launch to the next.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
-from ..families.quant_gemm import (GEMM_TYPES, INT8_OWN_KERNEL_TYPES, INT8_TYPES, K_QUANTS, MAX_SEGMENTS, NT_MAX,
-                                   Q8_WARPS, WARPS, WGMMA_MAX_PARTS, block_warps, has_int8, instances, int8_kernel,
-                                   q8_smem_bytes, q8_wave_time, ring_smem_bytes, smem_fits, staged_smem_bytes,
+from ..families.quant_gemm import (EPILOGUE_PARAMS, EPILOGUES, GEMM_TYPES, INT8_OWN_KERNEL_TYPES, INT8_TYPES,
+                                   K_QUANTS, MAX_SEGMENTS, NT_MAX, Q8_WARPS, WARPS, WGMMA_MAX_PARTS, block_warps,
+                                   has_int8, instances, int8_kernel, kernel_name, q8_smem_bytes, q8_wave_time,
+                                   ring_smem_bytes, smem_fits, staged_smem_bytes,
                                    wgmma_smem_bytes)
 from ..model.quant import TYPES
 from .device import Buffer, ByValue, address
+from .quant_tiles import TILE_ROWS, tile_pack
 
 #: QgSegment (the kernel's segment table entry; a launch passes MAX_SEGMENTS of them by value).
 SEGMENT_DTYPE = np.dtype([("weights", "<u8"), ("type", "<i4"), ("tile0", "<i4"), ("rows", "<i4"), ("col0", "<i4"),
                           ("pad", "<i4", 2)])
-TILE_ROWS = 16
 #: Groups of rows of one launch, at most (a residual's counters: QuantGemm.ss_count).
 MAX_ROW_GROUPS = 1024
 #: Column blocks of one launch, at most: its grid's second dimension (CUDA's and HIP's limit).
@@ -44,131 +45,8 @@ MAX_COLUMN_BLOCKS = 65535
 # multiple of 8 NT_MAX, the rows of its last group padded with zeros): their int8 activations go through a workspace
 # of that many rows of the module's longest int8 K; larger launches (long prompts) keep nt<N>q, the same bits.
 
-KINDS = {"rows_f32": 0, "swiglu": 1, "residual": 2}
-
-
-@functools.cache
-def _tile_map(type_name: str, int8: bool = False) -> np.ndarray:
-    """Byte i of a tile-block comes from byte ``map[i] % BYTES`` of row ``map[i] // BYTES``'s block (the template's
-    Qg<type>::load reads it back in this order). ``int8``: the int8-activation kernels' order of the values of each
-    32, lane t's words j = 0, 1 holding values 8 t + 4 j .. (the float kernels': 16 j + 4 t .. of a K-quant
-    sub-block; Q6_K's sub-blocks of 16 then sit on lanes t < 2 and t >= 2, and lane 4 g + t holds scales
-    4 t .. 4 t + 3 of rows g and g + 8 alone)."""
-    size = TYPES[type_name][2]
-    out = np.full(TILE_ROWS * size, -1, np.int64)
-
-    def put(dst: int, row: int, src: int, n: int = 1) -> None:
-        out[dst : dst + n] = row * size + src + np.arange(n)
-
-    def chunk(base: int, src_of) -> None:
-        """A 512-byte chunk: lane l = 4 g + t gets words src_of(t, w) of rows g (words 0, 1) and g + 8 (2, 3)."""
-        for lane in range(32):
-            g, t = divmod(lane, 4)
-            for w in range(4):
-                put(base + 16 * lane + 4 * w, g + 8 * (w // 2), src_of(t, w % 2), 4)
-
-    if int8 and type_name not in INT8_TYPES:
-        raise LucegenError(f"no int8-activation tile layout for GGML type {type_name}")
-    if type_name in ("Q4_K", "Q5_K"):
-        for r in range(TILE_ROWS):
-            put(16 * r, r, 0, 16)  # d, dmin, 12 bytes of scales
-        qs = 16
-
-        def value(t: int, j: int) -> int:  # the lane's word j: values l .. l + 3 of a sub-block
-            return 8 * t + 4 * j if int8 else 16 * j + 4 * t
-        if type_name == "Q5_K":
-            chunk(256, lambda t, j: 16 + value(t, j))  # qh bytes l ..
-            qs = 48
-        for p in range(4):  # sub-blocks 2p, 2p + 1: qs bytes 32 p + l ..
-            chunk(256 + (512 if type_name == "Q5_K" else 0) + 512 * p, lambda t, j, p=p: qs + 32 * p + value(t, j))
-    elif type_name == "Q6_K":
-        for r in range(TILE_ROWS):
-            if int8:  # lane 4 g + t: scales 4 t .. 4 t + 3 of row g, then of row g + 8; d of rows g, g + 8 a g
-                g, h = r % 8, 4 * (r // 8)
-                for t in range(4):
-                    put(8 * (4 * g + t) + h, r, 192 + 4 * t, 4)
-                put(256 + 4 * g + h // 2, r, 208, 2)
-            else:
-                put(16 * r, r, 192, 16)  # int8 scales
-                put(256 + 2 * r, r, 208, 2)  # d
-        for h in range(2):
-            if int8:  # lane t's values 8 t .. 8 t + 7 of each 32: ql bytes 64 h + 32 i + 8 t + 4 j, qh 32 h + 8 t + 4 j
-                for i in range(2):
-                    chunk(288 + 512 * (2 * h + i), lambda t, j, h=h, i=i: 64 * h + 32 * i + 8 * t + 4 * j)
-                chunk(2336 + 512 * h, lambda t, j, h=h: 128 + 32 * h + 8 * t + 4 * j)
-            else:
-                for i in range(2):  # ql words: u even (bytes 64 h + 16 i + 4 t ..), u odd (+ 32)
-                    chunk(288 + 512 * (2 * h + i), lambda t, w, h=h, i=i: 64 * h + 32 * w + 16 * i + 4 * t)
-                chunk(2336 + 512 * h, lambda t, i, h=h: 128 + 32 * h + 16 * i + 4 * t)  # qh words: i = 0, 1
-    elif type_name == "Q8_0":
-        for r in range(TILE_ROWS):
-            put(2 * r, r, 0, 2)
-        chunk(32, lambda t, j: 2 + 16 * j + 4 * t)
-    else:
-        raise LucegenError(f"no tile layout for GGML type {type_name}")
-    assert (np.sort(out) == np.arange(out.size)).all(), type_name  # a permutation
-    return out
-
-
-@functools.cache
-def _tile_words(type_name: str, int8: bool = False) -> tuple[np.dtype, np.ndarray]:
-    """:func:`_tile_map` in the widest words it moves whole (every run of it starts and ends on such a word): the word
-    type, and the word index map. A gather of words is many times faster than one of bytes."""
-    byte_map = _tile_map(type_name, int8)
-    for width, dtype in ((8, np.uint64), (4, np.uint32), (2, np.uint16)):
-        runs = byte_map.reshape(-1, width)
-        if TYPES[type_name][2] % width == 0 and (runs - runs[:, :1] == np.arange(width)).all() \
-                and (runs[:, 0] % width == 0).all():
-            return np.dtype(dtype), runs[:, 0] // width
-    return np.dtype(np.uint8), byte_map
-
-
-def tile_bytes(type_name: str, rows: int, cols: int) -> int:
-    _, values, size = TYPES[type_name]
-    return math.ceil(rows / TILE_ROWS) * (cols // values) * TILE_ROWS * size
-
-
-@functools.cache
-def _tile_gather(type_name: str, blocks: int, int8: bool = False) -> tuple[np.dtype, np.ndarray]:
-    """Where each word of a row tile's tile-blocks comes from: (word type, index) such that tile-block b's words are
-    ``words[index[b W : (b + 1) W]]`` of the tile's 16 GGML rows as one run of words (rows of ``blocks`` blocks)."""
-    word, word_map = _tile_words(type_name, int8)
-    size = TYPES[type_name][2]
-    start = word_map * word.itemsize  # the first byte of each word: row * size + offset in the row's block
-    row, offset = start // size, start % size
-    index = row[None, :] * blocks * size + np.arange(blocks)[:, None] * size + offset[None, :]
-    return word, (index // word.itemsize).reshape(-1)
-
-
-def tile_pack(raw: np.ndarray, type_name: str, rows: int, cols: int, int8: bool = False) -> np.ndarray:
-    """GGML bytes of a [rows, cols] matrix (row-major blocks) -> tile-blocks [row tile][block][16 * BYTES] (rows
-    padded to a multiple of 16 with zero blocks, which dequantise to 0): one gather of words per matrix. ``int8``:
-    the int8-activation kernels' layout (:func:`_tile_map`)."""
-    if type_name not in GEMM_TYPES:
-        raise LucegenError(f"the quantised GEMM reads {', '.join(GEMM_TYPES)} blocks, not {type_name}")
-    _, values, size = TYPES[type_name]
-    if cols % values:
-        raise LucegenError(f"{type_name} rows of {cols} values are not whole blocks of {values}")
-    nb, tiles = cols // values, math.ceil(rows / TILE_ROWS)
-    raw = np.ascontiguousarray(raw, np.uint8).reshape(-1)
-    if raw.size != rows * nb * size:
-        raise LucegenError(f"{type_name} [{rows}, {cols}]: {raw.size} bytes, expected {rows * nb * size}")
-    if rows % TILE_ROWS:
-        padded = np.zeros(tiles * TILE_ROWS * nb * size, np.uint8)
-        padded[: raw.size] = raw
-        raw = padded
-    word, index = _tile_gather(type_name, nb, int8)
-    return np.take(raw.view(word).reshape(tiles, -1), index, axis=1).view(np.uint8).reshape(-1)
-
-
-def tile_unpack(packed: np.ndarray, type_name: str, rows: int, cols: int, int8: bool = False) -> np.ndarray:
-    """Inverse of :func:`tile_pack`: the GGML bytes of the [rows, cols] matrix."""
-    _, values, size = TYPES[type_name]
-    nb, tiles = cols // values, math.ceil(rows / TILE_ROWS)
-    word, index = _tile_gather(type_name, nb, int8)
-    out = np.empty(tiles * TILE_ROWS * nb * size, np.uint8)
-    out.view(word).reshape(tiles, -1)[:, index] = np.ascontiguousarray(packed, np.uint8).view(word).reshape(tiles, -1)
-    return out[: rows * nb * size]
+#: Each epilogue's pointer parameters, which take the caller's addresses (lucegen.runtime.device.address).
+_EPILOGUE_POINTERS = {e: {p.name for p in params if p.kind == "pointer"} for e, params in EPILOGUE_PARAMS.items()}
 
 
 def plan_parts(tiles: int, compute_units: int, most: int = WARPS, blocks_per_cu: int = 1) -> int:
@@ -272,6 +150,23 @@ class QuantMatrix:
 
 
 @dataclasses.dataclass(frozen=True)
+class RowTotals:
+    """The hand-over of a residual's rows' RMSNorm totals to the launch that reads those rows next
+    (:meth:`QuantGemm.residual` with ``totals_by_reader``): the residual left ``parts`` partial sums of squares a row,
+    ``ss_stride`` floats apart from ``ss_out``, for ``rows`` rows, and their totals go after them (:attr:`at`), made by
+    the reader's quantiser or by a quantiser launch of the totals alone before the reader."""
+    ss_out: int
+    parts: int
+    ss_stride: int
+    rows: int
+
+    @property
+    def at(self) -> int:
+        """Where the rows' totals go: after the parts."""
+        return int(self.ss_out) + 4 * self.parts * self.ss_stride
+
+
+@dataclasses.dataclass(frozen=True)
 class Prequantised:
     """Where a prequantised launch (nt<N>qp) takes its int8 activations, for a producer that writes them itself
     (:meth:`QuantGemm.prequantised`): the bytes at ``aq``, their scales at ``da``, tokens in groups of ``group``
@@ -290,18 +185,22 @@ class QuantGemm:
     def __init__(self, device, target, norm_dim: int, eps: float, max_k: int = 0):
         self.device, self.target, self.norm_dim, self.eps = device, target, norm_dim, eps
         self.module = device.load(codegen.build(target, "quant_gemm"))
+        #: The kernels by name (quant_gemm_<tile>_<epilogue>), the tile descriptions by name, and each tile's static
+        #: shared memory: the most of its epilogues' (the residual's squares), so that a launch's tile, which
+        #: :meth:`kernel` picks by the shared memory left, does not depend on its epilogue.
         self.functions, self.kernels, self.static_smem = {}, {}, {}
         for k in instances(target):
-            fn = self.functions[k.name] = self.module.function(f"quant_gemm_{k.name}", programmatic=True)
-            self.kernels[k.name], self.static_smem[k.name] = k, fn.attribute("SHARED_SIZE_BYTES")
-            if k.staged:
-                fn.set_max_dynamic_smem(staged_smem_bytes(k.nt, WARPS))
-            if k.ring:
-                fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
-            if k.wgmma:
-                fn.set_max_dynamic_smem(wgmma_smem_bytes(target, k.nt, WGMMA_MAX_PARTS))
-            if k.int8:
-                fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
+            self.kernels[k.name] = k
+            fns = [self.module.function(kernel_name(k.name, e), programmatic=True) for e in EPILOGUES]
+            self.functions.update({fn.name: fn for fn in fns})
+            self.static_smem[k.name] = max(fn.attribute("SHARED_SIZE_BYTES") for fn in fns)
+            for fn in fns:
+                if k.staged:
+                    fn.set_max_dynamic_smem(staged_smem_bytes(k.nt, WARPS))
+                if k.wgmma:
+                    fn.set_max_dynamic_smem(wgmma_smem_bytes(target, k.nt, WGMMA_MAX_PARTS))
+                if k.ring or k.int8:
+                    fn.set_max_dynamic_smem(target.smem_per_block_optin - self.static_smem[k.name])
         self.threads = WARPS * target.warp_size  # quant_gemm_amax's blocks
         # a residual launch's counter per group of rows (blockIdx.y): its last block adds the row tiles' parts (at
         # more than one row: row_totals); each launch leaves them at zero (launches on one stream, one after another)
@@ -324,9 +223,6 @@ class QuantGemm:
         self.use_ring = True  # m1r where ring_types say so (tools/quant_gemm_bench.py --ring 0,1 compares)
         self.use_wgmma = True  # nt<N>w where they apply (tools/quant_gemm_bench.py --wgmma 0,1 compares)
         self.use_one_row = True  # m1q.. for one-row int8 launches (tools/quant_gemm_bench.py --one-row 0,1 compares)
-        #: A residual's rows' RMSNorm totals left to its reader's quantiser (:meth:`residual`, ``totals_by_reader``):
-        #: (ss_out, parts, ss_stride, M), made by the next launch of this module.
-        self._totals_due = None
 
     def free(self) -> None:
         """Free the module's own buffers (its matrices are the caller's)."""
@@ -436,73 +332,66 @@ class QuantGemm:
         return 0
 
     # ---- launches ------------------------------------------------------------------------------------------------
-    def _launch(self, kind: str, A: int, lda: int, W: QuantMatrix, M: int, K: int, *, ss=0, ss_parts=0, ss_stride=0,
-                out=0, ldo=0, x=0, norm_w=0, xn=0, ss_out=0, argmax_key=0, a_amax=0, amax_out=0, stream=None,
-                row_totals=True, a_prequantised=False) -> None:
+    def _launch(self, epilogue: str, A: int, lda: int, W: QuantMatrix, M: int, K: int, *, a_amax=0, stream=None,
+                totals: RowTotals | None = None, reads_ss: int = 0, a_prequantised=False, **epilogue_args) -> None:
+        """Launch quant_gemm_<tile>_<epilogue> over ``W`` for M rows of A, the epilogue's parameters in
+        ``epilogue_args`` (the family's EPILOGUE_PARAMS). ``totals``: a residual's hand-over (:class:`RowTotals`) this
+        launch makes first, in its own quantiser where it has one and reads those rows (``reads_ss``: the ss it reads),
+        else in a quantiser launch of the totals alone before it."""
+        where = f"quant_gemm {epilogue}"
         if not isinstance(W, QuantMatrix):
-            raise LucegenError(f"quant_gemm_{kind}: W must be a QuantMatrix, got {type(W).__name__}")
+            raise LucegenError(f"{where}: W must be a QuantMatrix, got {type(W).__name__}")
         if M < 1 or K != W.K:
-            raise LucegenError(f"quant_gemm_{kind}: M={M} K={K} for a matrix of K={W.K}")
+            raise LucegenError(f"{where}: M={M} K={K} for a matrix of K={W.K}")
         if lda % 4 or lda < K or int(A) % 8:
-            raise LucegenError(f"quant_gemm_{kind}: A needs 8-byte alignment and lda >= K a multiple of 4, got "
-                               f"lda={lda}")
-        if ss and (ss_parts < 1 or ss_stride < M):
-            raise LucegenError(f"quant_gemm_{kind}: ss needs ss_parts >= 1 and ss_stride >= M")
+            raise LucegenError(f"{where}: A needs 8-byte alignment and lda >= K a multiple of 4, got lda={lda}")
         if W.int8 and not a_amax:
-            raise LucegenError(f"quant_gemm_{kind}: a group of int8 activations needs its input's magnitudes per 16 "
+            raise LucegenError(f"{where}: a group of int8 activations needs its input's magnitudes per 16 "
                                "values (a_amax: QuantGemm.amax, or the epilogue that wrote the input)")
         if W.int8 and (lda % 128 or int(A) % 16 or int(a_amax) % 16):
-            raise LucegenError(f"quant_gemm_{kind}: int8 activations are read in 16-byte pieces, their magnitudes 16 "
+            raise LucegenError(f"{where}: int8 activations are read in 16-byte pieces, their magnitudes 16 "
                                f"at a time: A and a_amax 16-byte aligned, lda a multiple of 128, got lda={lda}")
-        if amax_out and self.amax_fn is None:
-            raise LucegenError(f"quant_gemm_{kind}: amax_out needs a module with int8-activation kernels")
-        if (a_amax and lda % 16) or (amax_out and ldo % 16):
-            raise LucegenError(f"quant_gemm_{kind}: magnitudes per 16 values need row strides of whole 16s, got "
-                               f"lda={lda} ldo={ldo}")
+        if a_amax and lda % 16:
+            raise LucegenError(f"{where}: magnitudes per 16 values need row strides of whole 16s, got lda={lda}")
+        if totals is not None and not isinstance(totals, RowTotals):
+            raise LucegenError(f"{where}: totals must be a residual's RowTotals, got {type(totals).__name__}")
         parts = self.parts(W)
         grid = (row_groups(M), self.grid_width(W))  # a column block's row groups side by side (the template)
         if grid[0] > MAX_ROW_GROUPS:
-            raise LucegenError(f"quant_gemm_{kind}: M={M} is over {MAX_ROW_GROUPS} groups of {8 * NT_MAX} rows")
+            raise LucegenError(f"{where}: M={M} is over {MAX_ROW_GROUPS} groups of {8 * NT_MAX} rows")
         if grid[1] > MAX_COLUMN_BLOCKS:
-            raise LucegenError(f"quant_gemm_{kind}: {grid[1]} column blocks over the grid's {MAX_COLUMN_BLOCKS} (a "
+            raise LucegenError(f"{where}: {grid[1]} column blocks over the grid's {MAX_COLUMN_BLOCKS} (a "
                                f"matrix of {W.tiles} row tiles)")
         name, smem = self.kernel(W, M, A, lda)
-        due, self._totals_due = self._totals_due, None
-        prequantised = self.kernels[name].prequantised
-        if a_prequantised and not prequantised:
-            raise LucegenError(f"quant_gemm_{kind}: int8 activations written for a prequantised launch, but this one "
-                               f"runs quant_gemm_{name} (QuantGemm.prequantised says where they apply)")
-        if due and not (prequantised and not a_prequantised and int(ss) == self._totals_at(due)):
-            self._q8_rows(stream, due)  # a reader without a quantiser of its own: the totals alone
-            due = None
-        aq = a_da = 0
-        if prequantised:  # the launch's int8 activations, once (and the totals due, beside them)
-            aq, a_da = self.q8_buffers[-2].ptr, self.q8_buffers[-1].ptr
+        tile = self.kernels[name]
+        if a_prequantised and not tile.prequantised:
+            raise LucegenError(f"{where}: int8 activations written for a prequantised launch, but this one "
+                               f"runs {kernel_name(name, epilogue)} (QuantGemm.prequantised says where they apply)")
+        if totals and not (tile.prequantised and not a_prequantised and int(reads_ss) == totals.at):
+            self._q8_rows(stream, totals)  # a reader without a quantiser of its own: the totals alone
+            totals = None
+        operands = {"segs": W.table, "nseg": W.count, "A": address(A), "lda": lda, "M": M, "K": K, "parts": parts,
+                    "a_amax": address(a_amax)}
+        if tile.prequantised:  # the launch's int8 activations, once (and the totals due, beside them)
+            operands["aq"], operands["a_da"] = address(self.q8_buffers[-2].ptr), address(self.q8_buffers[-1].ptr)
             if not a_prequantised:  # else their producer wrote them
-                self._q8_rows(stream, due, A=A, lda=lda, a_amax=a_amax, M=M, K=K, group=8 * self.kernels[name].nt,
-                              aq=aq, a_da=a_da)
-        self.functions[name].launch(grid, self.warps(W) * self.target.warp_size, (
-            W.table, np.int32(W.count), address(A), np.int32(lda), np.int32(M), np.int32(K),
-            np.int32(parts), np.int32(KINDS[kind]), address(ss), np.int32(ss_parts), np.int32(ss_stride),
-            np.int32(self.norm_dim), np.float32(self.eps), address(out), np.int32(ldo), address(x), address(norm_w),
-            address(xn), address(ss_out), address(argmax_key), address(a_amax), address(amax_out),
-            address(self.ss_count.ptr if ss_out and row_totals and self.row_totals(M) else 0))
-            + ((address(aq), address(a_da)) if aq else ()), smem=smem, stream=stream)
+                self._q8_rows(stream, totals, A=A, lda=lda, a_amax=a_amax, M=M, K=K, group=8 * tile.nt,
+                              aq=self.q8_buffers[-2].ptr, a_da=self.q8_buffers[-1].ptr)
+        self.functions[kernel_name(name, epilogue)].launch(
+            grid, self.warps(W) * self.target.warp_size, smem=smem, stream=stream, **operands,
+            **{k: address(v) if k in _EPILOGUE_POINTERS[epilogue] else v for k, v in epilogue_args.items()})
 
-    @staticmethod
-    def _totals_at(due) -> int:
-        """Where the rows' totals of a residual's ``due`` = (ss_out, parts, ss_stride, M) go: after its parts."""
-        ss_out, parts, stride, _ = due
-        return int(ss_out) + 4 * parts * stride
-
-    def _q8_rows(self, stream, due, *, A=0, lda=0, a_amax=0, M=0, K=0, group=8, aq=0, a_da=0) -> None:
+    def _q8_rows(self, stream, totals: RowTotals | None, *, A=0, lda=0, a_amax=0, M=0, K=0, group=8, aq=0,
+                 a_da=0) -> None:
         """quant_gemm_q8_rows: M rows of A (K columns; none at K = 0) as int8 bytes in the launch's groups of ``group``
-        tokens, and, with ``due`` (:meth:`_totals_at`), that residual's rows' RMSNorm totals."""
-        ss_out, parts, stride, rows = due or (0, 0, 0, 0)
+        tokens, and, with ``totals``, that residual's rows' RMSNorm totals."""
+        rows = totals.rows if totals else 0
         y = -(-max(M, rows) // group) * group // 8  # blocks of 8 tokens
-        self.q8_rows_fn.launch((K // 256 + (1 if due else 0), y), self.threads, (
-            address(A), np.int32(lda), address(a_amax), np.int32(M), np.int32(K), np.int32(group), address(aq),
-            address(a_da), address(ss_out), np.int32(parts), np.int32(stride), np.int32(rows)), stream=stream)
+        self.q8_rows_fn.launch(
+            (K // 256 + (1 if totals else 0), y), self.threads, stream=stream, A=address(A), lda=lda,
+            amax=address(a_amax), M=M, K=K, group=group, aq=address(aq), a_da=address(a_da),
+            ss=address(totals.ss_out if totals else 0), ss_parts=totals.parts if totals else 0,
+            ss_stride=totals.ss_stride if totals else 0, rows=rows)
 
     def kernel(self, W: QuantMatrix, M: int, A: int, lda: int) -> tuple[str, int]:
         """The kernel of an M-row launch over ``W`` (name after ``quant_gemm_``) and its dynamic shared memory:
@@ -572,47 +461,70 @@ class QuantGemm:
             raise LucegenError(f"quant_gemm_amax: {self.target.name} renders no int8-activation kernels")
         if lda % 16 or K % 16 or lda < K or int(A) % 16:
             raise LucegenError(f"quant_gemm_amax: 16-value pieces: lda={lda} and K={K} multiples of 16, A aligned")
-        self.amax_fn.launch((-(-K // 16 // self.threads), M), self.threads,
-                            (address(A), np.int32(lda), np.int32(K), address(out)), stream=stream)
+        self.amax_fn.launch((-(-K // 16 // self.threads), M), self.threads, stream=stream, A=address(A), lda=lda, K=K,
+                            amax=address(out))
 
     def rows_f32(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
-                 ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0, a_amax: int = 0) -> None:
+                 ss_stride: int, out: int, ldo: int, stream=None, argmax_key: int = 0, a_amax: int = 0,
+                 totals: RowTotals | None = None) -> None:
         """out f32 [m, n] = r[m] * sum_k A[m, k] W[n, k] over the group's rows; ``argmax_key`` (M = 1) as GemmKernels.
         ``a_amax``: A's magnitudes per 16 values (:meth:`amax`, or an epilogue's ``amax_out``), which int8-activation
-        groups need (the others ignore it)."""
+        groups need (the others ignore it). ``totals``: the hand-over of the residual that wrote these rows
+        (:meth:`residual`), made before or while this launch reads them."""
         if N != W.rows or ldo < N:
-            raise LucegenError(f"quant_gemm_rows_f32: N={N} ldo={ldo} for a group of {W.rows} rows")
+            raise LucegenError(f"quant_gemm rows_f32: N={N} ldo={ldo} for a group of {W.rows} rows")
         if argmax_key and M != 1:
-            raise LucegenError(f"quant_gemm_rows_f32: the folded argmax needs M = 1, got M={M}")
-        self._launch("rows_f32", A, lda, W, M, K, ss=ss, ss_parts=ss_parts, ss_stride=ss_stride, out=out, ldo=ldo,
-                     argmax_key=argmax_key, a_amax=a_amax, stream=stream)
+            raise LucegenError(f"quant_gemm rows_f32: the folded argmax needs M = 1, got M={M}")
+        self._check_reader("rows_f32", M, ss, ss_parts, ss_stride)
+        self._launch("rows_f32", A, lda, W, M, K, a_amax=a_amax, stream=stream, totals=totals, reads_ss=ss, ss=ss,
+                     ss_parts=ss_parts, ss_stride=ss_stride, norm_dim=self.norm_dim, eps=self.eps, out=out, ldo=ldo,
+                     argmax_key=argmax_key)
 
     def swiglu(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, ss: int, ss_parts: int,
-               ss_stride: int, out: int, ldo: int, stream=None, a_amax: int = 0, amax_out: int = 0) -> None:
+               ss_stride: int, out: int, ldo: int, stream=None, a_amax: int = 0, amax_out: int = 0,
+               totals: RowTotals | None = None) -> None:
         """out [m, i] = silu(r gate_i . A[m]) * (r up_i . A[m]) for a gate/up pair (N = 2 I, as GemmKernels);
-        ``amax_out``: out's magnitudes per 16 values too (as :meth:`amax`; int8-activation modules alone)."""
+        ``amax_out``: out's magnitudes per 16 values too (as :meth:`amax`; int8-activation modules alone). ``totals``:
+        as :meth:`rows_f32`'s."""
         if not W.pair or N != 2 * W.rows or ldo < W.rows:
-            raise LucegenError(f"quant_gemm_swiglu: needs a gate/up pair of N/2 = {N // 2} rows")
-        self._launch("swiglu", A, lda, W, M, K, ss=ss, ss_parts=ss_parts, ss_stride=ss_stride, out=out, ldo=ldo,
-                     a_amax=a_amax, amax_out=amax_out, stream=stream)
+            raise LucegenError(f"quant_gemm swiglu: needs a gate/up pair of N/2 = {N // 2} rows")
+        self._check_reader("swiglu", M, ss, ss_parts, ss_stride)
+        self._check_amax_out("swiglu", amax_out, ldo)
+        self._launch("swiglu", A, lda, W, M, K, a_amax=a_amax, stream=stream, totals=totals, reads_ss=ss, ss=ss,
+                     ss_parts=ss_parts, ss_stride=ss_stride, norm_dim=self.norm_dim, eps=self.eps, out=out, ldo=ldo,
+                     amax_out=amax_out)
 
     def residual(self, A: int, lda: int, W: QuantMatrix, ldw, M: int, N: int, K: int, x: int, ldx: int, norm_w: int,
                  xn: int, ldxn: int, ss_out: int, ss_stride: int, stream=None, workspace: int = 0,
                  workspace_bytes: int = 0, a_amax: int = 0, amax_out: int = 0, totals_by_reader: bool = False,
-                 a_prequantised: bool = False) -> None:
+                 a_prequantised: bool = False, totals: RowTotals | None = None) -> RowTotals | None:
         """x f32 += acc; xn = x (1 + norm_w); ss_out: the rows' sums of squares per row tile (:meth:`ss_parts`) and,
         at more than one row, their totals after them (:meth:`ss_scratch_parts` rows of ss_stride; no split-K);
         ``amax_out``: xn's magnitudes per 16 values too (as :meth:`amax`; int8-activation modules alone).
         ``totals_by_reader``: the next launch of this module reads these rows (``ss_for_readers``), so where its
         quantiser runs (:meth:`quantiser_totals`) the totals are made there, beside the quantising, not by this
-        launch's last block after every other (the same sums: lg_parts_sums' one order); any other next launch makes
-        them first. ``a_prequantised``: A's producer wrote the launch's int8 activations (:meth:`prequantised`), so
-        A itself and a_amax are not read."""
+        launch's last block after every other (the same sums: lg_parts_sums' one order): then this returns the
+        hand-over (:class:`RowTotals`) for the caller to pass to that launch (``totals=``), else None.
+        ``a_prequantised``: A's producer wrote the launch's int8 activations (:meth:`prequantised`), so A itself and
+        a_amax are not read. ``totals``: the hand-over of the residual before this one, made first."""
         if W.count != 1 or N != W.rows or ldx != ldxn or ldx < N or ss_stride < M:
-            raise LucegenError(f"quant_gemm_residual: one matrix of N={N} rows, ldx == ldxn >= N, ss_stride >= M")
+            raise LucegenError(f"quant_gemm residual: one matrix of N={N} rows, ldx == ldxn >= N, ss_stride >= M")
+        self._check_amax_out("residual", amax_out, ldx)
         defer = totals_by_reader and self.quantiser_totals(M)
-        self._launch("residual", A, lda, W, M, K, ldo=ldx, x=x, norm_w=norm_w, xn=xn, ss_out=ss_out,
-                     ss_stride=ss_stride, a_amax=a_amax, amax_out=amax_out, stream=stream, row_totals=not defer,
-                     a_prequantised=a_prequantised)
-        if defer:
-            self._totals_due = (ss_out, W.tiles, ss_stride, M)
+        tail = ss_out and not defer and self.row_totals(M)  # the launch's last block of each row group totals them
+        self._launch("residual", A, lda, W, M, K, a_amax=a_amax, stream=stream, totals=totals,
+                     a_prequantised=a_prequantised, x=x, ldx=ldx, norm_w=norm_w, xn=xn, ss_out=ss_out,
+                     ss_stride=ss_stride, amax_out=amax_out, ss_count=self.ss_count.ptr if tail else 0)
+        return RowTotals(ss_out, W.tiles, ss_stride, M) if defer else None
+
+    def _check_reader(self, epilogue: str, M: int, ss: int, ss_parts: int, ss_stride: int) -> None:
+        if ss and (ss_parts < 1 or ss_stride < M):
+            raise LucegenError(f"quant_gemm {epilogue}: ss needs ss_parts >= 1 and ss_stride >= M")
+
+    def _check_amax_out(self, epilogue: str, amax_out: int, ldo: int) -> None:
+        if amax_out and self.amax_fn is None:
+            raise LucegenError(f"quant_gemm {epilogue}: amax_out needs a module with int8-activation kernels")
+        if amax_out and ldo % 16:
+            raise LucegenError(f"quant_gemm {epilogue}: magnitudes per 16 values need row strides of whole 16s, got "
+                               f"ldo={ldo}")
+

@@ -147,7 +147,7 @@ def test_staged_rounds_match_the_plain_kernel(qg, M):
     match numpy and, bit for bit, the same rows launched alone (the one-row kernel reads activations directly). K of
     five blocks leaves the last round with one of its two parts."""
     plain = f"nt{-(-M // 8)}"
-    if f"{plain}s" not in qg.functions:
+    if f"{plain}s" not in qg.kernels:
         pytest.skip(f"{qg.device.target.name} has no staged {plain}")
     qg.use_wgmma = False
     try:
@@ -189,7 +189,7 @@ def test_wgmma_matches_the_plain_kernel(qg, M):
     larger weight slots), and so do a gate/up pair's SwiGLU rows. A group whose 4-tile groups mix block types keeps
     the other kernels, and so does one whose shared memory leaves one block."""
     name = f"nt{-(-M // 8)}w"
-    if name not in qg.functions:
+    if name not in qg.kernels:
         pytest.skip(f"{qg.device.target.name} has no wgmma kernels")
     with float_activations(qg):
         check_wgmma(qg, M, name)
@@ -240,7 +240,7 @@ def test_ring_matches_the_register_path(qg):
     and, bit for bit, the register path (m1) and row 0 of a 9-row launch. A few more row tiles than compute units
     take 8 parts, so K of 7 blocks gives a warp one tile-block or none (fewer than the ring's slots), and the last
     tile is partial."""
-    if "m1r" not in qg.functions:
+    if "m1r" not in qg.kernels:
         pytest.skip(f"{qg.device.target.name} has no weight ring")
     rng = np.random.default_rng(7)
     K = 256 * 7
@@ -396,12 +396,11 @@ def test_totals_by_reader_equal_the_residuals_own(M):
                 d.alloc(M * 64 * 4) as dout:
             d.memset(dss)
             qg.amax(da.ptr, K, M, K, da_am.ptr)
-            qg.residual(da.ptr, K, Wd, None, M, N, K, dx.ptr, N, dw.ptr, dxn.ptr, N, dss.ptr, M, a_amax=da_am.ptr,
-                        amax_out=dam.ptr, totals_by_reader=by_reader)
-            assert (qg._totals_due is not None) == by_reader
+            due = qg.residual(da.ptr, K, Wd, None, M, N, K, dx.ptr, N, dw.ptr, dxn.ptr, N, dss.ptr, M,
+                              a_amax=da_am.ptr, amax_out=dam.ptr, totals_by_reader=by_reader)
+            assert (due is not None) == by_reader
             qg.rows_f32(dxn.ptr, N, W, None, M, 64, N, *qg.ss_for_readers(dss.ptr, parts, M, M), M, dout.ptr, 64,
-                        a_amax=dam.ptr)
-            assert qg._totals_due is None
+                        a_amax=dam.ptr, totals=due)
             d.synchronize()
             return d.download(dss, np.float32, (scratch, M)), d.download(dout, np.float32, (M, 64))
 
@@ -540,7 +539,7 @@ def test_int8_one_group_residencies_give_the_same_bits():
     resident blocks a compute unit (nt1q_r4: one wave, not two of 3; one row: m1q_r4): its rows, one at a time and 5
     at once, equal nt1q's bit for bit, and a 9-row launch's (nt2q)."""
     qg = int8_qg(gpu_device())
-    if "nt1q_r4" not in qg.functions:
+    if "nt1q_r4" not in qg.kernels:
         pytest.skip(f"{qg.device.target.name} has no nt1q_r4")
     rng = np.random.default_rng(17)
     K, cu = 256 * 6, qg.device.target.compute_units

@@ -207,8 +207,11 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
     reads = (lambda am: {"a_amax": am}) if xn_am else (lambda am: {})
     writes = (lambda am: {"amax_out": am}) if xn_am else (lambda am: {})
     # a residual whose rows the GEMM right after it reads (every one but the last layer's, which the lm_head reads
-    # later): their RMSNorm totals may be made by that reader's quantiser (QuantGemm.residual)
+    # later): their RMSNorm totals may be made by that reader's quantiser, the residual handing them over (a
+    # QuantGemm.residual's RowTotals, or None) to that reader
     then_read = (lambda read: {"totals_by_reader": read}) if xn_am else (lambda read: {})
+    handed = (lambda due: {"totals": due}) if xn_am else (lambda due: {})
+    due = None
     weights.embed(tokens, T, x, xn, ss, seg, stream)
     if xn_am:
         gemm.amax(xn, H, T, H, xn_am, stream=stream)
@@ -217,19 +220,20 @@ def enqueue_layers(weights, dec, pf: dict, acts: Activations, tokens: int, T: in
         n_in, k_out = (pf["NIN_DN"], pf["VD"]) if l.kind == 0 else (pf["NIN_AT"], at_out)
         in_ss, in_parts = gemm.ss_for_readers(ss, weights.input_ss_parts(i, ss_parts), seg, T)
         gemm.rows_f32(xn, H, wmat(l.in_mat), H, T, n_in, H, in_ss, in_parts, seg, proj, n_in, stream=stream,
-                      **reads(xn_am))
+                      **reads(xn_am), **handed(due))
         mix_reads = mix_am and wmat(l.out_mat).int8  # its magnitudes: from the mixer, or amax
         wrote = mix(l, T, mix_am if mix_reads else 0,
                     gemm.prequantised(wmat(l.out_mat), T, out, k_out) if mix_reads else None)
         if wrote == MixWrote.ROWS and mix_reads:
             gemm.amax(out, k_out, T, k_out, mix_am, stream=stream)
         prequantised = {"a_prequantised": True} if wrote == MixWrote.INT8 else {}
-        gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
-                      stream=stream, **resid_ws, **reads(mix_am), **writes(xn_am), **then_read(True), **prequantised)
+        due = gemm.residual(out, k_out, wmat(l.out_mat), k_out, T, H, k_out, x, H, wvec(l.post_norm), xn, H, ss, seg,
+                            stream=stream, **resid_ws, **reads(mix_am), **writes(xn_am), **then_read(True),
+                            **prequantised)
         gemm.swiglu(xn, H, wmat(l.gateup), H, T, 2 * I, H, *gemm.ss_for_readers(ss, ss_parts, seg, T), seg, act, I,
-                    stream=stream, **reads(xn_am), **writes(act_am))
-        gemm.residual(act, I, wmat(l.down), I, T, H, I, x, H, wvec(next_norm), xn, H, ss, seg, stream=stream,
-                      **resid_ws, **reads(act_am), **writes(xn_am), **then_read(i + 1 < len(layers)))
+                    stream=stream, **reads(xn_am), **writes(act_am), **handed(due))
+        due = gemm.residual(act, I, wmat(l.down), I, T, H, I, x, H, wvec(next_norm), xn, H, ss, seg, stream=stream,
+                            **resid_ws, **reads(act_am), **writes(xn_am), **then_read(i + 1 < len(layers)))
         if after_layer:
             after_layer(i, T, x)
 
