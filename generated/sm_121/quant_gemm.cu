@@ -603,68 +603,6 @@ __device__ __forceinline__ void qg_mainloop_float(float (&acc)[Tile::NT][4], con
     }
   }
 }
-
-// ---- the weight ring (cp.async): each warp streams its tile-blocks through QG_RING_STAGES slots of shared memory,
-// QG_RING_STAGES - 1 of them in flight while it computes one, and holds only the one it computes in registers (the
-// register path above holds two). A slot is refilled right after the warp-wide barrier that follows its last reads,
-// so one __syncwarp per tile-block orders the ring. ----
-#define QG_RING_STAGES 3
-
-template <typename Q>
-__device__ __forceinline__ void qg_ring_fill(unsigned char* slot, const unsigned char* __restrict__ tb, int lane) {
-#pragma unroll
-  for (int c = 0; c < Q::BYTES; c += LG_WARP_SIZE)  // the tile-block's BYTES pieces of 16 bytes
-    if (c + lane < Q::BYTES) lg_cp_async16(slot + 16 * (c + lane), tb + 16 * (c + lane), true);
-  lg_cp_async_commit();
-}
-
-// qg_tile through the warp's ring (slots slot_bytes apart): the same tile-blocks in the same order, so the same bits.
-template <typename Q, int NT, bool ONE_ROW>
-__device__ __forceinline__ void qg_tile_ring(float (&acc)[NT][4], const unsigned char* __restrict__ tile, int K,
-                                             int part, int parts, const bf16_t* __restrict__ A, int lda, int m0,
-                                             int M, unsigned char* ring, int slot_bytes) {
-  constexpr int STAGES = QG_RING_STAGES, TB = 16 * Q::BYTES;
-  const int lane = (int)lg_lane_id();
-  const int blocks = K / Q::VALUES, mine = part < blocks ? (blocks - part + parts - 1) / parts : 0;
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {  // one group per slot, empty past the warp's last tile-block
-    if (i < mine) qg_ring_fill<Q>(ring + i * slot_bytes, tile + (size_t)(part + i * parts) * TB, lane);
-    else lg_cp_async_commit();
-  }
-  lg_grid_dependency_wait();  // the first weights are on their way; A may come from the previous kernel
-  int slot = 0, refill = STAGES - 1;
-  for (int i = 0; i < mine; ++i) {
-    lg_cp_async_wait<STAGES - 2>();  // tile-block i has landed (this lane's pieces) ...
-    __syncwarp();                    // ... and every lane's; every lane is done reading slot `refill` (block i - 1)
-    typename Q::Raw cur;
-    Q::template load<true>(cur, ring + slot * slot_bytes, lane);
-    if (i + STAGES - 1 < mine)
-      qg_ring_fill<Q>(ring + refill * slot_bytes, tile + (size_t)(part + (i + STAGES - 1) * parts) * TB, lane);
-    else
-      lg_cp_async_commit();
-    qg_tile_block<Q, NT, ONE_ROW>(acc, cur, qg_global_bfrag<Q>(A, lda, m0, M, part + i * parts, lane));
-    slot = slot + 1 == STAGES ? 0 : slot + 1;
-    refill = refill + 1 == STAGES ? 0 : refill + 1;
-  }
-}
-
-// The ring mainloop (QgMainloop::RING): the warps' rings, each QG_RING_STAGES slots of the launch's largest
-// tile-block; QuantGemm.kernel takes it for groups of ring_types alone.
-template <typename Tile, typename Work>
-__device__ __forceinline__ void qg_mainloop_ring(float (&acc)[Tile::NT][4], const Work& w) {
-  extern __shared__ __align__(16) unsigned char qg_ring_bytes[];
-  const int slot_bytes = qg_largest_tile_block(w.segs, w.nseg);
-  unsigned char* ring = qg_ring_bytes + w.warp * QG_RING_STAGES * slot_bytes;
-  if (w.seg >= 0) {
-    const QgSegment& sg = w.segs.seg[w.seg];
-    switch (sg.type) {
-      case 3:  // Q6_K
-        qg_tile_ring<QgQ6K, Tile::NT, Tile::ONE_ROW>(acc, w.template weights<QgQ6K>(), w.K, w.part, w.parts, w.A,
-                                                       w.lda, w.m0, w.M, ring, slot_bytes);
-        break;
-    }
-  }
-}
 // The totals of rows m0 .. m0 + rows - 1's parts (lg_parts_sums, the one order), a warp a row (rows w, w + WARPS,
 // ..): store(mm, total) by the row's lane 0. A reader's row scales (its parts, or the one total a producer left) and
 // a residual's last block (its row tiles' parts) both take them here.
@@ -946,9 +884,6 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   const int part = WGMMA ? warp / 4 % parts : warp % parts;
   QgWork<Epilogue::PAIR> w{segs, nseg, A, lda, M, K, parts, tiles_per_block, m0, a_amax, aq, a_da, warp, j, part, -1};
   w.seg = w.tile_seg(j);
-  if constexpr (Tile::MAINLOOP == QgMainloop::RING)
-    qg_mainloop_ring<Tile>(acc, w);
-  else
   {
     static_assert(Tile::MAINLOOP == QgMainloop::FLOAT, "a mainloop this target renders no include for");
     qg_mainloop_float<Tile>(acc, w);
@@ -1164,39 +1099,6 @@ quant_gemm_nt4_residual(const __grid_constant__ QgSegmentTable segs, int nseg, c
                         int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
                         int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
   quant_gemm<QgTile_nt4>(segs, nseg, A, lda, M, K, parts, a_amax,
-                                 nullptr, nullptr,
-                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
-}
-
-struct QgTile_m1r {
-  static constexpr int NT = 1, WARPS = 8;
-  static constexpr bool ONE_ROW = true, OWN_TYPES = false;
-  static constexpr QgMainloop MAINLOOP = QgMainloop::RING;
-};
-extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
-quant_gemm_m1r_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
-                        int M, int K, int parts, const unsigned short* __restrict__ a_amax,
-                        const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                        float* __restrict__ out, int ldo, unsigned long long* __restrict__ argmax_key) {
-  quant_gemm<QgTile_m1r>(segs, nseg, A, lda, M, K, parts, a_amax,
-                                 nullptr, nullptr,
-                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
-}
-extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
-quant_gemm_m1r_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
-                      int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
-                      int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
-                      unsigned short* __restrict__ amax_out) {
-  quant_gemm<QgTile_m1r>(segs, nseg, A, lda, M, K, parts, a_amax,
-                                 nullptr, nullptr,
-                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
-}
-extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
-quant_gemm_m1r_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
-                        int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
-                        int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
-                        int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
-  quant_gemm<QgTile_m1r>(segs, nseg, A, lda, M, K, parts, a_amax,
                                  nullptr, nullptr,
                                  QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
 }
