@@ -1,11 +1,12 @@
 """The ``lucegen`` command. Each subcommand lives in ``lucegen/commands/<name>.py`` and exposes
 ``register(subparsers)``; this module only wires them together and turns :class:`LucegenError` into one line
-and exit code 2."""
+and exit code 2; a reader that closes the pipe early (``lucegen show sm_90 | head``) ends the command quietly."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .errors import LucegenError
@@ -32,13 +33,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit-time flush
+        return code
+    except BrokenPipeError:
+        return _pipe_closed()
     except LucegenError as exc:
         print(f"lucegen: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lucegen: interrupted", file=sys.stderr)
         return 130
+
+
+#: Exit status of a writer whose reader went away: 128 + SIGPIPE, what a shell reports for ``yes | head``.
+PIPE_CLOSED = 141
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout closed the pipe: point stdout at /dev/null so the interpreter's final flush has nowhere
+    to fail, and stop without a message."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured in-process)
+        pass
+    return PIPE_CLOSED
 
 
 if __name__ == "__main__":

@@ -33,6 +33,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    try:
+        return write_checkpoint(args)
+    except OSError as exc:  # an unwritable --out (no such directory, no permission, a full disk)
+        where = exc.filename or args.out
+        raise CheckpointError(f"{where}: cannot write: {exc.strerror or exc}") from None
+
+
+def write_checkpoint(args) -> int:
     if args.preset in DRAFT_PRESETS:
         return run_draft(args)
     if args.format is None:

@@ -102,6 +102,12 @@ class Tokenizer:
         return self.inner.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
+def json_type(value) -> str:
+    """The JSON name of a parsed value's type (for messages about a file's JSON)."""
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def load_tokenizer(path) -> Tokenizer:
     """From a HF checkpoint directory (or its tokenizer.json) or from a GGUF file's embedded vocabulary."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -122,9 +128,12 @@ def load_tokenizer(path) -> Tokenizer:
     config_path = file.parent / "config.json"
     if config_path.is_file():
         try:
-            eos = json.loads(config_path.read_text()).get("eos_token_id")
+            config = json.loads(config_path.read_text())
         except (OSError, ValueError):
-            eos = None
+            config = {}
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_path}: expected a JSON object, got {json_type(config)}")
+        eos = config.get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
     return Tokenizer(inner, file, eos if isinstance(eos, int) else None)
