@@ -21,7 +21,10 @@ from pathlib import Path
 from .base import CompilerRejected, KernelInfo
 from .elf import function_sizes
 
-BASE_OPTIONS = ("-nogpulib", "-nogpuinc", "--cuda-device-only", "-O3", "-std=c++17")
+#: ``-fuse-cuid=none``: by default clang names a ``__hip_cuid_<hash>`` symbol after a hash of the input's path, which
+#: lies in a fresh temp directory each compile; without it two builds of one source give the same code object, byte
+#: for byte.
+BASE_OPTIONS = ("-nogpulib", "-nogpuinc", "--cuda-device-only", "-O3", "-std=c++17", "-fuse-cuid=none")
 
 
 #: Why an AMD compile cannot run here, and the Debian package that fixes it.
