@@ -15,8 +15,16 @@ from .errors import LucegenError
 COMMAND_MODULES = ("targets", "build", "weights", "run", "bench", "plan")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one ``lucegen: error:`` line (exit 2) like every other error; the subcommand
+    parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"lucegen: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lucegen", description=__doc__.splitlines()[0])
+    parser = Parser(prog="lucegen", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -31,8 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # a usage error (one line, 2) or --help (0): a code for in-process callers too
+            return exc.code if isinstance(exc.code, int) else 2
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit-time flush
         return code

@@ -91,3 +91,14 @@ def test_a_reader_that_closes_the_pipe_ends_it_quietly():
     shell = subprocess.run(f"'{sys.executable}' -m lucegen.cli targets | head -1", shell=True, env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert shell.stderr == "" and shell.stdout.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bogus"], "argument COMMAND: invalid choice: 'bogus'"),
+    (["show"], "the following arguments are required: name"),
+    (["init-weights", "--preset", "tiny", "--seed", "x", "--out", "o"], "argument --seed: invalid int value: 'x'"),
+    (["targets", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_usage_errors_are_one_line(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in one_line(capsys)
