@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import pytest
 
@@ -44,3 +45,28 @@ def require_compiler():
             pytest.skip(hip.MISSING_CLANG)
 
     return check
+
+
+#: Outcomes of the fuzz suite's cases per generator (tests/test_fuzz.py fills it through the ``fuzz_counts``
+#: fixture); printed as a table at the end of the run so that the CI log shows it.
+FUZZ_COUNTS: dict[str, Counter] = {}
+FUZZ_COLUMNS = ("cases", "loads same", "one-line error", "changed: undetectable", "traceback", "hang")
+
+
+@pytest.fixture(scope="session")
+def fuzz_counts() -> dict[str, Counter]:
+    return FUZZ_COUNTS
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not FUZZ_COUNTS:
+        return
+    width = max(len(g) for g in FUZZ_COUNTS) + 2
+    terminalreporter.section("fuzz cases")
+    terminalreporter.write_line("generator".ljust(width) + "".join(c.rjust(len(c) + 3) for c in FUZZ_COLUMNS))
+    total: Counter = Counter()
+    for generator, counts in sorted(FUZZ_COUNTS.items()):
+        total.update(counts)
+        terminalreporter.write_line(generator.ljust(width) + "".join(str(counts[c]).rjust(len(c) + 3)
+                                                                      for c in FUZZ_COLUMNS))
+    terminalreporter.write_line("total".ljust(width) + "".join(str(total[c]).rjust(len(c) + 3) for c in FUZZ_COLUMNS))

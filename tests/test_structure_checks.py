@@ -50,7 +50,7 @@ def test_a_relabelled_gguf_tensor_is_refused(tiny, tmp_path, tensor, relabel):
     elif relabel == "F32":  # larger: the next tensor's data starts inside it
         match = r"tensor 'blk.0.attn_gate.weight': data at offset \d+, but the tensors before it end at \d+"
     else:
-        match = rf"tensor '[^']+': data at offset \d+, but the tensors before it end at \d+"
+        match = r"tensor '[^']+': data at offset \d+, but the tensors before it end at \d+"
     with pytest.raises(CheckpointError, match=match):
         load_checkpoint(bad)
 

@@ -43,6 +43,8 @@ def run(args) -> int:
 
 
 def write_checkpoint(args) -> int:
+    if args.seed < 0:
+        raise CheckpointError(f"--seed: {args.seed} is negative (a seed is a non-negative integer)")
     if args.preset in DRAFT_PRESETS:
         return run_draft(args)
     if args.format is None:

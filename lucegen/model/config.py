@@ -25,6 +25,25 @@ MAX_RMS_NORM_EPS = 1e-2
 MIN_ROPE_THETA, MAX_ROPE_THETA = 1.0, 1e10
 
 
+#: Decoder layers a config may declare: the deepest published models have 126 (Llama 3.1 405B); anything near the
+#: bound is a damaged number, and reading it would build a table of that many layers.
+MAX_LAYERS = 1024
+
+
+def check_layer_count(layers, where: str) -> None:
+    if isinstance(layers, int) and not isinstance(layers, bool) and not 0 < layers <= MAX_LAYERS:
+        raise CheckpointError(f"{where}: {layers} layers is outside 1..{MAX_LAYERS}")
+
+
+def read_layer_types(num_layers: int, full_attention_interval: int, where: str) -> tuple[str, ...]:
+    """:func:`hybrid_layer_types` for the numbers a checkpoint states, each checked first (``where`` names the
+    file; the fields are named as in a HF config)."""
+    check_layer_count(num_layers, f"{where}num_hidden_layers")
+    if not 0 < full_attention_interval <= MAX_LAYERS:
+        raise CheckpointError(f"{where}full_attention_interval: {full_attention_interval} is outside 1..{MAX_LAYERS}")
+    return hybrid_layer_types(num_layers, full_attention_interval)
+
+
 def check_token_id(token, vocab_size: int, where: str) -> None:
     """A token id a checkpoint's metadata names (eos, pad) must lie in the vocabulary: ``where`` names the field."""
     if isinstance(token, int) and not isinstance(token, bool) and not 0 <= token < vocab_size:
@@ -219,9 +238,10 @@ class ModelConfig:
             return float(value)
 
         num_layers = integer("num_hidden_layers")
+        check_layer_count(num_layers, f"{source}: {prefix}num_hidden_layers")
         layer_types = text.get("layer_types")
         if layer_types is None:
-            layer_types = hybrid_layer_types(num_layers, integer("full_attention_interval", 4))
+            layer_types = read_layer_types(num_layers, integer("full_attention_interval", 4), f"{source}: {prefix}")
         if not isinstance(layer_types, (list, tuple)):
             raise CheckpointError(f"{source}: {prefix}layer_types: expected a list, got {layer_types!r}")
         for i, t in enumerate(layer_types):

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from .checkpoint import Checkpoint
-from .config import ModelConfig, check_token_id, hybrid_layer_types
+from .config import ModelConfig, check_token_id, read_layer_types
 from .quant import READABLE, TYPE_BY_ID, TYPES, dequantize, nbytes
 
 ARCH = "qwen35"
@@ -247,6 +247,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         raise CheckpointError(f"{g.path}: metadata 'general.architecture': {arch!r} is not {ARCH!r} (Qwen3.5)")
     n_blocks = get("block_count")
     n_layers = n_blocks - get("nextn_predict_layers", int, 0)  # MTP blocks come last
+    layer_types = read_layer_types(n_layers, get("full_attention_interval", int, 4), f"{g.path}: metadata ")
     value_heads = get("ssm.time_step_rank")
     inner = get("ssm.inner_size")
     if value_heads <= 0 or inner % value_heads:
@@ -267,7 +268,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
             linear_num_key_heads=get("ssm.group_count"), linear_num_value_heads=value_heads,
             linear_key_head_dim=get("ssm.state_size"), linear_value_head_dim=inner // value_heads,
             conv_kernel=get("ssm.conv_kernel"),
-            layer_types=hybrid_layer_types(n_layers, get("full_attention_interval", int, 4)),
+            layer_types=layer_types,
             tie_word_embeddings="output.weight" not in g.tensors,
             max_position_embeddings=get("context_length", int, 262144),
             eos_token_id=eos if isinstance(eos, int) else None, name=str(meta.get("general.name", "gguf")))

@@ -106,7 +106,7 @@ def read_header(path) -> tuple[dict[str, TensorInfo], dict, int]:
         if not isinstance(entry, dict):
             raise bad("entry is not an object", name)
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise bad(f"unknown dtype {dtype!r}", name)
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                                   for d in shape):
