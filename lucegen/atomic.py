@@ -107,7 +107,8 @@ def atomic_directory(final: str | os.PathLike) -> Iterator[Path]:
     ``final``'s current entries (hard links, so it costs no copy), the caller overwrites what it produces, and on
     normal exit the temp directory is fsynced and takes ``final``'s place in one rename (an exchange where ``final``
     exists); the old directory is removed after. Until then ``final`` is the old directory, complete; on error the
-    temp directory is removed and ``final`` is untouched."""
+    temp directory is removed and ``final`` is untouched. The caller replaces each file it writes (atomic_write,
+    atomic_path), never writes into one in place: a carried-over file is the old directory's file."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(final)
@@ -119,7 +120,7 @@ def atomic_directory(final: str | os.PathLike) -> Iterator[Path]:
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result gets the usual permissions
         if final.is_dir():
-            shutil.copytree(final, tmp, symlinks=True, copy_function=os.link, dirs_exist_ok=True)
+            shutil.copytree(final, tmp, symlinks=True, copy_function=_link_or_copy, dirs_exist_ok=True)
         yield tmp
         for entry in tmp.rglob("*"):
             if entry.is_file() and not entry.is_symlink():
@@ -143,6 +144,13 @@ def atomic_directory(final: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(source, destination)
 
 
 def _fsync_dir(path: Path) -> None:
