@@ -119,3 +119,12 @@ def test_config_json_and_gguf_metadata_ranges(tiny, tmp_path):
     (tmp_path / "rope.gguf").write_bytes(data)
     with pytest.raises(CheckpointError, match=r"rope.gguf: metadata: rope_theta: must be in \(1, 1e\+10\]"):
         load_checkpoint(tmp_path / "rope.gguf")
+
+
+@pytest.mark.parametrize("field, value, match", [("rope_theta", 1e-30, r"rope_theta: must be in \(1, 1e\+10\]"),
+                                                 ("rms_norm_eps", 1.0, r"rms_norm_eps: must be in \(0, 0.01\]")])
+def test_draft_config_values_out_of_physics(field, value, match):
+    from lucegen.model.dflash import DFlashConfig
+
+    with pytest.raises(CheckpointError, match=match):
+        dataclasses.replace(DFlashConfig.preset("dflash-tiny"), **{field: value})
