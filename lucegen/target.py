@@ -397,6 +397,65 @@ def _parse_value(hint, value: Any, path, name: str) -> Any:
     raise AssertionError(f"unhandled schema type {hint!r}")  # a bug in this module, not in the descriptor
 
 
+def _amd_wave_size(arch: str) -> int:
+    """Lanes per wavefront the AMD back end builds for ``arch``: CDNA/GCN (gfx9) has wave64 only; RDNA (gfx10-12)
+    has both, and lucegen compiles it as wave32 (the RDNA compute default; WMMA is wave32 there)."""
+    return 64 if arch[3:-2] == "9" else 32
+
+
+#: Physical ranges of a descriptor's chip-wide figures: the published NVIDIA (Turing .. Blackwell) and AMD (GCN ..
+#: CDNA4, RDNA1 .. RDNA4) families with a margin either side. Values outside describe no chip (a typo, a unit
+#: slip: bytes for KB, TB/s for GB/s). ``field: (low, high, why)``; both ends inclusive.
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+PHYSICAL_RANGES = {
+    "compute_units": (1, 1024, "SMs / CUs per chip (the largest published: 304 on MI300X)"),
+    "max_threads_per_block": (32, 1024, "threads per block (1024 on every NVIDIA and AMD chip)"),
+    "max_threads_per_cu": (32, 4096, "resident threads per SM / CU (2048 on H100, 2560 on CDNA)"),
+    "smem_per_block": (16 * KiB, 512 * KiB, "bytes of shared memory per block"),
+    "smem_per_block_optin": (16 * KiB, 512 * KiB, "bytes of shared memory per block with the opt-in"),
+    "smem_per_cu": (16 * KiB, 512 * KiB, "bytes of shared memory (LDS) per SM / CU (228 KB on H100, 160 KB on "
+                                         "CDNA4)"),
+    "regs_per_cu": (8192, 1 << 19, "32-bit registers per SM / CU (65536 on NVIDIA; 131072 VGPRs on CDNA)"),
+    "regs_per_thread_max": (32, 512, "registers per thread (255 on NVIDIA, 256 VGPRs on RDNA, 512 on CDNA)"),
+    "mem_bandwidth_gbs": (10.0, 20_000.0, "GB/s of device memory (8000 on B200 and MI355X)"),
+    "l2_bytes": (128 * KiB, 1 * GiB, "bytes of L2 (128 MB on B200)"),
+    "memory_bytes": (256 * MiB, 2048 * GiB, "bytes of device memory (288 GB on MI355X; unified-memory chips: "
+                                             "their share)"),
+    "matmul.peak_tflops": (0.1, 20_000.0, "dense matrix TFLOPS in compute_dtype (2250 on B200)"),
+    "prefill.max_tokens": (16, 1 << 20, "prompt tokens per prefill segment (its workspace grows with it)"),
+    "simds_per_cu": (0, 8, "SIMDs per CU (2 on RDNA, 4 on CDNA; 0: not an AMD descriptor)"),
+}
+#: Upper end of the per-thread register file on NVIDIA chips (the ISA encodes 255 general registers).
+NVIDIA_MAX_REGS_PER_THREAD = 255
+#: tree_attention_mma's largest K/V tile (lucegen/families/tree_verify.py attention_tiling halves it down to 16).
+TREE_ATTENTION_TILE = 64
+
+
+def _check_physical_ranges(t: Target, fail) -> None:
+    """Every chip-wide figure within :data:`PHYSICAL_RANGES`, and the tiles dividing what they tile."""
+    for field, (low, high, what) in PHYSICAL_RANGES.items():
+        value = t
+        for part in field.split("."):
+            value = getattr(value, part)
+        if not low <= value <= high:
+            fail(field, f"{value:g} is outside [{low:g}, {high:g}], the range of {what}")
+    if t.is_nvidia and t.regs_per_thread_max > NVIDIA_MAX_REGS_PER_THREAD:
+        fail("regs_per_thread_max", f"NVIDIA threads address at most {NVIDIA_MAX_REGS_PER_THREAD} registers, "
+             f"got {t.regs_per_thread_max}")
+    if t.l2_bytes > t.memory_bytes:
+        fail("l2_bytes", f"{t.l2_bytes} exceeds memory_bytes {t.memory_bytes}")
+    pf = t.prefill
+    for name in ("deltanet_chunk", "attention_block_q"):
+        if pf.max_tokens % getattr(pf, name):
+            fail("prefill.max_tokens", f"{pf.max_tokens} is not a multiple of prefill.{name} {getattr(pf, name)} "
+                 f"(a full segment is whole tiles)")
+    keys = t.ddtree.tensor_core_attention_keys
+    if keys and (keys < TREE_ATTENTION_TILE or keys & (keys - 1) or keys > PHYSICAL_RANGES["prefill.max_tokens"][1]):
+        fail("ddtree.tensor_core_attention_keys", f"{keys} is not a power of two from {TREE_ATTENTION_TILE} (a "
+             f"power-of-two multiple of the tensor-core attention's K/V tile) to "
+             f"{PHYSICAL_RANGES['prefill.max_tokens'][1]}")
+
+
 def _check_tiling(t: Target, table: str, tiling, fail) -> None:
     """The checks every GEMM instance's tiling (``[matmul]`` or ``[matmul.<epilogue>]``) must pass."""
     mm = t.matmul
@@ -450,9 +509,13 @@ def _check_consistency(t: Target, path) -> None:
             fail("arch", f"{t.arch!r} is not an AMD arch like gfx1100")
         if t.warp_size not in (32, 64):
             fail("warp_size", f"AMD wavefronts are 32 or 64 threads, got {t.warp_size}")
+        if t.warp_size != _amd_wave_size(t.arch):
+            fail("warp_size", f"{t.arch} runs {_amd_wave_size(t.arch)}-lane wavefronts in lucegen's builds "
+                 f"(gfx9 has wave64 only; gfx10-12 compile as wave32, no -mwavefrontsize64), got {t.warp_size}")
         if t.simds_per_cu < 1 or t.max_threads_per_cu % (t.simds_per_cu * t.warp_size):
             fail("simds_per_cu", f"an AMD descriptor states its SIMDs per CU (a divisor of max_threads_per_cu / "
                  f"warp_size), got {t.simds_per_cu}")
+    _check_physical_ranges(t, fail)
     if t.max_threads_per_block % t.warp_size:
         fail("max_threads_per_block", f"{t.max_threads_per_block} is not a multiple of warp_size {t.warp_size}")
     if t.max_threads_per_block > t.max_threads_per_cu:

@@ -4,8 +4,6 @@ every format for every chip (the GPU tests in tests/gpu/test_quant_target.py run
 
 from __future__ import annotations
 
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -180,12 +178,11 @@ CACHE_KERNELS = (("prefill_attention", "prefill/attention.cu.j2", lambda pf, tar
 
 
 @pytest.mark.parametrize("name", list_targets())
-def test_cache_kernels_compile_in_every_format(name, tmp_path, monkeypatch):
+def test_cache_kernels_compile_in_every_format(name, tmp_path, monkeypatch, require_compiler):
     from lucegen.families.prefill import prefill_params
 
     t = load_target(name)
-    if t.is_amd and shutil.which(os.environ.get("LUCEGEN_CLANG") or "clang-19") is None:
-        pytest.fail("clang-19 is required to compile AMD targets (apt-get install clang-19)")
+    require_compiler(t)
     monkeypatch.setenv("LUCEGEN_CACHE_DIR", str(tmp_path))
     pf = prefill_params(ModelConfig.preset("qwen3.5-27b"), t, "tiled")
     for fmt in ("q8_0", "q4_0", "tq3_0"):

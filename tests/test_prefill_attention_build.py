@@ -3,7 +3,6 @@ for the default model and the tiny presets, with the launch plan the launcher de
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
@@ -16,10 +15,9 @@ from lucegen.target import list_targets, load_target
 
 @pytest.mark.parametrize("preset", ["qwen3.5-0.8b", "tiny-gqa"])
 @pytest.mark.parametrize("target_name", list_targets())
-def test_attention_compiles(target_name, preset):
+def test_attention_compiles(target_name, preset, require_compiler):
     target = load_target(target_name)
-    if target.is_amd and shutil.which("clang-19") is None:
-        pytest.skip("clang-19 not installed")
+    require_compiler(target)
     pf = prefill_params(ModelConfig.preset(preset), target)
     module = codegen.build(target, MODULE, params={"pf": pf})
     source = module.source

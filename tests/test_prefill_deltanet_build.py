@@ -5,7 +5,6 @@ the launcher's host-side rules (workspace size, unsupported shapes) hold."""
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 
@@ -22,10 +21,9 @@ KERNELS = {"deltanet_conv_prepare", "deltanet_chunk_prepare", "deltanet_chunk_sc
 
 @pytest.mark.parametrize("preset", ["qwen3.5-0.8b", "tiny-gqa"])
 @pytest.mark.parametrize("target_name", list_targets())
-def test_deltanet_compiles(target_name, preset):
+def test_deltanet_compiles(target_name, preset, require_compiler):
     target = load_target(target_name)
-    if target.is_amd and shutil.which("clang-19") is None:
-        pytest.skip("clang-19 not installed")
+    require_compiler(target)
     pf = prefill_params(ModelConfig.preset(preset), target)
     module = codegen.build(target, MODULE, params={"pf": pf})
     source = module.source

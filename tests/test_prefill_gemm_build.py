@@ -23,8 +23,9 @@ def _pf(target):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list_targets())
-def test_gemm_module_compiles_for_every_target(name):
+def test_gemm_module_compiles_for_every_target(name, require_compiler):
     target = load_target(name)
+    require_compiler(target)
     pf = _pf(target)
     source = codegen.render(target, "prefill/gemm.cu.j2", pf=pf)
     module = compile_source(target, "prefill_gemm", source, template="prefill/gemm.cu.j2",

@@ -1,11 +1,13 @@
 """``lucegen init-weights``: write a random-weight checkpoint (HF safetensors directory or GGUF file) with the real
-shapes of a preset, plus a tokenizer, so that every other command runs offline."""
+shapes of a preset, plus a tokenizer, so that every other command runs offline. A directory is written whole beside
+``--out`` and swapped in, a GGUF file likewise: killed at any point, ``--out`` holds the old checkpoint or the new."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from ..atomic import atomic_directory
 from ..errors import CheckpointError
 from ..model.config import PRESETS, ModelConfig
 from ..model.dflash import PRESETS as DRAFT_PRESETS
@@ -33,6 +35,16 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    try:
+        return write_checkpoint(args)
+    except OSError as exc:  # an unwritable --out (no such directory, no permission, a full disk)
+        where = exc.filename or args.out
+        raise CheckpointError(f"{where}: cannot write: {exc.strerror or exc}") from None
+
+
+def write_checkpoint(args) -> int:
+    if args.seed < 0:
+        raise CheckpointError(f"--seed: {args.seed} is negative (a seed is a non-negative integer)")
     if args.preset in DRAFT_PRESETS:
         return run_draft(args)
     if args.format is None:
@@ -45,7 +57,8 @@ def run(args) -> int:
             raise CheckpointError(f"{args.out}: exists and is not a directory")
         from ..model.init_weights import write_hf_checkpoint
 
-        seconds = write_hf_checkpoint(config, args.out, seed=args.seed, progress=not args.quiet)
+        with atomic_directory(args.out) as tmp:  # the old checkpoint stays whole until the new one is
+            seconds = write_hf_checkpoint(config, tmp, seed=args.seed, progress=not args.quiet)
         target = args.out
     else:
         from ..model.init_gguf import write_gguf_checkpoint
@@ -90,5 +103,6 @@ def run_draft(args) -> int:
     else:
         if args.quant not in (None, "bf16"):
             raise CheckpointError(f"--quant {args.quant}: safetensors drafts are written in BF16 only")
-        seconds = write_dflash_checkpoint(config, target, seed=args.seed, progress=not args.quiet)
+        with atomic_directory(target) as tmp:
+            seconds = write_dflash_checkpoint(config, tmp, seed=args.seed, progress=not args.quiet)
     return report(args, target, config, seconds)

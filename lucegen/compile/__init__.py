@@ -60,18 +60,30 @@ def compile_source(
         raise CompileError(f"{template or name} for {target.name}: {exc.log}") from None
     key = cache.cache_key(format=CACHE_FORMAT, compiler=compiler, options=opts, arch=arch, filename=filename,
                           source=source)
-    if use_cache and (hit := cache.load(key)) is not None:
-        meta, binary = hit
-        kernels = tuple(KernelInfo(**k) for k in meta["kernels"])
-        return CompiledModule(name, target.name, arch, binary, kernels, meta["log"], compiler, opts, cached=True,
+    if not use_cache:
+        binary, log, kernels = _run(backend, template or name, target.name, compiler, arch, filename, source, opts)
+        return CompiledModule(name, target.name, arch, binary, kernels, log, compiler, opts, cached=False,
                               source=source)
+    if (hit := cache.load(key)) is None:
+        with cache.compile_lock(key):  # another build may be compiling it: wait, then look again
+            if (hit := cache.load(key)) is None:
+                binary, log, kernels = _run(backend, template or name, target.name, compiler, arch, filename, source,
+                                            opts)
+                cache.store(key, {"kernels": [dataclasses.asdict(k) for k in kernels], "log": log}, binary)
+                return CompiledModule(name, target.name, arch, binary, kernels, log, compiler, opts, cached=False,
+                                      source=source)
+    meta, binary = hit
+    kernels = tuple(KernelInfo(**k) for k in meta["kernels"])
+    return CompiledModule(name, target.name, arch, binary, kernels, meta["log"], compiler, opts, cached=True,
+                          source=source)
+
+
+def _run(backend, template: str, target: str, compiler: str, arch: str, filename: str, source: str, opts):
+    """One compile by the back end; a rejection becomes the CompileError with the failing lines."""
     try:
-        binary, log, kernels = backend.compile(arch, filename, source, opts)
+        return backend.compile(arch, filename, source, opts)
     except CompilerRejected as exc:
-        raise CompileError(format_failure(template or name, target.name, compiler, filename, source, exc.log)) from None
-    if use_cache:
-        cache.store(key, {"kernels": [dataclasses.asdict(k) for k in kernels], "log": log}, binary)
-    return CompiledModule(name, target.name, arch, binary, kernels, log, compiler, opts, cached=False, source=source)
+        raise CompileError(format_failure(template, target, compiler, filename, source, exc.log)) from None
 
 
 # NVRTC: "file.cu(12): error: ..."; clang: "file.hip:12:5: error: ..."

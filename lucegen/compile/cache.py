@@ -6,6 +6,10 @@ and of the binary (8 bytes each, little endian), the sha256 of metadata+binary, 
 written to a temporary file in the same directory, fsynced and renamed into place, so a killed build leaves either
 no entry or a whole one; an entry that fails its length or checksum check (a truncated or corrupted file) reads as a
 miss and is overwritten by the next compile.
+
+A compile holds :func:`compile_lock` for its key (an exclusive ``flock`` on ``locks/<key>.lock``), and looks the
+entry up again once it has the lock: builds running at once on one cache (processes or threads) compile each module
+once, the others wait for it and read the entry.
 """
 
 from __future__ import annotations
@@ -14,8 +18,15 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: builds do not coordinate (each may compile a module)
+    fcntl = None
 
 from ..atomic import atomic_write
 
@@ -64,3 +75,24 @@ def store(key: str, meta: dict[str, Any], binary: bytes) -> None:
     body = meta_blob + binary
     data = _HEADER.pack(MAGIC, len(meta_blob), len(binary), hashlib.sha256(body).digest()) + body
     atomic_write(entry_path(key), data)
+
+
+@contextmanager
+def compile_lock(key: str) -> Iterator[None]:
+    """Hold the exclusive lock of ``key`` (released when the block ends, or when the process dies). Where the cache
+    directory cannot hold a lock file (read-only), compiles go ahead unlocked."""
+    if fcntl is None:
+        yield
+        return
+    path = cache_dir() / "locks" / f"{key}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

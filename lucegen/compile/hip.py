@@ -21,15 +21,31 @@ from pathlib import Path
 from .base import CompilerRejected, KernelInfo
 from .elf import function_sizes
 
-BASE_OPTIONS = ("-nogpulib", "-nogpuinc", "--cuda-device-only", "-O3", "-std=c++17")
+#: ``-fuse-cuid=none``: by default clang names a ``__hip_cuid_<hash>`` symbol after a hash of the input's path, which
+#: lies in a fresh temp directory each compile; without it two builds of one source give the same code object, byte
+#: for byte.
+BASE_OPTIONS = ("-nogpulib", "-nogpuinc", "--cuda-device-only", "-O3", "-std=c++17", "-fuse-cuid=none")
+
+
+#: Why an AMD compile cannot run here, and the Debian package that fixes it.
+MISSING_CLANG = ("clang-19 not found: AMD targets compile with it; install the Debian package clang-19 "
+                 "(apt-get install clang-19) or set LUCEGEN_CLANG")
+
+
+def find_clang() -> str | None:
+    """The clang the AMD back end uses ($LUCEGEN_CLANG, else clang-19, else clang on PATH); None when there is none."""
+    for candidate in (os.environ.get("LUCEGEN_CLANG"), "clang-19", "clang"):
+        if candidate and shutil.which(candidate):
+            return shutil.which(candidate)
+    return None
 
 
 @functools.cache
 def clang() -> str:
-    for candidate in (os.environ.get("LUCEGEN_CLANG"), "clang-19", "clang"):
-        if candidate and shutil.which(candidate):
-            return shutil.which(candidate)
-    raise CompilerRejected("clang-19 not found: install it (apt-get install clang-19) or set LUCEGEN_CLANG")
+    found = find_clang()
+    if found is None:
+        raise CompilerRejected(MISSING_CLANG)
+    return found
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import CheckpointError
 from .config import ModelConfig
 from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits
-from .safetensors_io import SafetensorsFile
+from .safetensors_io import SafetensorsFile, check_half_dtypes
 
 WEIGHT_DTYPES = ("BF16", "F16", "F32")
 INDEX_NAME = "model.safetensors.index.json"
@@ -156,6 +156,7 @@ def read_safetensors_directory(directory: Path, config, internal, what: str) -> 
         for stored, fname in weight_map.items():
             if stored not in opened[fname].tensors:
                 raise CheckpointError(f"{directory / fname}: tensor {stored!r} listed in {INDEX_NAME} is missing")
+    check_half_dtypes((opened[f].path, stored, opened[f].tensors[stored].dtype) for f, stored in where.values())
     missing = [n for n in expected if n not in where]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

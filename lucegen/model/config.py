@@ -19,6 +19,37 @@ FULL = "full_attention"
 LAYER_TYPES = (LINEAR, FULL)
 
 
+#: Physical ranges of the scalar hyper-parameters. The RMSNorm epsilon only guards a division (published models:
+#: 1e-6 .. 1e-5); a RoPE base at or below 1 makes every frequency 1 or growing (published: 1e4 .. 1e7).
+MAX_RMS_NORM_EPS = 1e-2
+MIN_ROPE_THETA, MAX_ROPE_THETA = 1.0, 1e10
+
+
+#: Decoder layers a config may declare: the deepest published models have 126 (Llama 3.1 405B); anything near the
+#: bound is a damaged number, and reading it would build a table of that many layers.
+MAX_LAYERS = 1024
+
+
+def check_layer_count(layers, where: str) -> None:
+    if isinstance(layers, int) and not isinstance(layers, bool) and not 0 < layers <= MAX_LAYERS:
+        raise CheckpointError(f"{where}: {layers} layers is outside 1..{MAX_LAYERS}")
+
+
+def read_layer_types(num_layers: int, full_attention_interval: int, where: str) -> tuple[str, ...]:
+    """:func:`hybrid_layer_types` for the numbers a checkpoint states, each checked first (``where`` names the
+    file; the fields are named as in a HF config)."""
+    check_layer_count(num_layers, f"{where}num_hidden_layers")
+    if not 0 < full_attention_interval <= MAX_LAYERS:
+        raise CheckpointError(f"{where}full_attention_interval: {full_attention_interval} is outside 1..{MAX_LAYERS}")
+    return hybrid_layer_types(num_layers, full_attention_interval)
+
+
+def check_token_id(token, vocab_size: int, where: str) -> None:
+    """A token id a checkpoint's metadata names (eos, pad) must lie in the vocabulary: ``where`` names the field."""
+    if isinstance(token, int) and not isinstance(token, bool) and not 0 <= token < vocab_size:
+        raise CheckpointError(f"{where}: {token} is not a token id of the {vocab_size}-token vocabulary")
+
+
 def hybrid_layer_types(num_layers: int, full_attention_interval: int = 4) -> tuple[str, ...]:
     """Every ``full_attention_interval``-th layer (3, 7, 11, ... for 4) is full attention, the rest DeltaNet."""
     return tuple(FULL if (i + 1) % full_attention_interval == 0 else LINEAR for i in range(num_layers))
@@ -154,10 +185,14 @@ class ModelConfig:
                 f"{self.linear_num_value_heads} is not a multiple of {self.linear_num_key_heads} key heads")
         if not (0 < self.rotary_dim <= self.head_dim) or self.rotary_dim % 2:
             bad("partial_rotary_factor", f"rotary dim {self.rotary_dim} must be even and in (0, {self.head_dim}]")
-        if not self.rms_norm_eps > 0:
-            bad("rms_norm_eps", f"must be positive, got {self.rms_norm_eps!r}")
-        if not self.rope_theta > 0:
-            bad("rope_theta", f"must be positive, got {self.rope_theta!r}")
+        if not 0 < self.rms_norm_eps <= MAX_RMS_NORM_EPS:
+            bad("rms_norm_eps", f"must be in (0, {MAX_RMS_NORM_EPS:g}], got {self.rms_norm_eps!r}")
+        if not MIN_ROPE_THETA < self.rope_theta <= MAX_ROPE_THETA:
+            bad("rope_theta", f"must be in ({MIN_ROPE_THETA:g}, {MAX_ROPE_THETA:g}], got {self.rope_theta!r}")
+        if not 0 < self.initializer_range < 1:
+            bad("initializer_range", f"must be in (0, 1), got {self.initializer_range!r}")
+        if not isinstance(self.max_position_embeddings, int) or self.max_position_embeddings < 2:
+            bad("max_position_embeddings", f"must be an integer of at least 2, got {self.max_position_embeddings!r}")
 
     # ----------------------------------------------------------------------------------------- constructors
     @classmethod
@@ -203,9 +238,10 @@ class ModelConfig:
             return float(value)
 
         num_layers = integer("num_hidden_layers")
+        check_layer_count(num_layers, f"{source}: {prefix}num_hidden_layers")
         layer_types = text.get("layer_types")
         if layer_types is None:
-            layer_types = hybrid_layer_types(num_layers, integer("full_attention_interval", 4))
+            layer_types = read_layer_types(num_layers, integer("full_attention_interval", 4), f"{source}: {prefix}")
         if not isinstance(layer_types, (list, tuple)):
             raise CheckpointError(f"{source}: {prefix}layer_types: expected a list, got {layer_types!r}")
         for i, t in enumerate(layer_types):
@@ -226,6 +262,7 @@ class ModelConfig:
         eos = text.get("eos_token_id", cfg.get("eos_token_id"))
         if isinstance(eos, list):
             eos = eos[0] if eos else None
+        check_token_id(eos, integer("vocab_size"), f"{source}: {prefix}eos_token_id")
         try:
             return cls(
                 hidden_size=integer("hidden_size"),

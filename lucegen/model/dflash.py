@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError
+from .config import MAX_RMS_NORM_EPS, MAX_ROPE_THETA, MIN_ROPE_THETA
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -178,10 +179,10 @@ class DFlashConfig:
                 bad(f"layer_types[{i}]", f"unknown layer type {t!r} (expected one of {', '.join(LAYER_TYPES)})")
         if SLIDING in self.layer_types and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
             bad("sliding_window", f"sliding_attention layers need a positive window, got {self.sliding_window!r}")
-        if not self.rms_norm_eps > 0:
-            bad("rms_norm_eps", f"must be positive, got {self.rms_norm_eps!r}")
-        if not self.rope_theta > 0:
-            bad("rope_theta", f"must be positive, got {self.rope_theta!r}")
+        if not 0 < self.rms_norm_eps <= MAX_RMS_NORM_EPS:
+            bad("rms_norm_eps", f"must be in (0, {MAX_RMS_NORM_EPS:g}], got {self.rms_norm_eps!r}")
+        if not MIN_ROPE_THETA < self.rope_theta <= MAX_ROPE_THETA:
+            bad("rope_theta", f"must be in ({MIN_ROPE_THETA:g}, {MAX_ROPE_THETA:g}], got {self.rope_theta!r}")
 
     def check_target(self, target, source="draft") -> None:
         """Raise CheckpointError unless this draft fits ``target`` (a :class:`ModelConfig`): same hidden size and

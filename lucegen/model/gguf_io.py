@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from .checkpoint_base import Checkpoint
-from .config import ModelConfig, hybrid_layer_types
+from .config import ModelConfig, check_token_id, read_layer_types
 from .quant import READABLE, TYPE_BY_ID, TYPES, dequantize, nbytes
 
 ARCH = "qwen35"
@@ -168,6 +168,7 @@ class GGUFFile:
             raise self._fail(f"metadata 'general.alignment': {alignment!r} is not a power of two")
         data_start = -(-self.pos // alignment) * alignment
         spans = []
+        tiled = 0  # where the next tensor's data must start: the tensors before it, each padded to the alignment
         for name, ne, type_id, offset in infos:
             type_name = TYPE_BY_ID.get(type_id)
             if type_name is None:
@@ -186,10 +187,18 @@ class GGUFFile:
                                  f"or is misaligned (truncated file?)")
             spans.append((start, start + size, name))
             self.tensors[name] = GGUFTensor(name, type_name, tuple(reversed(ne)), start, size)
+            if offset != tiled:
+                raise self._fail(_tiling_error(name, type_name, ne, size, offset, tiled))
+            tiled += -(-size // alignment) * alignment
         spans.sort()
         for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
             if s1 < e0 and s1 != e1:
                 raise self._fail(f"tensor {n1!r}: data overlaps tensor {n0!r}")
+        if infos and self.size > data_start + tiled:
+            name, ne, type_id, _ = infos[-1]
+            raise self._fail(f"{self.size - data_start - tiled} bytes after the data of the last tensor {name!r} "
+                             f"({TYPE_BY_ID[type_id]} {list(reversed(ne))}): its declared type or shape does not "
+                             f"match its data")
 
     def raw(self, name: str) -> np.ndarray:
         t = self.tensors[name]
@@ -203,6 +212,15 @@ class GGUFFile:
                                   f"(readable: {', '.join(READABLE)})")
         n = int(np.prod(t.shape, dtype=np.int64))
         return dequantize(self.raw(name), t.type_name, n).reshape(t.shape)
+
+
+def _tiling_error(name: str, type_name: str, ne: list[int], size: int, offset: int, tiled: int) -> str:
+    """The message for a tensor whose data does not start where the tensors before it end (llama.cpp's rule: in
+    directory order, each tensor's data follows the previous one's, padded to the alignment), which is what a tensor
+    relabelled to a type or shape of another byte size looks like."""
+    where = "the first tensor's data starts at offset 0" if tiled == 0 else f"the tensors before it end at {tiled}"
+    return (f"tensor {name!r}: data at offset {offset}, but {where} ({type_name} {list(reversed(ne))} is {size} "
+            f"bytes): a declared type or shape does not match the data")
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -229,6 +247,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         raise CheckpointError(f"{g.path}: metadata 'general.architecture': {arch!r} is not {ARCH!r} (Qwen3.5)")
     n_blocks = get("block_count")
     n_layers = n_blocks - get("nextn_predict_layers", int, 0)  # MTP blocks come last
+    layer_types = read_layer_types(n_layers, get("full_attention_interval", int, 4), f"{g.path}: metadata ")
     value_heads = get("ssm.time_step_rank")
     inner = get("ssm.inner_size")
     if value_heads <= 0 or inner % value_heads:
@@ -238,6 +257,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         raise CheckpointError(f"{g.path}: missing tensor 'token_embd.weight'")
     vocab = g.tensors["token_embd.weight"].shape[0]
     eos = meta.get("tokenizer.ggml.eos_token_id")
+    check_token_id(eos, vocab, f"{g.path}: metadata 'tokenizer.ggml.eos_token_id'")
     try:
         return ModelConfig(
             hidden_size=get("embedding_length"), num_layers=n_layers, intermediate_size=get("feed_forward_length"),
@@ -248,7 +268,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
             linear_num_key_heads=get("ssm.group_count"), linear_num_value_heads=value_heads,
             linear_key_head_dim=get("ssm.state_size"), linear_value_head_dim=inner // value_heads,
             conv_kernel=get("ssm.conv_kernel"),
-            layer_types=hybrid_layer_types(n_layers, get("full_attention_interval", int, 4)),
+            layer_types=layer_types,
             tie_word_embeddings="output.weight" not in g.tensors,
             max_position_embeddings=get("context_length", int, 262144),
             eos_token_id=eos if isinstance(eos, int) else None, name=str(meta.get("general.name", "gguf")))

@@ -106,7 +106,7 @@ def read_header(path) -> tuple[dict[str, TensorInfo], dict, int]:
         if not isinstance(entry, dict):
             raise bad("entry is not an object", name)
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise bad(f"unknown dtype {dtype!r}", name)
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                                   for d in shape):
@@ -131,8 +131,32 @@ def read_header(path) -> tuple[dict[str, TensorInfo], dict, int]:
             continue
         if previous is not None and info.begin < previous.end:
             raise bad(f"data overlaps tensor {previous.name!r}", info.name)
+        # the tensors tile the data region (as the safetensors library requires): a gap means a tensor whose dtype
+        # or shape was changed to a smaller one
+        covered = previous.end if previous is not None else 0
+        if info.begin > covered:
+            raise bad(f"data starts at {info.begin}, leaving {info.begin - covered} unused bytes before it "
+                      f"(a dtype or shape that does not match the data?)", info.name)
         previous = info
+    covered = previous.end if previous is not None else 0
+    if data_size > covered:
+        raise bad(f"{data_size - covered} bytes of data after the last tensor's end {covered} (a dtype or shape that "
+                  f"does not match the data?)")
     return tensors, metadata, 8 + n
+
+
+def check_half_dtypes(tensors: Iterable[tuple[Path, str, str]]) -> None:
+    """The 16-bit float tensors of one checkpoint share one type: a BF16 tensor among F16 ones (or the reverse) is a
+    relabelled dtype, which no byte count can reveal. ``tensors``: (file, stored name, dtype)."""
+    first = None
+    for path, stored, dtype in tensors:
+        if dtype not in ("BF16", "F16"):
+            continue
+        if first is None:
+            first = (path, stored, dtype)
+        elif dtype != first[2]:
+            raise CheckpointError(f"{path}: tensor {stored!r}: dtype {dtype}, but tensor {first[1]!r} in "
+                                  f"{first[0].name} is {first[2]}: one checkpoint's 16-bit tensors share one type")
 
 
 # ------------------------------------------------------------------------------------------------ writing

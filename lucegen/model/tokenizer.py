@@ -31,6 +31,12 @@ class Tokenizer:
         return self.inner.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
+def json_type(value) -> str:
+    """The JSON name of a parsed value's type (for messages about a file's JSON)."""
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def load_tokenizer(path) -> Tokenizer:
     """From a HF checkpoint directory (or its tokenizer.json) or from a GGUF file's embedded vocabulary."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -49,9 +55,12 @@ def load_tokenizer(path) -> Tokenizer:
     config_path = file.parent / "config.json"
     if config_path.is_file():
         try:
-            eos = json.loads(config_path.read_text()).get("eos_token_id")
+            config = json.loads(config_path.read_text())
         except (OSError, ValueError):
-            eos = None
+            config = {}
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_path}: expected a JSON object, got {json_type(config)}")
+        eos = config.get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
     return Tokenizer(inner, file, eos if isinstance(eos, int) else None)
@@ -67,15 +76,26 @@ def tokenizer_from_gguf(path):
         raise CheckpointError(f"{path}: metadata 'tokenizer.ggml.model': {meta.get('tokenizer.ggml.model')!r} "
                               "is not a byte-level BPE ('gpt2')")
     tokens = meta.get("tokenizer.ggml.tokens")
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens or [])
-    merges = meta.get("tokenizer.ggml.merges") or []
-    if not isinstance(tokens, list) or len(types) != len(tokens):
-        raise CheckpointError(f"{path}: metadata 'tokenizer.ggml.tokens' / 'token_type' missing or inconsistent")
+    types = meta.get("tokenizer.ggml.token_type")
+    merges = meta.get("tokenizer.ggml.merges", [])
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise CheckpointError(f"{path}: metadata 'tokenizer.ggml.tokens': missing or not a list of strings")
+    if types is None:
+        types = [1] * len(tokens)
+    if (not isinstance(types, list) or len(types) != len(tokens)
+            or not all(isinstance(k, int) and not isinstance(k, bool) for k in types)):
+        raise CheckpointError(f"{path}: metadata 'tokenizer.ggml.token_type': not one integer per token "
+                              f"({len(tokens)} tokens)")
+    if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+        raise CheckpointError(f"{path}: metadata 'tokenizer.ggml.merges': not a list of strings")
     vocab = {t: i for i, (t, k) in enumerate(zip(tokens, types)) if k != 5}  # 5: UNUSED padding
-    pairs = [tuple(m.split(" ", 1)) for m in merges if isinstance(m, str) and " " in m]
-    inner = HFTokenizer(models.BPE(vocab=vocab, merges=pairs))
-    inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    inner.decoder = decoders.ByteLevel()
-    inner.add_special_tokens([AddedToken(t, special=True) for t, k in zip(tokens, types) if k == 3])
+    pairs = [tuple(m.split(" ", 1)) for m in merges if " " in m]
+    try:  # the tokenizers library raises plain Exceptions (a merge of tokens not in the vocabulary, ...)
+        inner = HFTokenizer(models.BPE(vocab=vocab, merges=pairs))
+        inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        inner.decoder = decoders.ByteLevel()
+        inner.add_special_tokens([AddedToken(t, special=True) for t, k in zip(tokens, types) if k == 3])
+    except Exception as exc:
+        raise CheckpointError(f"{path}: metadata 'tokenizer.ggml.*' does not form a BPE tokenizer: {exc}") from None
     eos = meta.get("tokenizer.ggml.eos_token_id")
     return Tokenizer(inner, path, eos if isinstance(eos, int) else None)
