@@ -101,7 +101,7 @@ def test_sass_diff_arguments():
 @pytest.mark.slow
 def test_launch_census_of_a_tiny_quantised_target(tmp_path, capsys):
     from lucegen.model.config import ModelConfig
-    from lucegen.model.gguf_io import write_gguf_checkpoint
+    from lucegen.model.init_gguf import write_gguf_checkpoint
 
     gguf = tmp_path / "tiny-q.gguf"
     write_gguf_checkpoint(ModelConfig.preset("tiny-q"), gguf, quant="q4_k_m", seed=0, progress=False)

@@ -11,7 +11,7 @@ import pytest
 
 from lucegen.cli import PIPE_CLOSED, main
 from lucegen.errors import CheckpointError
-from lucegen.model.gguf_io import tokenizer_from_gguf
+from lucegen.model.tokenizer import tokenizer_from_gguf
 from lucegen.model.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -148,7 +148,7 @@ def test_the_launcher_chooses_by_its_chips_tuning():
 
 def test_a_tuning_value_changes_the_tree_verify_render_and_launches():
     from lucegen.model.config import ModelConfig
-    from lucegen.runtime.prefill.params import prefill_params
+    from lucegen.families.prefill import prefill_params
     from lucegen.runtime.tree_attention import TreeAttention
 
     base = load_target("sm_90")
@@ -245,7 +245,7 @@ def test_an_untuned_h100_verifies_on_the_host_device(tmp_path):
     import numpy as np
 
     from lucegen.model.config import ModelConfig
-    from lucegen.model.gguf_io import write_gguf_checkpoint
+    from lucegen.model.init_gguf import write_gguf_checkpoint
     from lucegen.runtime import ddtree
     from lucegen.runtime.host_device import HostDevice
     from lucegen.runtime.prefill.runner import Prefiller
