@@ -73,11 +73,12 @@ def main() -> None:
         families = [f for f in codegen.families(chip) if not args.families or f.name in args.families]
         kernels = 0
         for family in families:
-            module = codegen.compile_family(chip, family)  # rendered for this descriptor, compiled by NVRTC
-            kernels += len(module.kernels)
-            worst = max(module.kernels, key=lambda k: k.registers)
-            print(f"  {family.name:<16} {len(module.kernels):>3} kernels, most registers: {worst.name} "
-                  f"({worst.registers}, {worst.spills} bytes spilled)")
+            for shape in codegen.shapes(chip, family):  # a shape-dependent family renders for its model shapes
+                module = codegen.build(chip, family, shape)  # rendered for this descriptor, compiled by NVRTC
+                kernels += len(module.kernels)
+                worst = max(module.kernels, key=lambda k: k.registers)
+                print(f"  {family.name:<16} {len(module.kernels):>3} kernels, most registers: {worst.name} "
+                      f"({worst.registers}, {worst.spills} bytes spilled)")
         print(f"built {kernels} kernels in {len(families)} families for {chip.name}")
 
 

@@ -29,15 +29,18 @@ def main() -> None:
     print(f"{'kernel':<40} {'family':<16} {'regs':>5} {'spills':>7} {'smem':>7} {'code':>8}")
     kernels = 0
     for family in codegen.families(target):
-        source = codegen.render_family(target, family)  # the template rendered with the chip's parameters
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"{family.name}{target.source_suffix}").write_text(source)
-        module = codegen.compile_family(target, family, source)  # NVRTC or clang, through the cache
-        for k in module.kernels:
-            print(f"{k.name:<40} {family.name:<16} {k.registers:>5} {k.spills:>7} {k.shared_bytes:>7} "
-                  f"{k.code_bytes:>8}")
-            kernels += 1
+        for shape in codegen.shapes(target, family):  # the model shapes a shape-dependent family renders for
+            source = codegen.render_family(target, family, shape)  # the template with the chip's parameters
+            if args.out:
+                name = f"{family.name}{target.source_suffix}" if shape is None else \
+                    f"{shape}/{family.name}{target.source_suffix}"
+                (args.out / name).parent.mkdir(parents=True, exist_ok=True)
+                (args.out / name).write_text(source)
+            module = codegen.compile_family(target, family, source)  # NVRTC or clang, through the cache
+            for k in module.kernels:
+                print(f"{k.name:<40} {family.name:<16} {k.registers:>5} {k.spills:>7} {k.shared_bytes:>7} "
+                      f"{k.code_bytes:>8}")
+                kernels += 1
     print(f"{kernels} kernels compiled for {target.name}")
 
 

@@ -76,7 +76,7 @@ def rmsnorm_property(device, computes: bool):
         w = kernels_ref.round_to(rng.standard_normal(n).astype(F32) * 0.5, dtype)
         with device.upload(kernels_ref.to_device_dtype(x, dtype)) as dx, \
                 device.upload(kernels_ref.to_device_dtype(w, dtype)) as dw, device.alloc(rows * n * 2) as dy:
-            module.function(f"rmsnorm_{dtype}").launch(rows, block, (dx, dw, dy, np.int32(n), np.float32(1e-6)))
+            module.function(f"rmsnorm_{dtype}").launch(rows, block, x=dx, w=dw, y=dy, n=n, eps=1e-6)
             stored = np.uint16 if dtype == "bf16" else np.float16
             y = kernels_ref.from_device_dtype(device.download(dy, stored, (rows, n)), dtype)
         if computes:
