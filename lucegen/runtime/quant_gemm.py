@@ -428,7 +428,7 @@ class QuantGemm:
             smem = wgmma_smem_bytes(self.target, nt, parts, W.largest_tile_block)
             if smem_fits(self.target, smem, self.static_smem[wgmma], self.kernels[wgmma].blocks_per_cu):
                 return wgmma, smem
-        if (f"{name}s" in self.functions and k_quants and int(A) % 16 == 0
+        if (f"{name}s" in self.kernels and k_quants and int(A) % 16 == 0
                 and lda % 8 == 0 and WARPS // parts * nt >= self.target.tuning.quant_gemm.stage_min_reuse):
             return f"{name}s", staged_smem_bytes(nt, parts)
         ring = f"{name}r"
