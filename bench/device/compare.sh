@@ -27,7 +27,7 @@ case ${1:-prep} in
     wait $weights; tail -3 "$OUT/weights.log"; ls -la /tmp | grep -E "q08|q27|d27"
     left=$(( ${PREP_SECONDS:-570} - ($(date +%s) - start) ))
     echo "GPU tests with ${left} s left"
-    LUCEGEN_08B_DIR=$q08 timeout $left python3 -m pytest -q -p no:cacheprovider --maxfail=15 -k "${GPU_TESTS:-}" \
+    LUCEGEN_08B_DIR=$q08 timeout $left python3 -m pytest -q -p no:cacheprovider --maxfail=15 ${GPU_TESTS:+-k "$GPU_TESTS"} \
         tests/gpu > "$OUT/gpu_tests.log" 2>&1; echo "pytest exit $?"; tail -30 "$OUT/gpu_tests.log"
     ;;
   bench)
