@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/lucegen-out} LUCEGEN_CACHE_DIR=/tmp/lu
 mkdir -p "$OUT"
 new=$PWD base=$PWD/.base
 q08=/tmp/q08 q27=/tmp/q27.gguf d27=/tmp/d27
-lg() { local tree=$1; shift; (cd "$tree" && PYTHONPATH=$tree python3 -m lucegen.cli "$@"); }
+lg() { local tree=$1; shift; (cd "$tree" && PYTHONPATH=$tree${SITE:+:$SITE} python3 -m lucegen.cli "$@"); }
 jobs=$(( $(nproc) / 2 ))
 
 case ${1:-prep} in
