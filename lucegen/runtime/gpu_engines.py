@@ -1,0 +1,231 @@
+"""The GPU engines behind :class:`lucegen.LLM`, one per kind of checkpoint:
+
+- :class:`MegakernelEngine`: a float checkpoint (BF16/FP16 safetensors, or a GGUF whose matrices are not
+  K-quants, dequantised): the prompt through the prefill kernels, greedy steps through the decode megakernel,
+  ``chunk`` steps a launch;
+- :class:`QuantEngine`: a K-quant GGUF (Q4_K_M and the like) on the quantised target: the prompt through the
+  prefill kernels on the quantised GEMM, plain decoding as one-slot verify passes queued on the device
+  (``TreeVerifier.decode``: the lossless reference of the speculative path), ``chunk`` passes at a time;
+- :class:`SpeculativeEngine`: either target with a DFlash draft: per step the draft proposes, a DDTree of at most
+  ``budget`` nodes is verified in one pass, the accepted path and the bonus token are emitted.
+
+Greedy steps run back to back on the device and come back ``chunk`` at a time; the caller checks each chunk for a
+stop token and asks for no more, so at most ``chunk - 1`` steps run past a stop token (the chunks start at one step
+and double up to ``chunk``, so a short answer wastes fewer). A sampled token (temperature > 0) is picked on the
+host from the step's logits with the reference sampler (lucegen/model/sampling.py), one step per launch.
+
+Each engine holds one sequence at a time (the decoder's state on the device): opening a sequence resets it, and a
+sequence that was replaced refuses to go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..errors import LucegenError
+from ..model.sampling import SamplingParams, sample
+from .engine import Engine, Sequence
+
+
+def chunk_sizes(n: int, chunk: int) -> Iterator[int]:
+    """Steps per launch for ``n`` greedy steps: 1, 2, 4, ... up to ``chunk``, then ``chunk`` until done."""
+    size = 1
+    while n > 0:
+        step = min(size, chunk, n)
+        yield step
+        n -= step
+        size *= 2
+
+
+class GpuSequence(Sequence):
+    """The one live sequence of a GPU engine (see the module docstring)."""
+
+    def __init__(self, engine: GpuEngine):
+        self.engine = engine
+        engine.reset()
+        engine.live = self
+        self.steps = 0  # tokens generated so far: the Philox counter of the next draw
+
+    def _check_live(self) -> None:
+        if self.engine.live is not self:
+            raise LucegenError(f"{self.engine.name} holds one sequence at a time; this one was replaced by a newer "
+                               "one (open a second LLM for a second concurrent sequence)")
+
+    def _pick(self, logits: np.ndarray, params: SamplingParams, history) -> int:
+        token = sample(logits, params, self.steps, history if params.uses_history else None)
+        self.steps += 1
+        return token
+
+    def prefill(self, prompt: list[int], params: SamplingParams, step: int | None = None,
+                history: list[int] | None = None) -> int:
+        self._check_live()
+        dec = self.engine.decoder
+        if step is not None:
+            self.steps = step
+        if params.greedy and not params.uses_history:
+            first = self.engine.prefiller.prefill(prompt)
+            self.steps += 1
+            return first
+        _, logits = self.engine.prefiller.prefill(prompt, logits=True)
+        dec.next_token = self._pick(logits, params, prompt if history is None else history)
+        return dec.next_token
+
+    @property
+    def position(self) -> int:
+        """Tokens consumed so far."""
+        return self.engine.decoder.position
+
+    def close(self) -> None:
+        if self.engine.live is self:
+            self.engine.live = None
+
+
+class MegakernelSequence(GpuSequence):
+    def decode(self, first: int, n: int, params: SamplingParams, history: list[int]) -> Iterator[list[int]]:
+        self._check_live()
+        dec = self.engine.decoder
+        dec.next_token = first
+        if params.greedy and not params.uses_history:
+            for steps in chunk_sizes(n, self.engine.chunk):
+                result = dec.run([dec.next_token], steps)
+                new = [int(t) for t in result.tokens]
+                self.steps += steps
+                history.extend(new)
+                yield new
+            return
+        for _ in range(n):
+            result = dec.run([dec.next_token], 1, logits=True)
+            dec.next_token = self._pick(result.logits[0], params, history)
+            history.append(dec.next_token)
+            yield [dec.next_token]
+
+
+class QuantSequence(GpuSequence):
+    def decode(self, first: int, n: int, params: SamplingParams, history: list[int]) -> Iterator[list[int]]:
+        from . import ddtree
+
+        self._check_live()
+        dec, verifier = self.engine.decoder, self.engine.verifier
+        dec.next_token = first
+        if params.greedy and not params.uses_history:
+            for steps in chunk_sizes(n, self.engine.chunk):
+                new = verifier.decode(steps + 1)[1:]  # decode's first token is the one it consumes
+                self.steps += steps
+                history.extend(new)
+                yield new
+            return
+        empty = ddtree.chain(np.zeros(0, np.int64))
+        for _ in range(n):
+            _, logits = verifier.verify(empty, dec.next_token, logits=True)
+            token = self._pick(logits[0], params, history)
+            verifier.commit(empty, [], token)
+            history.append(token)
+            yield [token]
+
+
+class SpeculativeSequence(GpuSequence):
+    def decode(self, first: int, n: int, params: SamplingParams, history: list[int]) -> Iterator[list[int]]:
+        self._check_live()
+        spec = self.engine.spec
+        self.engine.decoder.next_token = first
+        left = n
+        emitted = [first]
+        while left > 0:
+            new = spec.step(emitted)
+            emitted.extend(new)
+            new = new[:left]  # the last step may commit past n: show only what was asked for
+            left -= len(new)
+            history.extend(new)
+            self.acceptance_length = spec.stats.acceptance_length
+            yield new
+
+
+class GpuEngine(Engine):
+    """The parts every GPU engine holds: ``decoder`` (a MegakernelDecoder or QuantDecoder), ``prefiller``, and
+    for the quantised target and speculative decoding a ``verifier``."""
+
+    device = "gpu"
+    sequence_class: type[GpuSequence]
+
+    def __init__(self, decoder, *, chunk: int = 16, what: str):
+        if chunk < 1:
+            raise LucegenError(f"chunk must be at least 1, got {chunk}")
+        self.decoder, self.chunk = decoder, chunk
+        self.config, self.max_context = decoder.config, decoder.max_context
+        self.name = f"{what} on {decoder.device.target.name}"
+        self.live: GpuSequence | None = None
+        self.verifier = self.draft = None
+        self.prefiller = None
+
+    def reset(self) -> None:
+        self.decoder.reset()
+        if self.draft is not None:
+            self.draft.reset()
+
+    def sequence(self) -> GpuSequence:
+        if self.decoder is None:
+            raise LucegenError("this engine is closed")
+        return self.sequence_class(self)
+
+    def close(self) -> None:
+        for part in (self.verifier, self.prefiller, self.draft, self.decoder):
+            if part is not None:
+                part.close()
+        self.verifier = self.prefiller = self.draft = self.decoder = None
+        self.live = None
+
+
+class MegakernelEngine(GpuEngine):
+    sequence_class = MegakernelSequence
+
+    def __init__(self, decoder, *, chunk: int = 16):
+        from .prefill.runner import Prefiller
+
+        super().__init__(decoder, chunk=chunk, what="the decode megakernel")
+        self.prefiller = Prefiller(decoder)
+
+
+class QuantEngine(GpuEngine):
+    sequence_class = QuantSequence
+
+    def __init__(self, decoder, *, chunk: int = 16):
+        from .prefill.runner import Prefiller
+        from .tree_verify import TreeVerifier
+
+        super().__init__(decoder, chunk=chunk, what="the quantised target")
+        self.prefiller = Prefiller(decoder)
+        self.verifier = TreeVerifier(decoder, budget=0)
+        self.reserve = 1
+
+
+class SpeculativeEngine(GpuEngine):
+    """``decoder`` with the DFlash draft at ``draft`` (a path): ``budget`` tree nodes per verify (the descriptor's
+    by default), ``draft_top_k`` candidates per draft position, ``tree=False`` for the top-1 chain."""
+
+    sequence_class = SpeculativeSequence
+    samples = False
+
+    def __init__(self, decoder, draft, *, budget: int | None = None, draft_top_k: int = 8, tree: bool = True,
+                 draft_ring: int | None = None):
+        from .dflash import SpecDecoder
+        from .draft import DFlashDrafter
+        from .prefill.runner import Prefiller
+        from .tree_verify import TreeVerifier
+
+        super().__init__(decoder, what="speculative decoding (DFlash draft, DDTree verify)")
+        self.draft = DFlashDrafter(decoder, draft, k=draft_top_k, ring=draft_ring)
+        self.prefiller = Prefiller(decoder, draft=self.draft)
+        self.verifier = TreeVerifier(decoder, budget=budget, draft=self.draft)
+        self.spec = SpecDecoder(self.verifier, self.draft, tree=tree)
+        self.reserve = self.verifier.budget + 1
+
+    def reset(self) -> None:
+        super().reset()
+        self.spec.stats = type(self.spec.stats)()
+
+    def memory_plan(self) -> str:
+        from .memory_plan import MemoryPlan
+
+        return MemoryPlan.of_engine(self.decoder, self.verifier, self.draft).format()
