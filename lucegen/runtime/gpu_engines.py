@@ -177,14 +177,34 @@ class GpuEngine(Engine):
         self.live = None
 
 
+class MegakernelPrefill:
+    """The prompt token by token through the decode megakernel (teacher-forced steps), with the prefill kernels'
+    ``prefill(tokens, logits=False)`` contract."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+
+    def prefill(self, tokens, *, logits: bool = False):
+        result = self.decoder.prefill(tokens, logits=logits)
+        return (self.decoder.next_token, result.logits[-1]) if logits else self.decoder.next_token
+
+    def close(self) -> None:
+        """Holds nothing of its own."""
+
+
 class MegakernelEngine(GpuEngine):
     sequence_class = MegakernelSequence
 
-    def __init__(self, decoder, *, chunk: int = 16):
+    def __init__(self, decoder, *, chunk: int = 16, prefill: str = "kernels"):
         from .prefill.runner import Prefiller
 
         super().__init__(decoder, chunk=chunk, what="the decode megakernel")
-        self.prefiller = Prefiller(decoder)
+        if prefill == "kernels":
+            self.prefiller = Prefiller(decoder)
+        elif prefill == "megakernel":
+            self.prefiller = MegakernelPrefill(decoder)
+        else:
+            raise LucegenError(f"prefill must be 'kernels' or 'megakernel', got {prefill!r}")
 
 
 class QuantEngine(GpuEngine):
