@@ -145,7 +145,7 @@ class LLM:
         else:
             self.engine = self._gpu_engine(checkpoint, draft, target, device, max_context, kv_cache, budget,
                                            draft_top_k, chain, draft_ring, chunk, prefill)
-        log.info("%s: %s, %d positions per sequence", self.path.name, self.engine.name, self.engine.max_context)
+        log.debug("%s: %s, %d positions per sequence", self.path.name, self.engine.name, self.engine.max_context)
 
     def _template(self, override) -> ChatTemplate | None:
         return None if override is None else given_template(override)

@@ -302,3 +302,59 @@ def test_text_stream_holds_a_possible_stop_string_back():
     assert unfinished.push(list(b"aEN")) == ("a", False) and unfinished.finish() == "EN"
     incomplete = TextStream(ByteTokenizer())
     assert incomplete.push([0xE6, 0x9D]) == ("", False) and incomplete.finish() == "\ufffd"
+
+
+# ------------------------------------------------------------------------------------------------ the command line
+def test_cli_run_on_the_cpu(tiny, tmp_path, capsys):
+    from lucegen.cli import main
+
+    argv = ["run", "--model", str(tiny), "--device", "cpu", "--prompt", "The kernel", "--max-tokens", "8"]
+    assert main(argv + ["--temperature", "0.9", "--seed", "3"]) == 0
+    first = capsys.readouterr()
+    assert main(argv + ["--temperature", "0.9", "--seed", "3"]) == 0
+    assert capsys.readouterr().out == first.out
+    assert "generated on the numpy reference (CPU)" in first.err and "TTFT" in first.err
+    assert "decode" in first.err and "tok/s" in first.err
+    with lucegen.LLM(tiny, device="cpu") as llm:
+        want = llm.generate("The kernel", max_tokens=8, temperature=0.9, seed=3)
+    assert first.out == want.text + "\n"
+    d = tmp_path / "chat"
+    shutil.copytree(tiny, d)
+    (d / "chat_template.jinja").write_text(TEMPLATE)
+    assert main(["run", "--model", str(d), "--device", "cpu", "--prompt", "Hi", "--max-tokens", "4", "--chat",
+                 "--no-thinking", "--system", "Be brief."]) == 0
+    assert "generated" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--temperature", "-0.5"], "temperature=-0.5"),
+    (["--top-p", "1.5"], "top_p=1.5"),
+    (["--top-k", "-1"], "top_k=-1"),
+    (["--stop", ""], "--stop: stop strings must not be empty"),
+    (["--draft-top-k", "0"], "--draft-top-k must be at least 1"),
+    (["--system", "x"], "--system and --no-thinking need --chat"),
+    (["--chat"], "has no chat template"),
+    (["--draft", "D"], "--draft runs on the GPU"),
+])
+def test_cli_run_refuses_bad_arguments_in_one_line(tiny, capsys, extra, message):
+    from lucegen.cli import main
+
+    code = main(["run", "--model", str(tiny), "--device", "cpu", "--prompt", "hi"] + extra)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1 and err.startswith("lucegen: error:")
+
+
+def test_cli_version_and_logging(capsys):
+    from lucegen.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"lucegen {lucegen.__version__}"
+    import logging
+
+    main(["-q", "targets"])
+    assert logging.getLogger("lucegen").level == logging.WARNING
+    main(["-v", "targets"])
+    assert logging.getLogger("lucegen").level == logging.DEBUG
+    main(["targets"])
+    assert logging.getLogger("lucegen").level == logging.INFO
