@@ -509,7 +509,12 @@ class Device:
     @classmethod
     def open(cls, target: Target | str | None = None) -> "Device":
         arch, sms, name = detect()
-        chosen = match_target(arch, sms, name, target)
+        if target is None:  # any NVIDIA GPU: an exact descriptor, else one built from the driver's facts
+            from .device_facts import pick_target, read_facts
+
+            chosen = pick_target(read_facts())
+        else:
+            chosen = match_target(arch, sms, name, target)
         driver = _driver()
         handle = _check("cuDeviceGet", driver.cuDeviceGet(0))
         context = _check("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(handle))
