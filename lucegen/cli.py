@@ -59,7 +59,6 @@ def configure_logging(verbose: int, quiet: bool) -> None:
         handler = StderrHandler()
         handler.setFormatter(logging.Formatter("lucegen: %(message)s"))
         logger.addHandler(handler)
-    logger.propagate = False
 
 
 class StderrHandler(logging.StreamHandler):
