@@ -119,3 +119,25 @@ def test_a_shared_device_and_a_mismatched_target(models, host):
     assert dev.allocated == 0
     with pytest.raises(lucegen.api.LucegenError, match="opened with sm_90"):
         lucegen.LLM(models / "tiny", device=dev, target="sm_86")
+
+
+def test_bench_json_survives_a_missing_baseline(models, host, tmp_path, capsys):
+    """`bench decode` / `bench prefill` with the HF and cuBLAS baselines unable to run (torch has no CUDA here):
+    the rows say why and the JSON is written, to a file or to stdout with `--json -`."""
+    import json
+
+    from lucegen.cli import main
+
+    tiny = str(models / "tiny")
+    assert main(["bench", "decode", "--model", tiny, "--prompt-tokens", "4", "--gen-tokens", "8", "--repeats", "1",
+                 "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result["tok_s"] > 0 and result["hf_error"] and "speedup_vs_hf" not in result
+    assert "not measured (" in err and "decode tok/s" in err
+    path = tmp_path / "prefill.json"
+    assert main(["bench", "prefill", "--model", tiny, "--tokens", "40", "--repeats", "1", "--json", str(path)]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(path.read_text())
+    assert result["rows"][0]["tokens"] == 40 and result["hf_error"] and result["gemm_error"]
+    assert "HF: not measured (" in out and "GEMM vs cuBLAS: not measured" in out
