@@ -249,7 +249,7 @@ class LLM:
         """Generate a completion of ``prompt`` (text or token ids). Options: ``max_tokens`` (default 256),
         ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
         ``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop`` (strings), ``stop_token_ids`` (added
-        to the model's)."""
+        to the model's), ``ignore_eos`` (the model's stop tokens do not stop it; ``stop_token_ids`` still do)."""
         request = self._request(prompt, **options)
         text, ids, last = [], [], None
         for piece in self._generate(*request):
@@ -271,7 +271,8 @@ class LLM:
 
     def _request(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0, seed: int = 0, stop=None, stop_token_ids=None) -> tuple:
+                 frequency_penalty: float = 0.0, seed: int = 0, stop=None, stop_token_ids=None,
+                 ignore_eos: bool = False) -> tuple:
         """Every argument checked: (engine, prompt ids, params, max_tokens, stop strings, stop ids)."""
         engine = self._engine()
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
@@ -291,7 +292,7 @@ class LLM:
         if max_tokens > room:
             raise LucegenError(f"the prompt ({len(ids)} tokens) + max_tokens {max_tokens} overflow the context of "
                                f"{engine.max_context} positions (max_context; at most {room} new tokens fit)")
-        return engine, ids, params, max_tokens, stops, self.stop_token_ids | extra
+        return engine, ids, params, max_tokens, stops, extra if ignore_eos else self.stop_token_ids | extra
 
     def _generate(self, engine, prompt: list[int], params: SamplingParams, max_tokens: int, stops: tuple[str, ...],
                   stop_ids: frozenset[int]) -> Iterator[StreamPiece]:

@@ -358,3 +358,14 @@ def test_cli_version_and_logging(capsys):
     assert logging.getLogger("lucegen").level == logging.DEBUG
     main(["targets"])
     assert logging.getLogger("lucegen").level == logging.INFO
+
+
+def test_ignore_eos_keeps_generating(llm):
+    ids = llm.tokenizer.encode("The kernel")
+    free = llm.generate(ids, max_tokens=10, temperature=1.0, seed=5)
+    stop = free.token_ids[3]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(llm, "stop_token_ids", frozenset([stop]))
+        assert llm.generate(ids, max_tokens=10, temperature=1.0, seed=5).finish_reason == "stop"
+        c = llm.generate(ids, max_tokens=10, temperature=1.0, seed=5, ignore_eos=True)
+    assert c.finish_reason == "length" and len(c.token_ids) == 10
