@@ -135,6 +135,9 @@ class LLM:
         self.config = checkpoint.config
         if device is None:
             device = "gpu" if gpu_visible() else "cpu"
+            if device == "cpu":
+                log.warning("no NVIDIA GPU visible: %s runs on the numpy reference (CPU), which suits tiny models",
+                            self.path.name)
         if device == "cpu":
             if draft is not None:
                 raise LucegenError("speculative decoding (a draft) runs on the GPU engines, not on the CPU")

@@ -86,7 +86,9 @@ def test_descriptor_text_keeps_the_base_file_and_its_comments():
 def test_new_target_from_device(tmp_path, monkeypatch, capsys):
     from lucegen.cli import main
 
-    monkeypatch.setattr(device_facts, "read_facts", lambda: RTX_3080)
+    from lucegen.runtime import device as device_module
+
+    monkeypatch.setattr(device_module, "read_facts", lambda: RTX_3080)
     assert main(["new-target", "rtx3080", "--from-device", "--dir", str(tmp_path)]) == 0
     t = load_target(tmp_path / "rtx3080.toml")
     assert t.name == "rtx3080" and t.compute_units == 68 and t.memory_bytes == 10 * GB
@@ -107,15 +109,14 @@ def test_device_open_uses_the_fallback(monkeypatch):
         pass
 
     monkeypatch.setattr(device_module, "detect", lambda: ("sm_86", 68, RTX_3080.name))
-    monkeypatch.setattr(device_facts, "read_facts", lambda: RTX_3080)
+    monkeypatch.setattr(device_module, "read_facts", lambda: RTX_3080)
 
     def stop(*args):
         raise Opened
 
     monkeypatch.setattr(device_module, "_driver", stop)
     chosen = []
-    real = device_facts.pick_target
-    monkeypatch.setattr(device_facts, "pick_target", lambda f: chosen.append(real(f)) or chosen[-1])
+    monkeypatch.setattr(device_module, "pick_target", lambda f: chosen.append(pick_target(f)) or chosen[-1])
     with pytest.raises(Opened):
         device_module.Device.open()
     assert chosen[0].name == "sm_86-68sm"

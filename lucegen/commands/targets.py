@@ -212,7 +212,7 @@ def new_target(name: str, like: str, directory: Path | None = None) -> str:
 
 def run_new_target(args) -> int:
     if args.from_device:
-        from ..runtime.device_facts import read_facts
+        from ..runtime.device import read_facts
 
         path = new_target_from_facts(args.name, read_facts(), args.dir)
     else:

@@ -1,5 +1,5 @@
-"""Any NVIDIA GPU gets a descriptor: the facts its driver reports, and a descriptor built from them when no packaged
-or user descriptor matches the chip exactly.
+"""Any NVIDIA GPU gets a descriptor: built from the facts its driver reports (:func:`lucegen.runtime.device.read_facts`)
+when no packaged or user descriptor matches the chip exactly.
 
 ``pick_target(facts)`` is the descriptor of the same arch and SM count (the one nearest in memory size where
 several match: the H100 SXM and the H200 have 132 SMs each). Without one it takes the descriptor of the same arch
@@ -46,32 +46,6 @@ class DeviceFacts:
         if not self.memory_clock_khz or not self.bus_width_bits:
             return None
         return 2 * self.memory_clock_khz * 1e3 * self.bus_width_bits / 8 / 1e9
-
-
-def read_facts() -> DeviceFacts:
-    """GPU 0's facts, from the driver (no context opened)."""
-    from .device import _check, _driver, detect
-
-    arch, sms, name = detect()
-    driver = _driver()
-    dev = _check("cuDeviceGet", driver.cuDeviceGet(0))
-    attr = driver.CUdevice_attribute
-
-    def get(key: str) -> int:
-        return int(_check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(getattr(attr, key), dev)))
-
-    return DeviceFacts(
-        arch=arch, sms=sms, name=name,
-        memory_bytes=int(_check("cuDeviceTotalMem", driver.cuDeviceTotalMem(dev))),
-        l2_bytes=get("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE"),
-        smem_per_block_optin=get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
-        smem_per_cu=get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
-        regs_per_cu=get("CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR"),
-        max_threads_per_cu=get("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR"),
-        clock_khz=get("CU_DEVICE_ATTRIBUTE_CLOCK_RATE"),
-        memory_clock_khz=get("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE"),
-        bus_width_bits=get("CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH"),
-    )
 
 
 def _nvidia(arch: str) -> list[Target]:
