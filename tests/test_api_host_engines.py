@@ -141,3 +141,9 @@ def test_bench_json_survives_a_missing_baseline(models, host, tmp_path, capsys):
     result = json.loads(path.read_text())
     assert result["rows"][0]["tokens"] == 40 and result["hf_error"] and result["gemm_error"]
     assert "HF: not measured (" in out and "GEMM vs cuBLAS: not measured" in out
+
+
+def test_a_failing_engine_frees_what_it_built(models, host):
+    with pytest.raises(lucegen.api.LucegenError, match="budget"):
+        lucegen.LLM(models / "tiny-q.gguf", models / "draft-q", device="gpu", max_context=64, budget=-1)
+    assert host[-1].allocated == 0
