@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from lucegen.errors import LucegenError
-from lucegen.model.sampling import (SamplingParams, apply_penalties, draw, kept_weights, philox4x32, philox_uniform,
-                                    probabilities, sample)
+from lucegen.model.sampling import (ACCEPT_STREAM, NOISE_STREAM, SamplingParams, apply_penalties, draw, gumbel_noise,
+                                    kept_weights, philox4x32, philox4x32_lanes, philox_uniform, probabilities, sample)
 
 # Random123's tests/kat_vectors, the "philox4x32 10" lines: counter words, key words, output words
 PHILOX_KAT = [
@@ -28,13 +28,23 @@ def test_philox_known_answers(counter, key, expected):
     assert philox4x32(counter, key) == expected
 
 
-def test_philox_uniform_is_a_function_of_seed_step_lane():
+def test_philox_uniform_is_a_function_of_seed_step_lane_stream():
     u = philox_uniform(7, 3, 0)
     assert u == philox_uniform(7, 3, 0)
-    assert 0 <= u < 1 and u * 2**24 == int(u * 2**24)  # 24 bits, exact in float32
-    assert len({philox_uniform(s, t, lane) for s in (0, 1, 2**40) for t in (0, 1, 2**33) for lane in (0, 1)}) == 18
+    assert 0 < u < 1 and (u * 2**24) % 2 == 1  # (k + 0.5) 2**-23: exact in float32, never 0 or 1
+    draws = {philox_uniform(s, t, lane, stream) for s in (0, 1, 2**40) for t in (0, 1, 2**33) for lane in (0, 1)
+             for stream in (NOISE_STREAM, ACCEPT_STREAM)}
+    assert len(draws) == 36
     # the seed's high word is the key's second word, the step's high word the counter's second word
-    assert philox_uniform(2**32 + 5, 2**32 + 9) == (philox4x32((9, 1, 0, 0), (5, 1))[0] >> 8) / 2**24
+    assert philox_uniform(2**32 + 5, 2**32 + 9, 3, 1) == ((philox4x32((9, 1, 3, 1), (5, 1))[0] >> 9) + 0.5) / 2**23
+
+
+def test_vectorised_philox_is_the_scalar_one():
+    lanes = np.array([0, 1, 2, 1000, 2**32 - 1], np.uint64)
+    words = philox4x32_lanes((17, 3), lanes, 0, (0xDEADBEEF, 12))
+    assert words.tolist() == [philox4x32((17, 3, int(lane), 0), (0xDEADBEEF, 12))[0] for lane in lanes]
+    u = ((int(words[1]) >> 9) + 0.5) / 2**23
+    assert gumbel_noise(0xDEADBEEF + (12 << 32), 17 + (3 << 32), 2)[1] == -math.log(-math.log(u))
 
 
 def test_uniforms_are_uniform():
@@ -105,9 +115,12 @@ def test_temperature_sharpens():
     assert math.isclose(p_hot[1] / p_hot[0], math.exp(0.5)) and math.isclose(p_cold[1] / p_cold[0], math.exp(2.0))
 
 
-def test_draw_is_the_inverse_cdf_in_index_order():
+def test_draw_is_the_gumbel_argmax_over_kept_tokens():
     w = np.array([0.0, 1.0, 0.0, 2.0, 1.0])
-    assert [draw(w, u) for u in (0.0, 0.24, 0.25, 0.74, 0.75, 0.999)] == [1, 1, 3, 3, 4, 4]
+    for step in range(200):
+        g = gumbel_noise(5, step, 5)
+        assert draw(w, 5, step) == int(np.argmax(np.where(w > 0, np.log(np.maximum(w, 1e-300)) + g, -np.inf)))
+    assert {draw(w, 5, step) for step in range(200)} == {1, 3, 4}
 
 
 def test_penalties():
@@ -124,6 +137,7 @@ def test_sample_is_reproducible_and_follows_the_distribution():
     z = np.log(np.array([0.1, 0.2, 0.3, 0.4])).astype(np.float32)
     params = SamplingParams(temperature=1.0, seed=1234)
     tokens = [sample(z, params, step) for step in range(8000)]
+    assert tokens[7] == draw(np.array([0.1, 0.2, 0.3, 0.4]), 1234, 7)
     assert tokens[:50] == [sample(z, params, step) for step in range(50)]
     counts = np.bincount(tokens, minlength=4)
     expected = 8000 * np.array([0.1, 0.2, 0.3, 0.4])
