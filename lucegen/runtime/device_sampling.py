@@ -20,3 +20,10 @@ def checked_sampling(sampling: SamplingParams | None) -> SamplingParams | None:
         raise LucegenError("repetition, presence and frequency penalties run on the CPU engine only; the GPU engines "
                            "sample with temperature, top-k, top-p and min-p")
     return None if sampling.greedy else sampling
+
+
+def fused(sampling: SamplingParams) -> bool:
+    """Whether the kernels draw this sampling where they compute the logits (temperature alone: each token's noise
+    is its own); the filters (top-k, top-p, min-p) need the whole row first and are drawn on the host from the
+    step's logits, one round trip a token."""
+    return sampling.top_k == 0 and sampling.top_p == 1 and sampling.min_p == 0
