@@ -153,3 +153,34 @@ def test_bad_logits():
         sample(np.array([0.0, np.nan]), SamplingParams(temperature=1.0), 0)
     with pytest.raises(LucegenError, match="-inf"):
         sample(np.array([-np.inf, -np.inf]), SamplingParams(temperature=1.0), 0)
+
+
+def test_the_kernels_philox_and_noise_are_the_reference(tmp_path):
+    """templates/common/philox.cuh.j2, compiled for the host by a C++ compiler (its device qualifiers defined away):
+    Philox's first word equals philox4x32's bit for bit and the Gumbel noise gumbel_noise's to float precision."""
+    import shutil
+    import subprocess
+
+    from lucegen import codegen
+    from lucegen.target import load_target
+
+    compiler = shutil.which("g++") or shutil.which("clang++") or shutil.which("clang++-19")
+    if compiler is None:
+        pytest.skip("no host C++ compiler (g++ or clang++) to run the kernels' Philox on the CPU")
+    source = codegen.render_string(load_target("sm_90"), '{% include "common/philox.cuh.j2" %}')
+    cases = [(0, 0, 0), (7, 3, 5), (2**64 - 1, 2**40 + 3, 248_319), (0xDEADBEEF12345678, 17, 1000)]
+    main = "\n".join(f'  show({seed}ull, {step}ull, {token}u);' for seed, step, token in cases)
+    program = tmp_path / "philox.cpp"
+    program.write_text("#include <math.h>\n#include <stdio.h>\n#define __device__\n"
+                       "#define __forceinline__ inline\n" + source +
+                       "\nvoid show(unsigned long long seed, unsigned long long step, unsigned token) {\n"
+                       "  printf(\"%u %.9g\\n\", lg_philox_word0((unsigned)step, (unsigned)(step >> 32), token, 0u,"
+                       " (unsigned)seed, (unsigned)(seed >> 32)), lg_gumbel_noise(seed, step, token));\n}\n"
+                       "int main() {\n" + main + "\n}\n")
+    subprocess.run([compiler, "-O1", "-o", str(tmp_path / "philox"), str(program)], check=True)
+    lines = subprocess.run([str(tmp_path / "philox")], check=True, capture_output=True, text=True).stdout.split("\n")
+    for (seed, step, token), line in zip(cases, lines):
+        word, noise = line.split()
+        key = (seed & 0xFFFFFFFF, seed >> 32)
+        assert int(word) == philox4x32((step & 0xFFFFFFFF, step >> 32, token, NOISE_STREAM), key)[0]
+        assert float(noise) == pytest.approx(gumbel_noise(seed, step, token + 1)[token], rel=1e-6, abs=1e-6)
