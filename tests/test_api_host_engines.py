@@ -157,3 +157,18 @@ def test_a_failing_engine_frees_what_it_built(models, host):
     with pytest.raises(lucegen.api.LucegenError, match="budget"):
         lucegen.LLM(models / "tiny-q.gguf", models / "draft-q", device="gpu", max_context=64, budget=-1)
     assert host[-1].allocated == 0
+
+
+def test_bench_prefill_of_a_quantised_gguf(models, host, capsys):
+    """`bench prefill --model FILE.gguf` runs the quantised target's prefill (K-quant GEMMs), not the megakernel."""
+    import json
+
+    from lucegen.cli import main
+
+    assert main(["bench", "prefill", "--model", str(models / "tiny-q.gguf"), "--tokens", "24", "--repeats", "1",
+                 "--no-hf", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result["engine"] == "quantised target" and result["rows"][0]["tokens"] == 24
+    assert "K-quant blocks" in result["gemm_error"] and "(quantised target)" in err
+    assert any(name.startswith("quant_gemm") for name, *_ in host[-1].launches)

@@ -68,7 +68,8 @@ def register(subparsers) -> None:
     d.add_argument("--json", type=Path, default=None, help=JSON_HELP)
     d.set_defaults(func=run)
     f = sub.add_parser("prefill", help="ppN prefill tok/s, TFLOP/s, TTFT, GEMMs vs cuBLAS, HF baseline")
-    f.add_argument("--model", required=True, type=Path, help="HF checkpoint directory")
+    f.add_argument("--model", required=True, type=Path,
+                   help="HF checkpoint directory or .gguf file (a K-quant GGUF: the quantised target's prefill)")
     f.add_argument("--tokens", type=int, nargs="+", default=[520], help="prompt lengths (default 520)")
     f.add_argument("--repeats", type=int, default=10, help="timed prefills per length (median reported)")
     f.add_argument("--target", default=None, help="descriptor (default: the one matching the GPU)")
@@ -128,7 +129,10 @@ def run_prefill(args) -> int:
         raise LucegenError(f"--tokens must be positive, got {args.tokens}")
     result = bench_lucegen(args.model, args.tokens, repeats=args.repeats, target=args.target)
     dec, pre = result.pop("_objects")
-    if not args.no_gemm:
+    if not args.no_gemm and result["engine"] == "quantised target":
+        result["gemm_error"] = ("the quantised target's GEMMs read K-quant blocks; the table times the dense GEMM "
+                                "against cuBLAS (a float checkpoint)")
+    elif not args.no_gemm:
         from ..bench.gemm import bench_gemm_shapes
 
         shapes = []
