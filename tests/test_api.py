@@ -8,7 +8,6 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import lucegen

@@ -10,7 +10,6 @@ import tomllib
 import pytest
 
 from lucegen.errors import DeviceError
-from lucegen.runtime import device_facts
 from lucegen.runtime.device_facts import DeviceFacts, descriptor_text, pick_target
 from lucegen.target import load_target
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
-
 from ..errors import LucegenError
 from ..model.sampling import SamplingParams
 from .device_sampling import checked_sampling, fused
