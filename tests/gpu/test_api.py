@@ -73,3 +73,19 @@ def test_cpu_and_gpu_engines_agree_on_the_first_tokens(sampling):
     with lucegen.LLM(path, device="cpu") as cpu, lucegen.LLM(path, device=gpu_device(), max_context=64) as gpu:
         assert cpu.generate(PROMPT, max_tokens=4, stop_token_ids=[], **sampling).token_ids == \
             gpu.generate(PROMPT, max_tokens=4, stop_token_ids=[], **sampling).token_ids
+
+
+def test_speculative_engine_is_the_plain_engines_tokens():
+    """LLM with a draft emits the quantised target's own greedy tokens (lossless), and stops at a stop token
+    within the step that emitted it."""
+    from gpu_models import draft_dir
+
+    path = gguf_file("tiny-q")
+    want = quant_tokens(path, 40)
+    with lucegen.LLM(path, draft_dir("dflash-tiny-q"), device=gpu_device(), max_context=160, budget=8) as llm:
+        c = llm.generate(PROMPT, max_tokens=40, stop_token_ids=[])
+        assert c.token_ids == want and c.timings.acceptance_length >= 1
+        stop = want[20]
+        at = want.index(stop)
+        s = llm.generate(PROMPT, max_tokens=40, stop_token_ids=[stop])
+        assert s.token_ids == want[:at] and s.finish_reason == "stop"
