@@ -22,3 +22,19 @@ def source_checkout() -> Path | None:
     pyproject.toml), else None (an installed wheel: its parent is site-packages)."""
     root = GENERATED_DIR.parent
     return root if (root / ".git").exists() or (root / "pyproject.toml").exists() else None
+
+
+#: The public API, imported on first use so that ``import lucegen`` stays light (lucegen/api.py).
+_API = ("LLM", "Completion", "StreamPiece", "Timings")
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'lucegen' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_API])

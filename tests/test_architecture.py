@@ -55,7 +55,14 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
             dotted = dotted.rpartition(".")[0]
         return dotted or None
 
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    # A package's module-level __getattr__ (PEP 562) re-exports public names lazily: the package root's does so
+    # for lucegen.LLM (lucegen.api), which the root must not import when it loads. Those imports are not edges.
+    lazy = {id(n) for f in tree.body if is_package and isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
+            for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if id(node) in lazy:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -57,12 +57,14 @@ def time_prefill_graph(dec, pre, prompt, repeats: int, events=None) -> list[floa
 
 
 def bench_lucegen(model, token_counts, *, repeats: int = 10, target=None, seed: int = 0) -> dict:
-    from ..runtime.megakernel import MegakernelDecoder
+    """ppN of ``model``: a float checkpoint on the megakernel decoder's weights, a K-quant GGUF on the quantised
+    target (its prefill GEMMs read the blocks), as ``open_target`` picks."""
     from ..runtime.prefill.runner import Prefiller
+    from ..runtime.quant_target import QuantDecoder, open_target
 
     longest = max(token_counts)
     t0 = time.perf_counter()
-    dec = MegakernelDecoder(model, target=target, max_context=longest + 1)
+    dec = open_target(model, target=target, max_context=longest + 1)
     pre = Prefiller(dec)
     load_s = time.perf_counter() - t0
     cfg, dev, tgt = dec.config, dec.device, dec.target
@@ -94,7 +96,8 @@ def bench_lucegen(model, token_counts, *, repeats: int = 10, target=None, seed: 
             "next_token": first,
         })
     result = {"target": tgt.name, "device": dev.name, "model": cfg.name, "repeats": repeats, "load_s": load_s,
-              "segment": pre.segment, "peak_tflops": tgt.matmul.peak_tflops, "rows": rows}
+              "segment": pre.segment, "peak_tflops": tgt.matmul.peak_tflops, "rows": rows,
+              "engine": "quantised target" if isinstance(dec, QuantDecoder) else "megakernel weights"}
     result["_objects"] = (dec, pre)
     return result
 
@@ -149,7 +152,8 @@ def gemm_shapes(config, T: int) -> list[tuple[int, int, int, str]]:
 
 
 def format_table(r: dict) -> str:
-    lines = [f"device / target  {r['device']} / {r['target']}   model {r['model']}   segment {r['segment']} tokens",
+    lines = [f"device / target  {r['device']} / {r['target']}   model {r['model']} ({r['engine']})   segment "
+             f"{r['segment']} tokens",
              f"{'prompt':>8} {'tok/s':>10} {'ms':>9} {'TFLOP/s':>8} {'% peak':>7} {'TTFT ms':>9} {'1st call':>9}"
              f" {'HF tok/s':>9} {'vs HF':>7}"]
     hf = r.get("hf_tok_s", {})
@@ -160,8 +164,11 @@ def format_table(r: dict) -> str:
         lines.append(f"pp{row['tokens']:<6} {row['tok_s']:>10.0f} {row['ms']:>9.3f} {row['tflops']:>8.1f} "
                      f"{100 * row['peak_fraction']:>6.1f}% {row['ttft_ms']:>9.2f} {row['first_call_ms']:>9.1f} "
                      f"{hf_text:>9} {ratio_text:>7}")
-    lines.append(f"(% peak: of the descriptor's {r['peak_tflops']} dense TFLOP/s; HF: transformers "
-                 f"{r.get('hf_version', 'not run')}, BF16)")
+    hf_note = f"transformers {r['hf_version']}, BF16" if "hf_version" in r else \
+        f"not measured ({r['hf_error']})" if "hf_error" in r else "not run"
+    lines.append(f"(% peak: of the descriptor's {r['peak_tflops']} dense TFLOP/s; HF: {hf_note})")
+    if r.get("gemm_error"):
+        lines.append(f"(GEMM vs cuBLAS: not measured ({r['gemm_error']}))")
     if r.get("gemm"):
         lines.append(f"{'GEMM M x N x K':>24} {'epilogue':>9} {'ours µs':>9} {'TFLOP/s':>8} {'cuBLAS µs':>10} "
                      f"{'TFLOP/s':>8} {'ratio':>6}")

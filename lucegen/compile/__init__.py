@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from ..target import Target
 
 __all__ = ["CompiledModule", "KernelInfo", "compile_source", "backend_for"]
+
+logger = logging.getLogger("lucegen")
 
 #: Bump when the cache entry's metadata format or the back ends' output changes meaning.
 CACHE_FORMAT = 2
@@ -67,6 +70,8 @@ def compile_source(
     if (hit := cache.load(key)) is None:
         with cache.compile_lock(key):  # another build may be compiling it: wait, then look again
             if (hit := cache.load(key)) is None:
+                logger.info("compiling %s for %s (%s); later runs take it from the cache", template or filename,
+                            target.name, compiler)
                 binary, log, kernels = _run(backend, template or name, target.name, compiler, arch, filename, source,
                                             opts)
                 cache.store(key, {"kernels": [dataclasses.asdict(k) for k in kernels], "log": log}, binary)
