@@ -262,7 +262,8 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     screen_rows = math.ceil(c.vocab_size / blocks)
     list_in_raw = screen_rows + 1 <= xs_max
     screen_floats = matvec_floats + screen_rows + (0 if list_in_raw else screen_rows + 1)
-    lm_screen = not sampling and 4 * screen_floats <= target.smem_per_block and h % (2 * lm_screen_bound.CHUNK) == 0
+    lm_screen = (not sampling and 4 * screen_floats <= target.smem_per_block
+                 and h % (2 * lm_screen_bound.CHUNK) == 0)
     if lm_screen:
         smem_floats = max(smem_floats, screen_floats)
     return {

@@ -19,9 +19,9 @@ can apply it with a threshold search instead of a sort and ties are never broken
 - min-p: keep ``i`` iff ``p_i >= min_p * max(p)``, i.e. ``z_i - max(z) >= log(min_p)`` (independent of which set
   ``p`` is normalised over);
 - draw (Gumbel-max): ``token = argmax over the kept i of z_i + g_i``, ``g_i = -log(-log(u_i))`` with
-  ``u_i = philox_uniform(seed, step, lane=i, stream=NOISE_STREAM)``: an exact draw from the softmax of ``z`` over the kept tokens. Each
-  token's noise is its own Philox draw, so a kernel adds it to its logit where it computes the logit and keeps
-  today's argmax reduction (the lowest index on equal keys, like numpy.argmax).
+  ``u_i = philox_uniform(seed, step, lane=i, stream=NOISE_STREAM)``: an exact draw from the softmax of ``z`` over
+  the kept tokens. Each token's noise is its own Philox draw, so a kernel adds it to its logit where it computes
+  the logit and keeps its argmax reduction (the lowest index on equal keys, like numpy.argmax).
 
 Philox4x32-10 is Random123's (Salmon et al., "Parallel Random Numbers: As Easy as 1, 2, 3", SC11): key =
 (seed low 32 bits, seed high 32 bits), counter = (step low 32 bits, step high 32 bits, lane, stream); the uniform is
