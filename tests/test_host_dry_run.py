@@ -184,6 +184,10 @@ def test_sampled_paths(models, chip):
     ver.decode(3, sampling=top_p)
     ver.decode(3)
     assert "rows_argmax" in kernels(dev)
+    sampled_keys = lambda: {k[1:] for k in ver._decode_graphs if isinstance(k[0], tuple)}  # noqa: E731
+    assert sampled_keys() == {(7, 0.8)}
+    ver.decode(3, sampling=SamplingParams(temperature=0.8, seed=8))
+    assert sampled_keys() == {(8, 0.8)}, "the graphs of another seed are dropped"
     for part in (ver, pre, draft, dec):
         part.close()
     assert dev.allocated == 0 and dev.pinned_live == 0, f"{dev.allocated} bytes left allocated"

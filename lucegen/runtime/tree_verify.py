@@ -436,6 +436,13 @@ class TreeVerifier:
         if n < 1 or dec.position + n > dec.max_context:
             raise LucegenError(f"decode: {dec.position} tokens so far + {n} exceed the allocated context of "
                                f"{dec.max_context} (--max-context)")
+        if sampling is not None:
+            self._sampler()  # loaded before any capture
+            # the seed and temperature are the captured launches' arguments: the graphs of another pair go
+            stale = [k for k in self._decode_graphs if isinstance(k[0], tuple) and k[1:] != (sampling.seed,
+                                                                                            sampling.temperature)]
+            for k in stale:
+                self._decode_graphs.pop(k).destroy()
         root = tree_layout(ddtree.chain(np.zeros(0, np.int64)))
         self.device.upload_async(step_inputs(dec.position, np.array([dec.next_token]), root, self.slots),
                                  self.step_in, self.stream)
