@@ -165,7 +165,7 @@ class MegakernelDecoder(SequenceState):
                               f"{t.max_threads_per_cu} threads per SM")
         self.dynamic_smem = 0  # the kernel's shared memory is all static
         self._check_resident(self.function, self.compiled)
-        self.sampled_function = None  # the sampled instance, loaded on first use (_sampled)
+        self.sampled_module = self.sampled_function = None  # the sampled instance, loaded on first use (_sampled)
         self.layout = plan_layout(self.config)
         # greedy steps without logits read the lm_head through its 6-bit screen (lm_screen.py) where it is rendered
         self.lm_screen = bool(lm_screen and self.params.get("lm_screen"))
@@ -311,11 +311,11 @@ class MegakernelDecoder(SequenceState):
                   if self.lm_screen and sampling is None
                   else dict(lm_codes=address(0), lm_rows=address(0), screen_floor=address(0)))
         function.launch(self.blocks, self.threads, smem=self.dynamic_smem, stream=stream, **extra,
-                             wmat=self.wmat, wvec=self.wvec, conv_state=self.conv, recurrent=self.recurrent,
-                             kv_cache=self.kv, scratch=self.scratch, barrier=self.barrier, argmax=self.argmax,
-                             tokens_in=self.tokens_in, tokens_out=self.tokens_out, logits=logits_ptr, **screen,
-                             profile=profile_ptr, max_context=self.max_context, start_pos=self.position,
-                             n_steps=n_steps, n_forced=n_forced, epoch_base=self.epoch_base)
+                        wmat=self.wmat, wvec=self.wvec, conv_state=self.conv, recurrent=self.recurrent,
+                        kv_cache=self.kv, scratch=self.scratch, barrier=self.barrier, argmax=self.argmax,
+                        tokens_in=self.tokens_in, tokens_out=self.tokens_out, logits=logits_ptr, **screen,
+                        profile=profile_ptr, max_context=self.max_context, start_pos=self.position,
+                        n_steps=n_steps, n_forced=n_forced, epoch_base=self.epoch_base)
         self.position += n_steps
         self.epoch_base += phases
         self._last_steps = n_steps
