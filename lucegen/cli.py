@@ -11,7 +11,7 @@ import sys
 from .errors import LucegenError
 
 # Modules under lucegen.commands, in the order their subcommands appear in --help.
-COMMAND_MODULES = ("targets", "build", "weights", "run", "bench", "plan")
+COMMAND_MODULES = ("targets", "build", "weights", "run", "serve", "bench", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:
