@@ -74,7 +74,7 @@ async def messages(request: Request):
     check_api_key(request, server.options.api_key)
     req = await read_json(request, MessagesRequest, server.options.max_body_bytes)
     server.check_model(req.model)
-    params = sampling_params(req.temperature, req.top_p, req.top_k)
+    params = sampling_params(req.temperature, req.top_p, req.top_k, seed=req.seed)
     tools = None
     if req.tools and (req.tool_choice or {}).get("type") != "none":
         tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",

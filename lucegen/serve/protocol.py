@@ -267,6 +267,7 @@ class MessagesRequest(Request):
     temperature: float | None = Field(default=None, ge=0, le=100)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0, le=MAX_INT)
+    seed: int | None = Field(default=None, ge=-(2**63), le=MAX_INT)  # not Anthropic's: reproducible sampling
     stop_sequences: list[str] | None = None
     stream: bool = False
     tools: list[AnthropicTool] | None = None
