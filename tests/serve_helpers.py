@@ -65,9 +65,10 @@ class ServerThread:
 
 
 class ScriptedSequence(Sequence):
-    """Replays ``engine.script`` (token ids) whatever the prompt: the first token from prefill, the rest from
-    decode, one per step; after a forced continuation (a prefill from the current position) it goes on with the
-    script where it was. Has snapshot/restore, as the CPU engine's sequences do."""
+    """Replays ``engine.script`` (token ids) whatever the prompt: generation step s gives ``script[s]`` (a prefill
+    with ``step`` restarts there), the first from prefill, the rest from decode, one per step; a forced
+    continuation (a prefill from the current position, no step) goes on with the script where it was. Has
+    snapshot/restore, as the CPU engine's sequences do."""
 
     def __init__(self, engine):
         self.engine, self.at, self.position = engine, 0, 0
@@ -80,6 +81,8 @@ class ScriptedSequence(Sequence):
         return token
 
     def prefill(self, prompt, params, step=None, history=None) -> int:
+        if step is not None:  # the token of generation step s is script[s], as Philox counter s picks it
+            self.at = step
         self.prompts.append(list(prompt))
         self.position += len(prompt)
         return self._next()

@@ -85,9 +85,16 @@ def tool_arguments(arguments):
     return arguments
 
 
+#: template variables a request's chat_template_kwargs may not set
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "special_tokens"})
+
+
 def chat_spec(server, messages: list[dict], *, tools, template_kwargs: dict, max_tokens, params, stop,
               think_budget: int | None) -> GenerationSpec:
     """Render the chat template and build the spec of a chat request (both APIs)."""
+    reserved = RESERVED_TEMPLATE_VARIABLES.intersection(template_kwargs)
+    if reserved:
+        raise ApiError(400, f"chat_template_kwargs may not set {sorted(reserved)[0]!r}", "chat_template_kwargs")
     check_text(_all_text(messages), "messages")
     check_text(_all_text(tools), "tools")
     check_text(_all_text(template_kwargs), "chat_template_kwargs")

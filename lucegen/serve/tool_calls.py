@@ -42,12 +42,15 @@ class ParsedToolCall:
 
 
 def _schema_types(tools) -> dict[str, dict[str, str]]:
-    """tool name -> {parameter: JSON schema type} from OpenAI-style tool dicts."""
+    """tool name -> {parameter: JSON schema type} from OpenAI-style tool dicts (malformed schemas give no types)."""
     out = {}
     for tool in tools or ():
-        fn = tool.get("function", tool)
-        props = ((fn.get("parameters") or fn.get("input_schema") or {}).get("properties") or {})
-        out[fn.get("name")] = {k: (v.get("type") if isinstance(v, dict) else None) for k, v in props.items()}
+        fn = tool.get("function", tool) if isinstance(tool, dict) else {}
+        schema = fn.get("parameters") or fn.get("input_schema") if isinstance(fn, dict) else None
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            out[fn["name"]] = {k: (v.get("type") if isinstance(v, dict) else None)
+                               for k, v in (props.items() if isinstance(props, dict) else ())}
     return out
 
 
