@@ -34,17 +34,13 @@ class ServerThread:
     """``ServerThread(llm, **options)``: lucegen's app for ``llm`` on uvicorn in a thread; ``url``; ``stop()``."""
 
     def __init__(self, llm, **options):
-        import uvicorn
-
-        from lucegen.serve.app import Server, ServeOptions, create_app
+        from lucegen.serve.app import DrainingUvicorn, Server, ServeOptions
 
         options.setdefault("model_name", "tiny")
         self.server = Server(llm, ServeOptions(**options))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(self.server), host="127.0.0.1", port=self.port, log_level="warning",
-                                timeout_graceful_shutdown=2)
-        self.uvicorn = uvicorn.Server(config)
+        self.uvicorn = DrainingUvicorn(self.server, "127.0.0.1", self.port)
         self.thread = threading.Thread(target=self.uvicorn.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -60,7 +56,7 @@ class ServerThread:
         return httpx.post(self.url + path, timeout=60, **kw)
 
     def stop(self) -> None:
-        self.uvicorn.should_exit = True
+        self.uvicorn.handle_exit(None, None)
         self.thread.join(timeout=30)
 
 

@@ -170,8 +170,8 @@ def test_anthropic_messages_streaming_and_not(an):
 
 
 def test_prefix_cache_second_turn(server, tiny):
-    """A second turn resumes from the first's state: its TTFT is far below the first's, and it picks the tokens a
-    fresh engine picks for the whole prompt."""
+    """A second turn resumes from the first's state (both TTFTs printed): at most its new tokens are prefilled,
+    and it picks the tokens a fresh engine picks for the whole prompt."""
     words = ("the river and the mountain city in the summer evening light " * 60).strip()
     turn1 = words
 
@@ -195,8 +195,8 @@ def test_prefix_cache_second_turn(server, tiny):
     n1 = len(llm.encode(turn1))
     print(f"\nprefix cache: first turn TTFT {1e3 * t1:.1f} ms ({n1} tokens), second turn {1e3 * t2:.1f} ms "
           f"({len(llm.encode(turn2))} tokens, {int(hit)} resumed)")
+    # the work, not the time, is asserted: on a loaded CI machine the BLAS threads' contention swamps the timing
     assert hit >= n1 - 1
-    assert t2 < t1
     with LLM(tiny, device="cpu", max_context=2048) as fresh:
         assert fresh.generate(turn2, max_tokens=8, **SAMPLED).text == text2
 

@@ -52,10 +52,8 @@ def check_args(args) -> None:
 
 
 def run(args) -> int:
-    import uvicorn
-
     from ..api import LLM
-    from ..serve.app import Server, ServeOptions, create_app
+    from ..serve.app import DrainingUvicorn, Server, ServeOptions
 
     check_args(args)
     llm = LLM(args.model, draft=args.draft, target=args.target, device=args.device, max_context=args.max_context,
@@ -71,13 +69,10 @@ def run(args) -> int:
     except BaseException:
         llm.close()
         raise
-    app = create_app(server)
     print(f"lucegen serve: {args.model} as {options.model_name!r} on http://{args.host}:{args.port} "
           f"({llm.engine.name}, {args.slots} slots)", file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=max(1, int(args.shutdown_timeout)))
     try:
-        uvicorn.Server(config).run()
+        DrainingUvicorn(server, args.host, args.port).run()
     finally:
-        server.close(0)  # no-op when the lifespan already closed it
+        server.close(0)  # nothing left to do when the lifespan's end already closed it
     return 0

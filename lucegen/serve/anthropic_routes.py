@@ -12,7 +12,7 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from .app import ApiError, check_api_key, read_json
+from .http import ApiError, check_api_key, read_json
 from .generation import Generation, GenerationError, collect
 from .openai_routes import SSE_HEADERS, start
 from .prepare import chat_spec, sampling_params

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
+import threading
 import time
 from dataclasses import dataclass
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import LucegenError
+from . import anthropic_routes, openai_routes
+from .http import ApiError, check_api_key, error_response
 from .metrics import Metrics
-from .protocol import ANTHROPIC_ERROR_TYPES, OPENAI_ERROR_TYPES, ModelCard, ModelList
+from .protocol import ModelCard, ModelList
 from .scheduler import Scheduler
 
 @dataclass
@@ -37,12 +38,6 @@ class ServeOptions:
     max_body_bytes: int = 8 << 20
     think_max_tokens: int | None = None
     shutdown_timeout: float = 5.0  # seconds the requests in flight get to finish when the server stops
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
 
 
 class Server:
@@ -69,73 +64,25 @@ class Server:
         self.llm.close()
 
 
-def error_body(path: str, status: int, message: str, param: str | None = None, code=None) -> dict:
-    if path.startswith("/v1/messages"):
-        return {"type": "error", "error": {"type": ANTHROPIC_ERROR_TYPES.get(status, "api_error"),
-                                           "message": message}}
-    return {"error": {"message": message, "type": OPENAI_ERROR_TYPES.get(status, "server_error"), "param": param,
-                      "code": code if code is not None else status}}
+class DrainingUvicorn(uvicorn.Server):
+    """uvicorn's server for a :class:`Server`. On SIGINT/SIGTERM (``handle_exit``) it also starts the scheduler's
+    shutdown, so that the open streams finish or end with an error event within ``shutdown_timeout`` seconds,
+    before uvicorn's own graceful-shutdown timeout (5 s later) would cut them mid-response; then the lifespan's
+    end closes the engine."""
 
+    def __init__(self, server: Server, host: str, port: int, log_level: str = "warning"):
+        self.lucegen = server
+        super().__init__(uvicorn.Config(create_app(server), host=host, port=port, log_level=log_level,
+                                        timeout_graceful_shutdown=int(server.options.shutdown_timeout) + 5))
 
-def error_response(request: Request, status: int, message: str, param=None, code=None) -> JSONResponse:
-    return JSONResponse(error_body(request.url.path, status, message, param, code), status_code=status)
-
-
-def validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    """The first problem of a pydantic ValidationError as one line, and the field it names."""
-    first = exc.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    value = repr(first.get("input"))
-    value = value if len(value) <= 80 else value[:77] + "..."
-    return f"{where or 'body'}: {first.get('msg')} (got {value})", where or None
-
-
-async def read_json(request: Request, model, limit: int):
-    """The body as ``model``: 413 over ``limit`` bytes, 400 when it is not UTF-8 JSON or does not validate."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body has {declared} bytes; the limit is {limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except RecursionError:
-        raise ApiError(400, "the request body nests too deeply") from None
-    except ValueError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise ApiError(400, message, param) from None
-    except RecursionError:
-        raise ApiError(400, "the request body nests too deeply") from None
-
-
-def check_api_key(request: Request, key: str | None) -> None:
-    """``Authorization: Bearer KEY`` (OpenAI clients) or ``x-api-key: KEY`` (Anthropic clients)."""
-    if key is None:
-        return
-    given = request.headers.get("x-api-key")
-    auth = request.headers.get("authorization", "")
-    if given is None and auth.lower().startswith("bearer "):
-        given = auth[7:].strip()
-    if given is None:
-        raise ApiError(401, "no API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
-    if not hmac.compare_digest(given.encode("utf-8", "surrogatepass"), key.encode()):
-        raise ApiError(401, "the API key is wrong")
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:
+            threading.Thread(target=self.lucegen.scheduler.shutdown, args=(self.lucegen.options.shutdown_timeout,),
+                             daemon=True).start()
+        super().handle_exit(sig, frame)
 
 
 def create_app(server: Server) -> FastAPI:
-    from . import anthropic_routes, openai_routes
-
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield

@@ -11,13 +11,13 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from .app import ApiError, check_api_key, read_json
+from .http import ApiError, check_api_key, read_json
 from .generation import Generation, GenerationError, GenerationSpec, collect
 from .prepare import chat_spec, encode, max_new_tokens, sampling_params, stop_strings, tool_arguments
 from .protocol import (ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChunkChoice,
                        Completion, CompletionChoice, CompletionRequest, Delta, OutFunction, OutMessage, OutToolCall,
                        Usage, new_id)
-from .scheduler import QueueFull
+from .scheduler import QueueFull, ShuttingDown
 
 router = APIRouter()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -63,8 +63,8 @@ def _messages(req: ChatCompletionRequest) -> list[dict]:
 def start(server, spec: GenerationSpec) -> Generation:
     try:
         return Generation(spec, server.llm.tokenizer, server.scheduler)
-    except QueueFull as exc:
-        raise ApiError(429, str(exc), code="queue_full") from None
+    except (QueueFull, ShuttingDown) as exc:
+        raise ApiError(exc.status, str(exc), code=type(exc).__name__) from None
 
 
 @router.post("/v1/chat/completions")

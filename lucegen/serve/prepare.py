@@ -9,10 +9,13 @@ import secrets
 
 from ..api import check_stop_strings
 from ..model.sampling import SamplingParams
-from .app import ApiError
+from .http import ApiError
 from .generation import GenerationSpec
 from .scheduler import ThinkBudget
 from .think import THINK_CLOSE, THINK_OPEN
+
+#: temperatures below this are greedy (vLLM's rule): dividing float32 logits by less overflows them
+GREEDY_BELOW = 1e-5
 
 #: what the server forces when the thinking budget runs out
 THINK_CLOSE_TEXT = "\n" + THINK_CLOSE + "\n\n"
@@ -21,11 +24,13 @@ THINK_CLOSE_TEXT = "\n" + THINK_CLOSE + "\n\n"
 def sampling_params(temperature=None, top_p=None, top_k=None, min_p=None, seed=None, presence_penalty=None,
                     frequency_penalty=None, repetition_penalty=None) -> SamplingParams:
     """The API's defaults: temperature 1, top-p 1, no top-k / min-p / penalties; no seed draws a random one. A
-    negative seed (OpenAI allows them) is taken modulo 2**64; top_k -1 or 0 turns top-k off."""
+    negative seed (OpenAI allows them) is taken modulo 2**64; top_k -1 or 0 turns top-k off; a temperature below
+    :data:`GREEDY_BELOW` is greedy."""
     if seed is None:
         seed = secrets.randbits(64)
+    temperature = 1.0 if temperature is None else float(temperature)
     return SamplingParams(
-        temperature=1.0 if temperature is None else float(temperature),
+        temperature=0.0 if temperature < GREEDY_BELOW else temperature,
         top_p=1.0 if top_p is None else float(top_p),
         top_k=0 if top_k is None or top_k < 0 else int(top_k),
         min_p=0.0 if min_p is None else float(min_p),

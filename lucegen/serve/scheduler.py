@@ -37,7 +37,15 @@ MAX_SNAPSHOTS = 4
 
 
 class QueueFull(LucegenError):
-    """Every slot is busy and the queue is full."""
+    """Every slot is busy and the queue is full (HTTP 429)."""
+
+    status = 429
+
+
+class ShuttingDown(LucegenError):
+    """The server stops: no new jobs (HTTP 503)."""
+
+    status = 503
 
 
 @dataclass
@@ -72,6 +80,7 @@ class Job:
     last_token_at: float | None = None
     thinking_tokens: int = 0
     think_text: str = ""  # the tail of the generated text, to see the think block close
+    stopped_by_shutdown: bool = False
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -116,7 +125,7 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self.lock:
             if not self.running:
-                raise QueueFull("the server is shutting down")
+                raise ShuttingDown("the server is shutting down")
             if len(self.queue) >= self.queue_size:
                 raise QueueFull(f"all {len(self.slots)} slots are busy and {len(self.queue)} requests are queued")
             self.queue.append(job)
@@ -130,19 +139,22 @@ class Scheduler:
         return len(self.queue)
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop admitting; cancel queued jobs; let the active ones finish for up to ``timeout`` seconds, then cancel
-        them; stop the thread and close every sequence."""
+        """Stop admitting; end queued jobs with an error; let the active ones finish for up to ``timeout`` seconds,
+        then end them with an error too; stop the thread, closing every sequence. Safe to call again."""
         with self.lock:
             self.running = False
             while self.queue:
                 self.queue.popleft().emit(("error", "the server is shutting down"))
+            self.metrics.queue_depth.set(0)
             self.lock.notify()
         deadline = time.monotonic() + timeout
         while self.active() and time.monotonic() < deadline:
             time.sleep(0.01)
         for slot in self.slots:
-            if slot.job is not None:
-                slot.job.cancel()
+            job = slot.job
+            if job is not None:
+                job.stopped_by_shutdown = True
+                job.cancel()
         with self.lock:
             self.lock.notify()
         self.thread.join(timeout=10)
@@ -315,6 +327,8 @@ class Scheduler:
             slot.gen = None
         if job is not None and reason is not None:
             job.emit(("done", reason))
+        elif job is not None and job.stopped_by_shutdown:
+            job.emit(("error", "the server shut down before this request finished"))
         elif job is not None and job.cancelled.is_set():
             job.emit(("done", "cancelled"))
         if keep and hasattr(slot.seq, "snapshot") and slot.seq is not None and slot.history:
