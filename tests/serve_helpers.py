@@ -4,7 +4,10 @@ parser and protocol tests."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,6 +17,7 @@ import httpx
 from lucegen.runtime.engine import Engine, Sequence
 
 TEMPLATE = Path(__file__).parent / "data" / "serve_chat_template.jinja"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_tiny(out: Path) -> Path:
@@ -28,6 +32,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_server_process(model: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """``python -m lucegen.cli serve MODEL --device cpu --port P ARGS`` from this checkout; returns (process, url)
+    once /health answers."""
+    port = free_port()
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "lucegen.cli", "serve", str(model), "--device", "cpu", "--port",
+                             str(port), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"lucegen serve did not start: {proc.communicate()[1]}")
+        time.sleep(0.1)
 
 
 class ServerThread:
