@@ -110,16 +110,18 @@ class LLM:
     ``chat_template``: a template's text, or a path (``os.PathLike``) to a template file, instead of the model's.
     Speculative options: ``budget`` (tree nodes per verify), ``draft_top_k`` (draft candidates per position),
     ``chain`` (verify the top-1 chain), ``draft_ring``. ``chunk``: greedy steps a GPU engine runs between
-    looks at the tokens (stop tokens are seen at chunk ends)."""
+    looks at the tokens (stop tokens are seen at chunk ends); ``prefill``: the megakernel engine's prompt path,
+    "kernels" (the prefill kernels) or "megakernel" (token by token through the decode megakernel)."""
 
     def __init__(self, path, draft=None, *, target=None, device=None, max_context: int | None = None,
                  kv_cache: str | None = None, chat_template: str | os.PathLike | None = None,
                  budget: int | None = None, draft_top_k: int = 8, chain: bool = False,
-                 draft_ring: int | None = None, chunk: int = 16):
+                 draft_ring: int | None = None, chunk: int = 16, prefill: str = "kernels"):
         from .model.checkpoint import load_checkpoint
         from .model.tokenizer import load_tokenizer
 
         self.path = Path(path)
+        self.engine = self._own_device = None
         if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int)
                                         or max_context < 2):
             raise LucegenError(f"max_context must be an integer of at least 2, got {max_context!r}")
@@ -133,6 +135,9 @@ class LLM:
         self.config = checkpoint.config
         if device is None:
             device = "gpu" if gpu_visible() else "cpu"
+            if device == "cpu":
+                log.warning("no NVIDIA GPU visible: %s runs on the numpy reference (CPU), which suits tiny models",
+                            self.path.name)
         if device == "cpu":
             if draft is not None:
                 raise LucegenError("speculative decoding (a draft) runs on the GPU engines, not on the CPU")
@@ -142,38 +147,48 @@ class LLM:
             self.engine = CpuEngine(checkpoint, limit, kv_cache=kv_cache)
         else:
             self.engine = self._gpu_engine(checkpoint, draft, target, device, max_context, kv_cache, budget,
-                                           draft_top_k, chain, draft_ring, chunk)
-        log.info("%s: %s, %d positions per sequence", self.path.name, self.engine.name, self.engine.max_context)
+                                           draft_top_k, chain, draft_ring, chunk, prefill)
+        log.debug("%s: %s, %d positions per sequence", self.path.name, self.engine.name, self.engine.max_context)
 
     def _template(self, override) -> ChatTemplate | None:
-        if override is None:
-            return None
-        if isinstance(override, os.PathLike):
-            return template_file(override)
-        if isinstance(override, str):
-            return ChatTemplate(override, "the chat_template argument")
-        raise LucegenError(f"chat_template must be a template string or a path, got {type(override).__name__}")
+        return None if override is None else given_template(override)
 
     def _gpu_engine(self, checkpoint, draft, target, device, max_context, kv_cache, budget, draft_top_k, chain,
-                    draft_ring, chunk):
+                    draft_ring, chunk, prefill):
         from .runtime.device import Device
         from .runtime.gpu_engines import MegakernelEngine, QuantEngine, SpeculativeEngine
         from .runtime.quant_target import QuantDecoder, open_target
+        from .target import Target
 
-        dev = Device.open(target) if device == "gpu" else device
-        self._own_device = dev if device == "gpu" else None
+        if prefill not in ("kernels", "megakernel"):
+            raise LucegenError(f"prefill must be 'kernels' or 'megakernel', got {prefill!r}")
+        if draft is not None and prefill != "kernels":
+            raise LucegenError("speculative decoding needs prefill='kernels' (the draft's context comes from it)")
+        if device == "gpu":
+            dev = self._own_device = Device.open(target)
+        else:  # an open Device: a descriptor name must be the one it was opened with
+            dev = device
+            if isinstance(target, str) and target not in (dev.target.name, str(getattr(dev.target, "path", ""))):
+                raise LucegenError(f"target {target!r}: the device given was opened with {dev.target.name}")
         context = max_context or min(DEFAULT_GPU_CONTEXT, self.config.max_position_embeddings)
-        decoder = open_target(checkpoint, target=target if device != "gpu" else None, max_context=context,
-                              device=dev, kv_cache=kv_cache)
+        decoder = None
         try:
+            decoder = open_target(checkpoint, target=target if isinstance(target, Target) else None,
+                                  max_context=context, device=dev, kv_cache=kv_cache)
             if draft is not None:
                 return SpeculativeEngine(decoder, draft, budget=budget, draft_top_k=draft_top_k, tree=not chain,
                                          draft_ring=draft_ring)
             if isinstance(decoder, QuantDecoder):
+                if prefill != "kernels":
+                    raise LucegenError("the quantised target prefills with the prefill kernels (prefill='kernels')")
                 return QuantEngine(decoder, chunk=chunk)
-            return MegakernelEngine(decoder, chunk=chunk)
+            return MegakernelEngine(decoder, chunk=chunk, prefill=prefill)
         except BaseException:
-            decoder.close()
+            if decoder is not None:
+                decoder.close()
+            if self._own_device is not None:
+                self._own_device.close()
+                self._own_device = None
             raise
 
     # ---------------------------------------------------------------------------------------------- lifetime
@@ -223,14 +238,7 @@ class LLM:
 
     def chat_template(self, tools=None) -> ChatTemplate:
         """The template :meth:`chat` renders: the ``chat_template`` given, else the model's."""
-        if self._chat_template is not None:
-            return self._chat_template
-        found = load_chat_template(self.path, tools)
-        if found is None:
-            raise ChatTemplateError(f"{self.path} has no chat template (tokenizer_config.json 'chat_template', "
-                                    "chat_template.jinja or GGUF 'tokenizer.chat_template'); pass chat_template= "
-                                    "(--chat-template-file) or use generate() with a plain prompt")
-        return found
+        return self._chat_template or model_chat_template(self.path, tools)
 
     def apply_chat_template(self, messages, tools=None, add_generation_prompt: bool = True, **kwargs) -> str:
         """The prompt text for ``messages``, as HF's ``tokenizer.apply_chat_template(messages, tools=tools,
@@ -244,7 +252,7 @@ class LLM:
         """Generate a completion of ``prompt`` (text or token ids). Options: ``max_tokens`` (default 256),
         ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
         ``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop`` (strings), ``stop_token_ids`` (added
-        to the model's)."""
+        to the model's), ``ignore_eos`` (the model's stop tokens do not stop it; ``stop_token_ids`` still do)."""
         request = self._request(prompt, **options)
         text, ids, last = [], [], None
         for piece in self._generate(*request):
@@ -266,7 +274,8 @@ class LLM:
 
     def _request(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0, seed: int = 0, stop=None, stop_token_ids=None) -> tuple:
+                 frequency_penalty: float = 0.0, seed: int = 0, stop=None, stop_token_ids=None,
+                 ignore_eos: bool = False) -> tuple:
         """Every argument checked: (engine, prompt ids, params, max_tokens, stop strings, stop ids)."""
         engine = self._engine()
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
@@ -278,14 +287,15 @@ class LLM:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise LucegenError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         ids = self.encode(prompt)
-        room = engine.max_context - engine.reserve - len(ids)
+        # the last generated token is never consumed: prompt + max_tokens - 1 positions, plus the engine's reserve
+        room = engine.max_context - engine.reserve - len(ids) + 1
         if room < 1:
             raise LucegenError(f"the prompt has {len(ids)} tokens; the context holds {engine.max_context} "
                                f"positions (max_context)")
         if max_tokens > room:
             raise LucegenError(f"the prompt ({len(ids)} tokens) + max_tokens {max_tokens} overflow the context of "
                                f"{engine.max_context} positions (max_context; at most {room} new tokens fit)")
-        return engine, ids, params, max_tokens, stops, self.stop_token_ids | extra
+        return engine, ids, params, max_tokens, stops, extra if ignore_eos else self.stop_token_ids | extra
 
     def _generate(self, engine, prompt: list[int], params: SamplingParams, max_tokens: int, stops: tuple[str, ...],
                   stop_ids: frozenset[int]) -> Iterator[StreamPiece]:
@@ -330,6 +340,35 @@ class LLM:
                           decode_tok_s=(len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0
                           else None, acceptance_length=seq.acceptance_length)
         yield StreamPiece(tail, [], finish, reason, timings)
+
+
+def given_template(override: str | os.PathLike) -> ChatTemplate:
+    """A template given by the caller: its text, or a path (``os.PathLike``) to a file holding it."""
+    if isinstance(override, os.PathLike):
+        return template_file(override)
+    if isinstance(override, str):
+        return ChatTemplate(override, "the chat_template argument")
+    raise LucegenError(f"chat_template must be a template string or a path, got {type(override).__name__}")
+
+
+def model_chat_template(path, tools=None) -> ChatTemplate:
+    """The chat template of the checkpoint at ``path``; a ChatTemplateError saying where it was looked for when
+    the model has none."""
+    found = load_chat_template(path, tools)
+    if found is None:
+        raise ChatTemplateError(f"{path} has no chat template (tokenizer_config.json 'chat_template', "
+                                "chat_template.jinja or GGUF 'tokenizer.chat_template'); pass chat_template= "
+                                "(--chat-template-file) or generate from a plain prompt")
+    return found
+
+
+def chat_prompt(path, messages, *, chat_template: str | os.PathLike | None = None, tools=None,
+                add_generation_prompt: bool = True, **kwargs) -> str:
+    """:meth:`LLM.apply_chat_template` without loading the model: the prompt text for ``messages`` with the
+    checkpoint's template (or ``chat_template``) and its special tokens."""
+    template = given_template(chat_template) if chat_template is not None else model_chat_template(path, tools)
+    return template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                           special_tokens=special_tokens(path), **kwargs)
 
 
 def check_stop_strings(stop) -> tuple[str, ...]:

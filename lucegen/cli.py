@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
+from . import __doc__ as PACKAGE_DOC, __version__
 from .errors import LucegenError
 
 # Modules under lucegen.commands, in the order their subcommands appear in --help.
@@ -15,7 +17,12 @@ COMMAND_MODULES = ("targets", "build", "weights", "run", "serve", "bench", "plan
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lucegen", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="lucegen", description=PACKAGE_DOC.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"lucegen {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, dest="log_verbose",
+                        help="debugging detail on stderr besides the progress lines")
+    parser.add_argument("-q", "--quiet", action="store_true", dest="log_quiet",
+                        help="only warnings and errors on stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -31,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging(args.log_verbose, args.log_quiet)
     try:
         return int(args.func(args) or 0)
     except LucegenError as exc:
@@ -39,6 +47,30 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lucegen: interrupted", file=sys.stderr)
         return 130
+
+
+def configure_logging(verbose: int, quiet: bool) -> None:
+    """The ``lucegen`` logger's level and a stderr handler: INFO by default (progress lines such as what a first
+    run compiles), WARNING with --quiet, DEBUG with -v."""
+    level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+    logger = logging.getLogger("lucegen")
+    logger.setLevel(level)
+    if not any(isinstance(h, StderrHandler) for h in logger.handlers):
+        handler = StderrHandler()
+        handler.setFormatter(logging.Formatter("lucegen: %(message)s"))
+        logger.addHandler(handler)
+
+
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (a caller may have replaced it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
 
 
 if __name__ == "__main__":

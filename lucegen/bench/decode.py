@@ -256,6 +256,8 @@ def format_table(r: dict) -> str:
     if "hf_tok_s" in r:
         rows.append(("HF transformers tok/s", f"{r['hf_tok_s']:.1f}  (transformers {r['hf_version']}, BF16)"))
         rows.append(("speed-up vs HF", f"{r['tok_s'] / r['hf_tok_s']:.1f}x"))
+    elif "hf_error" in r:
+        rows.append(("HF transformers tok/s", f"not measured ({r['hf_error']})"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     prof = r.get("profile_us_per_token")

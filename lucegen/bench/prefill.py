@@ -160,8 +160,11 @@ def format_table(r: dict) -> str:
         lines.append(f"pp{row['tokens']:<6} {row['tok_s']:>10.0f} {row['ms']:>9.3f} {row['tflops']:>8.1f} "
                      f"{100 * row['peak_fraction']:>6.1f}% {row['ttft_ms']:>9.2f} {row['first_call_ms']:>9.1f} "
                      f"{hf_text:>9} {ratio_text:>7}")
-    lines.append(f"(% peak: of the descriptor's {r['peak_tflops']} dense TFLOP/s; HF: transformers "
-                 f"{r.get('hf_version', 'not run')}, BF16)")
+    hf_note = f"transformers {r['hf_version']}, BF16" if "hf_version" in r else \
+        f"not measured ({r['hf_error']})" if "hf_error" in r else "not run"
+    lines.append(f"(% peak: of the descriptor's {r['peak_tflops']} dense TFLOP/s; HF: {hf_note})")
+    if r.get("gemm_error"):
+        lines.append(f"(GEMM vs cuBLAS: not measured ({r['gemm_error']}))")
     if r.get("gemm"):
         lines.append(f"{'GEMM M x N x K':>24} {'epilogue':>9} {'ours µs':>9} {'TFLOP/s':>8} {'cuBLAS µs':>10} "
                      f"{'TFLOP/s':>8} {'ratio':>6}")

@@ -4,17 +4,53 @@ ppN through the generated prefill kernels (tok/s, TFLOP/s against the descriptor
 GEMM shape against cuBLAS. Both measure the HF transformers baseline in the same run, print a table, and write the
 numbers with ``--json``. dflash is speculative decoding, acceptance-controlled (lucegen/bench/dflash.py): verify cost
 against the tree budget and spec tok/s against the acceptance length, both against AR decode measured in the same
-run. serve is N concurrent streaming clients against a running ``lucegen serve`` (lucegen/bench/serve.py)."""
+run. serve is N concurrent streaming clients against a running ``lucegen serve`` (lucegen/bench/serve.py).
+
+A baseline that cannot run (no torch, no CUDA for torch, a model transformers cannot load) does not lose the
+measurement: its row says why, and ``--json`` is written all the same (``--json -``: to stdout, the table then
+goes to stderr)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from pathlib import Path
 
 from ..atomic import atomic_write
 from ..errors import LucegenError
 from . import check_draft_ring
 from ..model.kv_cache import FORMATS as KV_FORMATS
+
+log = logging.getLogger("lucegen")
+JSON_HELP = "write the results here ('-': stdout, and the table to stderr)"
+
+
+def baseline(name: str, fn, *args, **kwargs) -> tuple[dict, str | None]:
+    """``fn``'s result, or ({}, why) when the baseline cannot run: any failure of a baseline is reported, never
+    fatal, since the lucegen measurement before it is done."""
+    try:
+        return fn(*args, **kwargs), None
+    except Exception as exc:  # noqa: BLE001 - whatever stops the baseline: torch missing, CUDA, HF loading
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        log.warning("the %s baseline did not run: %s", name, why)
+        return {}, why
+
+
+def table_stream(args):
+    """Where the table goes: stderr when the JSON goes to stdout."""
+    return sys.stderr if args.json is not None and str(args.json) == "-" else sys.stdout
+
+
+def write_json(path: Path | None, result: dict) -> None:
+    if path is None:
+        return
+    text = json.dumps(result, indent=2)
+    if str(path) == "-":
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    else:
+        atomic_write(path, text.encode())
 
 
 def register(subparsers) -> None:
@@ -29,7 +65,7 @@ def register(subparsers) -> None:
     d.add_argument("--target", default=None, help="descriptor (default: the one matching the GPU)")
     d.add_argument("--profile", action="store_true", help="also run the profiling build: time per phase type")
     d.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
-    d.add_argument("--json", type=Path, default=None, help="write the results here")
+    d.add_argument("--json", type=Path, default=None, help=JSON_HELP)
     d.set_defaults(func=run)
     f = sub.add_parser("prefill", help="ppN prefill tok/s, TFLOP/s, TTFT, GEMMs vs cuBLAS, HF baseline")
     f.add_argument("--model", required=True, type=Path, help="HF checkpoint directory")
@@ -39,7 +75,7 @@ def register(subparsers) -> None:
     f.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
     f.add_argument("--hf-max-tokens", type=int, default=8192, help="longest prompt the HF baseline runs")
     f.add_argument("--no-gemm", action="store_true", help="skip the per-shape GEMM vs cuBLAS table")
-    f.add_argument("--json", type=Path, default=None, help="write the results here")
+    f.add_argument("--json", type=Path, default=None, help=JSON_HELP)
     f.set_defaults(func=run_prefill)
 
     s = sub.add_parser("dflash", help="speculative decoding: verify cost vs budget, spec tok/s vs acceptance length")
@@ -52,13 +88,13 @@ def register(subparsers) -> None:
                    "32 64)")
     s.add_argument("--draft", type=Path, default=None, help="DFlash draft (directory or .gguf): the network runs "
                    "every step (its cost counts) while the oracle's proposals set the acceptance")
-    s.add_argument("--top-k", type=int, default=8, help="draft candidates per position (default 8)")
+    s.add_argument("--draft-top-k", type=int, default=8, dest="top_k", help="draft candidates per position (default 8)")
     s.add_argument("--draft-ring", type=int, default=None,
                    help="the draft's context ring: the last N positions (default: the whole context)")
     s.add_argument("--kv-cache", choices=tuple(KV_FORMATS), default=None,
                    help="the quantised target's KV cache format (default: the descriptor's kv_cache_type)")
     s.add_argument("--target", default=None, help="descriptor (default: the one matching the GPU)")
-    s.add_argument("--json", type=Path, default=None, help="write the results here")
+    s.add_argument("--json", type=Path, default=None, help=JSON_HELP)
     s.set_defaults(func=run_dflash)
 
     v = sub.add_parser("serve", help="concurrent streaming clients against a running lucegen serve: TTFT, "
@@ -74,7 +110,7 @@ def register(subparsers) -> None:
     v.add_argument("--turns", type=int, choices=(1, 2), default=1, help="2: a second turn per request resending "
                    "the first (the prefix cache's TTFT)")
     v.add_argument("--api-key", default=None, help="the server's API key")
-    v.add_argument("--json", type=Path, default=None, help="write the results here ('-': stdout)")
+    v.add_argument("--json", type=Path, default=None, help=JSON_HELP)
     v.set_defaults(func=run_serve)
 
 
@@ -87,11 +123,15 @@ def run(args) -> int:
     result = bench_megakernel(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
                               repeats=args.repeats, profile=args.profile, target=args.target)
     if not args.no_hf:
-        result.update(bench_hf(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens))
-        result["speedup_vs_hf"] = result["tok_s"] / result["hf_tok_s"]
-    print(format_table(result))
-    if args.json:
-        atomic_write(args.json, json.dumps(result, indent=2).encode())
+        hf, why = baseline("HF transformers", bench_hf, args.model, prompt_tokens=args.prompt_tokens,
+                           gen_tokens=args.gen_tokens)
+        result.update(hf)
+        if why:
+            result["hf_error"] = why
+        else:
+            result["speedup_vs_hf"] = result["tok_s"] / result["hf_tok_s"]
+    print(format_table(result), file=table_stream(args))
+    write_json(args.json, result)
     return 0
 
 
@@ -110,18 +150,25 @@ def run_prefill(args) -> int:
         shapes = []
         for t in sorted(set(args.tokens)):
             shapes += [s for s in gemm_shapes(dec.config, min(t, pre.segment)) if s not in shapes]
-        result["gemm"] = bench_gemm_shapes(dec.device, dec.target, pre.pf, shapes)
+        gemm, why = baseline("cuBLAS GEMM", bench_gemm_shapes, dec.device, dec.target, pre.pf, shapes)
+        if why:
+            result["gemm_error"] = why
+        else:
+            result["gemm"] = gemm
     pre.close()
     dec.close()
     if not args.no_hf:
-        result.update(bench_hf_prefill(args.model, args.tokens, max_tokens=args.hf_max_tokens))
+        hf, why = baseline("HF transformers", bench_hf_prefill, args.model, args.tokens,
+                           max_tokens=args.hf_max_tokens)
+        result.update(hf)
+        if why:
+            result["hf_error"] = why
         for row in result["rows"]:
-            hf = result["hf_tok_s"].get(row["tokens"])
-            row["speedup_vs_hf"] = row["tok_s"] / hf if hf else None
-    print(format_table(result))
-    if args.json:
-        result["hf_tok_s"] = {str(k): v for k, v in result.get("hf_tok_s", {}).items()}
-        atomic_write(args.json, json.dumps(result, indent=2).encode())
+            h = result.get("hf_tok_s", {}).get(row["tokens"])
+            row["speedup_vs_hf"] = row["tok_s"] / h if h else None
+    print(format_table(result), file=table_stream(args))
+    result["hf_tok_s"] = {str(k): v for k, v in result.get("hf_tok_s", {}).items()}
+    write_json(args.json, result)
     return 0
 
 
@@ -140,13 +187,8 @@ def run_serve(args) -> int:
                              args.gen_tokens, args.turns, args.api_key)
     except (OSError, RuntimeError, httpx.HTTPError, KeyError, ValueError) as exc:
         raise LucegenError(f"bench serve against {args.url}: {type(exc).__name__}: {exc}") from None
-    print(format_table(result))
-    if args.json is not None:
-        text = json.dumps(result, indent=2)
-        if str(args.json) == "-":
-            print(text)
-        else:
-            atomic_write(args.json, text.encode())
+    print(format_table(result), file=table_stream(args))
+    write_json(args.json, result)
     return 0
 
 
@@ -163,7 +205,6 @@ def run_dflash(args) -> int:
     result = bench_dflash(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
                           repeats=args.repeats, budgets=budgets, target=args.target, draft=args.draft,
                           top_k=args.top_k, kv_cache=args.kv_cache, draft_ring=args.draft_ring)
-    print(format_table(result))
-    if args.json:
-        atomic_write(args.json, json.dumps(result, indent=2).encode())
+    print(format_table(result), file=table_stream(args))
+    write_json(args.json, result)
     return 0

@@ -12,10 +12,11 @@ produces any more.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from ..families.base import KernelFamily
 from ..target import Target, list_targets, load_target
 
 SOURCE_SUFFIXES = (".cu", ".hip")
+log = logging.getLogger("lucegen")
 
 
 def register(subparsers) -> None:
@@ -41,8 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--check", action="store_true",
                    help="only check that the sources (generated/, or --out) match the templates (exit 1 naming stale "
                         "files)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: CPU count)")
-    p.add_argument("--quiet", action="store_true", help="print only the totals")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="compiler processes at once (default: CPU count)")
+    p.add_argument("--quiet", action="store_true", help="print only the totals (no line per module, no table)")
     p.set_defaults(func=run)
 
 
@@ -134,29 +137,32 @@ def output_root(out: Path | None, check: bool) -> Path | None:
     return None
 
 
+def _compile(target: Target, family: str, source: str) -> CompiledModule:
+    """One unit's compile, in a worker process (a family travels by name: its functions do not pickle)."""
+    return codegen.compile_family(target, codegen.family(family), source)
+
+
 def compile_units(units: list[Unit], jobs: int, progress) -> None:
-    """Compile every unit (parallel over ``jobs`` threads); ``progress(unit)`` after each target completes."""
-    remaining = {}
-    for u in units:
-        remaining[u.target.name] = remaining.get(u.target.name, 0) + 1
-
-    def work(u: Unit) -> Unit:
-        u.module = codegen.compile_family(u.target, u.family, u.source)
-        return u
-
+    """Compile every unit, over ``jobs`` worker processes (threads did not overlap NVRTC compiles: two threads
+    compiling prefill_gemm used one core's time); ``progress(unit, done)`` after each unit, ``done`` counting the
+    units finished so far."""
     if jobs <= 1 or len(units) <= 1:
-        done = map(work, units)
-    else:
-        pool = ThreadPoolExecutor(max_workers=jobs)
-        done = pool.map(work, units)
+        for i, u in enumerate(units):
+            u.module = codegen.compile_family(u.target, u.family, u.source)
+            progress(u, i + 1)
+        return
+    import multiprocessing
+
+    # spawn: a worker starts clean of whatever the parent loaded (a forked CUDA or NVRTC state is undefined)
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(units)), mp_context=multiprocessing.get_context("spawn"))
     try:
-        for u in done:
-            remaining[u.target.name] -= 1
-            if remaining[u.target.name] == 0:
-                progress(u.target)
+        pending = {pool.submit(_compile, u.target, u.family.name, u.source): u for u in units}
+        for done, future in enumerate(as_completed(pending), 1):
+            u = pending[future]
+            u.module = future.result()
+            progress(u, done)
     finally:
-        if jobs > 1 and len(units) > 1:
-            pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def report(units: list[Unit]) -> str:
@@ -194,13 +200,12 @@ def run(args) -> int:
               f"({time.perf_counter() - start:.2f} s)")
         return 0
 
-    multi = len(targets) > 1 and not args.quiet
-    finished = []
-
-    def progress(t: Target) -> None:
-        finished.append(t.name)
-        if multi:
-            print(f"[{len(finished)}/{len(targets)}] {t.name} done", file=sys.stderr, flush=True)
+    def progress(u: Unit, done: int) -> None:
+        if not args.quiet:
+            where = "/".join(filter(None, (u.target.name, u.target.variant, u.shape)))
+            how = "cached" if u.module.cached else "compiled"
+            log.info("[%d/%d] %s %s %s (%.1f s)", done, len(units), where, u.family.name, how,
+                     time.perf_counter() - start)
 
     compile_units(units, max(1, args.jobs), progress)
 

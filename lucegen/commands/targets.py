@@ -31,7 +31,11 @@ def register(subparsers) -> None:
                                           "first user directory ($LUCEGEN_TARGETS_PATH, default "
                                           "~/.config/lucegen/targets). Refuses to overwrite or to reuse a name.")
     p.add_argument("name", help="new target name (letters, digits, '_', '-', '.')")
-    p.add_argument("--like", required=True, help="existing target to start from (e.g. sm_89)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--like", help="existing target to start from (e.g. sm_89)")
+    source.add_argument("--from-device", action="store_true",
+                        help="the GPU's own: the descriptor of its arch nearest in size, with the facts its driver "
+                             "reports (SMs, memory, L2, bandwidth, ...)")
     p.add_argument("--dir", type=Path, default=None, help="write into this directory instead")
     p.set_defaults(func=run_new_target)
 
@@ -156,28 +160,22 @@ def new_target_dir() -> Path:
     return dirs[0]
 
 
-def new_target(name: str, like: str, directory: Path | None = None) -> str:
-    """Write <directory>/<name>.toml (default: :func:`new_target_dir`) from <like>'s descriptor (validated); returns
-    the path. Refuses to overwrite a file or to reuse the name of a descriptor found elsewhere."""
+def _new_path(name: str, directory: Path | None) -> Path:
+    """<directory>/<name>.toml for a new descriptor: a valid name, no file there, no descriptor of that name."""
     directory = Path(directory) if directory is not None else new_target_dir()
     path = directory / f"{name}.toml"
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise DescriptorError(path, "name", f"{name!r} must be letters, digits, '_', '-' or '.'")
-    source = load_target(like)  # validates --like (a name or a path)
     if path.exists():
         raise DescriptorError(path, "<file>", "already exists; edit it or choose another name")
     known = descriptor_paths.descriptors().get(name)
     if known is not None:
         raise DescriptorError(path, "name", f"{name!r} already exists as {known.path}; choose another name")
-    text = open(source.path, encoding="utf-8").read()
-    text, count = re.subn(r'(?m)^name\s*=\s*"[^"]*"', f'name = "{name}"', text, count=1)
-    if count != 1:
-        raise DescriptorError(source.path, "name", "no name line to replace")
-    text = _without_tuning(text)
-    header = (f"# Started from {source.name} by `lucegen new-target {name} --like {source.name}`: replace every value\n"
-              f"# below with the new chip's published figures (arch, compute_units, memory, ...). {source.name}'s\n"
-              f"# [tuning.*] tables are left out: the new chip takes the defaults (lucegen/tuning.py) until measured.\n")
-    atomic_write(path, (header + text).encode())
+    return path
+
+
+def _write_checked(path: Path, text: str) -> str:
+    atomic_write(path, text.encode())
     try:
         load_target(path)
     except DescriptorError:
@@ -186,8 +184,39 @@ def new_target(name: str, like: str, directory: Path | None = None) -> str:
     return str(path)
 
 
+def new_target_from_facts(name: str, facts, directory: Path | None = None) -> str:
+    """Write <directory>/<name>.toml for the GPU ``facts`` describe (lucegen/runtime/device_facts.py: the
+    descriptor of its arch nearest in size, with the driver's figures); returns the path."""
+    from ..runtime.device_facts import descriptor_text, exact_match, nearest
+
+    path = _new_path(name, directory)
+    base = exact_match(facts) or nearest(facts)
+    return _write_checked(path, descriptor_text(base, facts, name))
+
+
+def new_target(name: str, like: str, directory: Path | None = None) -> str:
+    """Write <directory>/<name>.toml (default: :func:`new_target_dir`) from <like>'s descriptor (validated); returns
+    the path. Refuses to overwrite a file or to reuse the name of a descriptor found elsewhere."""
+    source = load_target(like)  # validates --like (a name or a path)
+    path = _new_path(name, directory)
+    text = open(source.path, encoding="utf-8").read()
+    text, count = re.subn(r'(?m)^name\s*=\s*"[^"]*"', f'name = "{name}"', text, count=1)
+    if count != 1:
+        raise DescriptorError(source.path, "name", "no name line to replace")
+    text = _without_tuning(text)
+    header = (f"# Started from {source.name} by `lucegen new-target {name} --like {source.name}`: replace every value\n"
+              f"# below with the new chip's published figures (arch, compute_units, memory, ...). {source.name}'s\n"
+              f"# [tuning.*] tables are left out: the new chip takes the defaults (lucegen/tuning.py) until measured.\n")
+    return _write_checked(path, header + text)
+
+
 def run_new_target(args) -> int:
-    path = new_target(args.name, args.like, args.dir)
+    if args.from_device:
+        from ..runtime.device import read_facts
+
+        path = new_target_from_facts(args.name, read_facts(), args.dir)
+    else:
+        path = new_target(args.name, args.like, args.dir)
     searched = {d.resolve() for d, _ in descriptor_paths.search_dirs()}
     if Path(path).parent.resolve() in searched:
         print(f"wrote {path}: edit arch, compute_units and the chip's figures, then `lucegen show {args.name}`")

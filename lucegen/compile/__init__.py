@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from ..target import Target
 
 __all__ = ["CompiledModule", "KernelInfo", "compile_source", "backend_for"]
+
+logger = logging.getLogger("lucegen")
 
 #: Bump when the cache entry's metadata format or the back ends' output changes meaning.
 CACHE_FORMAT = 2
@@ -65,6 +68,8 @@ def compile_source(
         kernels = tuple(KernelInfo(**k) for k in meta["kernels"])
         return CompiledModule(name, target.name, arch, binary, kernels, meta["log"], compiler, opts, cached=True,
                               source=source)
+    logger.info("compiling %s for %s (%s); later runs take it from the cache", template or filename, target.name,
+                compiler)
     try:
         binary, log, kernels = backend.compile(arch, filename, source, opts)
     except CompilerRejected as exc:

@@ -41,7 +41,7 @@ class CpuSequence(Sequence):
         """Consume ``prompt`` from the current position (a fresh sequence, or one restored from a snapshot);
         return the next token, drawn with Philox counter ``step`` (default: the tokens generated so far);
         ``history`` (default ``prompt``) is what the penalties count."""
-        if self.position + len(prompt) + 1 > self.engine.max_context:
+        if self.position + len(prompt) > self.engine.max_context:
             raise LucegenError(f"{self.position} tokens so far + a prompt of {len(prompt)} exceed the context of "
                                f"{self.engine.max_context} positions")
         if step is not None:

@@ -28,6 +28,7 @@ from .. import codegen
 from ..errors import DeviceError
 from ..kernel_signature import KernelSignature, SignatureError, parameter_name, source_parameters
 from ..target import Target, list_targets, load_target
+from .device_facts import DeviceFacts, pick_target
 
 
 def _driver():
@@ -477,6 +478,30 @@ def detect() -> tuple[str, int, str]:
     return f"sm_{major}{minor}", int(sms), name
 
 
+def read_facts() -> DeviceFacts:
+    """GPU 0's facts, from the driver (no context opened)."""
+    arch, sms, name = detect()
+    driver = _driver()
+    dev = _check("cuDeviceGet", driver.cuDeviceGet(0))
+    attr = driver.CUdevice_attribute
+
+    def get(key: str) -> int:
+        return int(_check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(getattr(attr, key), dev)))
+
+    return DeviceFacts(
+        arch=arch, sms=sms, name=name,
+        memory_bytes=int(_check("cuDeviceTotalMem", driver.cuDeviceTotalMem(dev))),
+        l2_bytes=get("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE"),
+        smem_per_block_optin=get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+        smem_per_cu=get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+        regs_per_cu=get("CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR"),
+        max_threads_per_cu=get("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR"),
+        clock_khz=get("CU_DEVICE_ATTRIBUTE_CLOCK_RATE"),
+        memory_clock_khz=get("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE"),
+        bus_width_bits=get("CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH"),
+    )
+
+
 def match_target(arch: str, sms: int, device_name: str = "GPU", target: Target | str | None = None) -> Target:
     """The descriptor for a device of ``arch`` with ``sms`` SMs: the one given (refused if it does not match) or
     the one in targets/ whose arch and compute_units match."""
@@ -509,7 +534,10 @@ class Device:
     @classmethod
     def open(cls, target: Target | str | None = None) -> "Device":
         arch, sms, name = detect()
-        chosen = match_target(arch, sms, name, target)
+        if target is None:  # any NVIDIA GPU: an exact descriptor, else one built from the driver's facts
+            chosen = pick_target(read_facts())
+        else:
+            chosen = match_target(arch, sms, name, target)
         driver = _driver()
         handle = _check("cuDeviceGet", driver.cuDeviceGet(0))
         context = _check("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(handle))

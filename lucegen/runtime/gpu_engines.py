@@ -170,21 +170,45 @@ class GpuEngine(Engine):
         return self.sequence_class(self)
 
     def close(self) -> None:
-        for part in (self.verifier, self.prefiller, self.draft, self.decoder):
+        self.close_parts()
+        if self.decoder is not None:
+            self.decoder.close()
+        self.decoder = self.live = None
+
+    def close_parts(self) -> None:
+        """Free what the engine built around its decoder (a constructor that fails calls this; the decoder is its
+        caller's)."""
+        for part in (getattr(self, "verifier", None), getattr(self, "prefiller", None), getattr(self, "draft", None)):
             if part is not None:
                 part.close()
-        self.verifier = self.prefiller = self.draft = self.decoder = None
-        self.live = None
+        self.verifier = self.prefiller = self.draft = None
+
+
+class MegakernelPrefill:
+    """The prompt token by token through the decode megakernel (teacher-forced steps), with the prefill kernels'
+    ``prefill(tokens, logits=False)`` contract."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+
+    def prefill(self, tokens, *, logits: bool = False):
+        result = self.decoder.prefill(tokens, logits=logits)
+        return (self.decoder.next_token, result.logits[-1]) if logits else self.decoder.next_token
+
+    def close(self) -> None:
+        """Holds nothing of its own."""
 
 
 class MegakernelEngine(GpuEngine):
     sequence_class = MegakernelSequence
 
-    def __init__(self, decoder, *, chunk: int = 16):
+    def __init__(self, decoder, *, chunk: int = 16, prefill: str = "kernels"):
         from .prefill.runner import Prefiller
 
         super().__init__(decoder, chunk=chunk, what="the decode megakernel")
-        self.prefiller = Prefiller(decoder)
+        if prefill not in ("kernels", "megakernel"):
+            raise LucegenError(f"prefill must be 'kernels' or 'megakernel', got {prefill!r}")
+        self.prefiller = Prefiller(decoder) if prefill == "kernels" else MegakernelPrefill(decoder)
 
 
 class QuantEngine(GpuEngine):
@@ -195,8 +219,12 @@ class QuantEngine(GpuEngine):
         from .tree_verify import TreeVerifier
 
         super().__init__(decoder, chunk=chunk, what="the quantised target")
-        self.prefiller = Prefiller(decoder)
-        self.verifier = TreeVerifier(decoder, budget=0)
+        try:
+            self.prefiller = Prefiller(decoder)
+            self.verifier = TreeVerifier(decoder, budget=0)
+        except BaseException:
+            self.close_parts()
+            raise
         self.reserve = 1
 
 
@@ -215,10 +243,14 @@ class SpeculativeEngine(GpuEngine):
         from .tree_verify import TreeVerifier
 
         super().__init__(decoder, what="speculative decoding (DFlash draft, DDTree verify)")
-        self.draft = DFlashDrafter(decoder, draft, k=draft_top_k, ring=draft_ring)
-        self.prefiller = Prefiller(decoder, draft=self.draft)
-        self.verifier = TreeVerifier(decoder, budget=budget, draft=self.draft)
-        self.spec = SpecDecoder(self.verifier, self.draft, tree=tree)
+        try:
+            self.draft = DFlashDrafter(decoder, draft, k=draft_top_k, ring=draft_ring)
+            self.prefiller = Prefiller(decoder, draft=self.draft)
+            self.verifier = TreeVerifier(decoder, budget=budget, draft=self.draft)
+            self.spec = SpecDecoder(self.verifier, self.draft, tree=tree)
+        except BaseException:
+            self.close_parts()
+            raise
         self.reserve = self.verifier.budget + 1
 
     def reset(self) -> None:
