@@ -270,8 +270,8 @@ def test_faults(server):
     r = server.post("/v1/completions", json={"model": "tiny", "prompt": "word " * 3000, "max_tokens": 4})
     message = error_of(r)["message"]
     assert r.status_code == 400 and "2048" in message and "tokens" in message
-    r = server.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 5000})
-    assert r.status_code == 400 and "5000" in error_of(r)["message"]
+    r = server.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4, "logprobs": 2})
+    assert r.status_code == 400 and error_of(r)["param"] == "logprobs"
     r = server.post("/v1/completions", content=b'{"model": "tiny", "prompt": "' + b"x" * (9 << 20) + b'"}')
     assert r.status_code == 413
     r = server.post("/v1/messages", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
@@ -282,6 +282,33 @@ def test_faults(server):
     assert r.status_code == 400 and "surrogate" in error_of(r)["message"]
     assert server.get("/nowhere").status_code == 404
     assert server.get("/health").status_code == 200
+
+
+def test_max_tokens_beyond_the_context_end_at_the_context(server):
+    llm = server.server.llm
+    prompt = ("the kernel " * 1200)[: 5000]
+    while len(llm.encode(prompt)) > 2048 - 6:
+        prompt = prompt[:-40]
+    room = 2048 - len(llm.encode(prompt))
+    r = server.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 50000,
+                                              "temperature": 1.0, "seed": 2, "stop": None})
+    usage = r.json()["usage"]
+    assert r.status_code == 200 and usage["completion_tokens"] <= room and usage["total_tokens"] <= 2048
+    assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_client_gone_frees_the_slot_at_once(server):
+    """A non-streaming client that goes away: its generation stops at once (its slot is free and far fewer tokens
+    were generated than asked)."""
+    before = _metric(server, "lucegen_generation_tokens_total")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", timeout=0.5, json={
+            "model": "tiny", "prompt": "a long story", "max_tokens": 2000, "temperature": 0})
+    deadline = time.monotonic() + 5
+    while server.get("/health").json()["active_slots"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.get("/health").json()["active_slots"] == 0
+    assert _metric(server, "lucegen_generation_tokens_total") - before < 1900
 
 
 def test_api_key_and_queue_full(tiny):

@@ -74,7 +74,7 @@ async def messages(request: Request):
     check_api_key(request, server.options.api_key)
     req = await read_json(request, MessagesRequest, server.options.max_body_bytes)
     server.check_model(req.model)
-    params = sampling_params(req.temperature, req.top_p, req.top_k, seed=req.seed)
+    params = sampling_params(server.llm.engine, req.temperature, req.top_p, req.top_k, seed=req.seed)
     tools = None
     if req.tools and (req.tool_choice or {}).get("type") != "none":
         tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
@@ -92,7 +92,7 @@ async def messages(request: Request):
         return StreamingResponse(_stream(generation, mid, req.model), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
     try:
-        content, reasoning, calls, reason = await collect(generation)
+        content, reasoning, calls, reason = await collect(generation, request)
     except GenerationError as exc:
         raise ApiError(503, str(exc)) from None
     blocks = []

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import LucegenError
 from . import anthropic_routes, openai_routes
+from .generation import ClientGone
 from .http import ApiError, check_api_key, error_response
 from .metrics import Metrics
 from .protocol import ModelCard, ModelList
@@ -95,6 +96,10 @@ def create_app(server: Server) -> FastAPI:
     async def api_error(request: Request, exc: ApiError):
         server.metrics.requests.labels(request.url.path, str(exc.status)).inc()
         return error_response(request, exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone):
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(LucegenError)
     async def lucegen_error(request: Request, exc: LucegenError):

@@ -27,10 +27,12 @@ def sse(data) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def _params(req):
+def _params(server, req):
     if req.n != 1:
         raise ApiError(400, f"n={req.n}: this server generates one choice per request (n must be 1)", "n")
-    return sampling_params(req.temperature, req.top_p, req.top_k, req.min_p, req.seed, req.presence_penalty,
+    if req.logprobs:
+        raise ApiError(400, "logprobs are not supported by this server", "logprobs")
+    return sampling_params(server.llm.engine, req.temperature, req.top_p, req.top_k, req.min_p, req.seed, req.presence_penalty,
                            req.frequency_penalty, req.repetition_penalty)
 
 
@@ -73,7 +75,7 @@ async def chat_completions(request: Request):
     check_api_key(request, server.options.api_key)
     req = await read_json(request, ChatCompletionRequest, server.options.max_body_bytes)
     server.check_model(req.model)
-    params = _params(req)
+    params = _params(server, req)
     tools = None
     if req.tools and req.tool_choice != "none":
         tools = [t.model_dump(exclude_none=True) for t in req.tools]
@@ -91,7 +93,7 @@ async def chat_completions(request: Request):
         return StreamingResponse(_chat_stream(generation, rid, req.model, usage), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
     try:
-        content, reasoning, calls, reason = await collect(generation)
+        content, reasoning, calls, reason = await collect(generation, request)
     except GenerationError as exc:
         raise ApiError(503, str(exc)) from None
     message = OutMessage(content=content if content or not calls else None, reasoning_content=reasoning or None,
@@ -144,7 +146,7 @@ async def completions(request: Request):
     check_api_key(request, server.options.api_key)
     req = await read_json(request, CompletionRequest, server.options.max_body_bytes)
     server.check_model(req.model)
-    params = _params(req)
+    params = _params(server, req)
     prompt = encode(server, req.prompt)
     spec = GenerationSpec(prompt, max_new_tokens(server, len(prompt), req.max_tokens), params,
                           server.llm.stop_token_ids, stop_strings(req.stop), split_thinking=False)
@@ -156,7 +158,7 @@ async def completions(request: Request):
         return StreamingResponse(_completion_stream(generation, rid, req.model, usage, echo),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     try:
-        content, _, _, reason = await collect(generation)
+        content, _, _, reason = await collect(generation, request)
     except GenerationError as exc:
         raise ApiError(503, str(exc)) from None
     body = Completion(id=rid, model=req.model, choices=[CompletionChoice(text=echo + content, finish_reason=reason)],

@@ -21,7 +21,7 @@ GREEDY_BELOW = 1e-5
 THINK_CLOSE_TEXT = "\n" + THINK_CLOSE + "\n\n"
 
 
-def sampling_params(temperature=None, top_p=None, top_k=None, min_p=None, seed=None, presence_penalty=None,
+def sampling_params(engine, temperature=None, top_p=None, top_k=None, min_p=None, seed=None, presence_penalty=None,
                     frequency_penalty=None, repetition_penalty=None) -> SamplingParams:
     """The API's defaults: temperature 1, top-p 1, no top-k / min-p / penalties; no seed draws a random one. A
     negative seed (OpenAI allows them) is taken modulo 2**64; top_k -1 or 0 turns top-k off; a temperature below
@@ -29,7 +29,7 @@ def sampling_params(temperature=None, top_p=None, top_k=None, min_p=None, seed=N
     if seed is None:
         seed = secrets.randbits(64)
     temperature = 1.0 if temperature is None else float(temperature)
-    return SamplingParams(
+    params = SamplingParams(
         temperature=0.0 if temperature < GREEDY_BELOW else temperature,
         top_p=1.0 if top_p is None else float(top_p),
         top_k=0 if top_k is None or top_k < 0 else int(top_k),
@@ -39,6 +39,8 @@ def sampling_params(temperature=None, top_p=None, top_k=None, min_p=None, seed=N
         frequency_penalty=0.0 if frequency_penalty is None else float(frequency_penalty),
         repetition_penalty=1.0 if repetition_penalty is None else float(repetition_penalty),
     ).validate()
+    engine.check_params(params)  # an engine that decodes greedily only refuses a temperature
+    return params
 
 
 def check_text(text: str, where: str) -> None:
@@ -56,20 +58,17 @@ def encode(server, prompt, where: str = "prompt") -> list[int]:
 
 
 def max_new_tokens(server, prompt_tokens: int, requested: int | None) -> int:
-    """``requested`` (None: as many as fit), checked against the room the context leaves after the prompt."""
+    """``requested`` (None: as many as fit), at most the room the context leaves after the prompt: a larger request
+    (agent clients ask for tens of thousands) ends with finish_reason "length" where the context ends. A prompt
+    that leaves no room is a 400 with the counts."""
     engine = server.llm.engine
     context = engine.max_context
     room = context - engine.reserve - prompt_tokens
     if room < 1:
         raise ApiError(400, f"This model's maximum context length is {context} tokens; the prompt has "
-                            f"{prompt_tokens} tokens", "messages", "context_length_exceeded")
-    if requested is None:
-        return room
-    if requested > room:
-        raise ApiError(400, f"This model's maximum context length is {context} tokens; you requested "
-                            f"{prompt_tokens + requested} tokens ({prompt_tokens} in the prompt, {requested} for "
-                            f"the completion)", "max_tokens", "context_length_exceeded")
-    return requested
+                            f"{prompt_tokens} tokens, leaving no room for a completion", "messages",
+                       "context_length_exceeded")
+    return room if requested is None else min(requested, room)
 
 
 def stop_strings(stop) -> tuple[str, ...]:
