@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from .protocol import ANTHROPIC_ERROR_TYPES, OPENAI_ERROR_TYPES
+from .protocol import ANTHROPIC_ERROR_TYPES, OPENAI_ERROR_TYPES, ErrorDetail, ErrorResponse
 
 
 class ApiError(Exception):
@@ -25,8 +25,9 @@ def error_body(path: str, status: int, message: str, param: str | None = None, c
     if path.startswith("/v1/messages"):
         return {"type": "error", "error": {"type": ANTHROPIC_ERROR_TYPES.get(status, "api_error"),
                                            "message": message}}
-    return {"error": {"message": message, "type": OPENAI_ERROR_TYPES.get(status, "server_error"), "param": param,
-                      "code": code if code is not None else status}}
+    detail = ErrorDetail(message=message, type=OPENAI_ERROR_TYPES.get(status, "server_error"), param=param,
+                         code=code if code is not None else status)
+    return ErrorResponse(error=detail).model_dump()
 
 
 def error_response(request: Request, status: int, message: str, param=None, code=None) -> JSONResponse:

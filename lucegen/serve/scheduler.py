@@ -242,7 +242,7 @@ class Scheduler:
                 slot.gen = slot.seq.decode(slot.history[-1], remaining, job.params, slot.history)
             chunk = next(slot.gen, None)
             if chunk is None:
-                self._finish(slot, "length")
+                self._release(slot, "length")
                 return
             self._accept(slot, list(chunk))
         except LucegenError as exc:
@@ -281,7 +281,7 @@ class Scheduler:
         if out:
             job.emit(("tokens", out))
         if reason is not None:
-            self._finish(slot, reason)
+            self._release(slot, reason)
         elif job.think is not None:
             self._think_budget(slot, out)
 
@@ -309,16 +309,13 @@ class Scheduler:
         if forced:
             job.emit(("tokens", forced))
         if len(job.generated) >= job.max_tokens:
-            self._finish(slot, "length")
+            self._release(slot, "length")
             return
         consume = [slot.history[-1], *forced]
         slot.history.extend(forced)
         nxt = slot.seq.prefill(consume, job.params, history=slot.history)
         slot.history.append(nxt)
         self._accept(slot, [nxt])
-
-    def _finish(self, slot: Slot, reason: str) -> None:
-        self._release(slot, reason)
 
     def _release(self, slot: Slot, reason: str | None, keep: bool = True) -> None:
         job = slot.job

@@ -28,7 +28,6 @@ class ThinkSplitter:
         self.held = ""
         self.strip_newlines = in_think  # at the start of a block
         self.seen_close = False
-        self.thinking_tokens = 0
 
     def feed(self, piece: str) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
