@@ -48,8 +48,14 @@ def chat_text(message) -> str:
     return (getattr(message, "reasoning_content", None) or "") + (message.content or "")
 
 
-def test_models_health_metrics(server, oa):
+def test_models_health_metrics(server, oa, an):
     assert [m.id for m in oa.models.list().data] == ["tiny"]
+    assert oa.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        oa.models.retrieve("other")
+    messages = [{"role": "user", "content": "Hello there"}]
+    counted = an.messages.count_tokens(model="tiny", messages=messages).input_tokens
+    assert counted == an.messages.create(model="tiny", max_tokens=1, messages=messages).usage.input_tokens
     assert server.get("/health").json()["status"] == "ok"
     metrics = server.get("/metrics").text
     for name in ("lucegen_queue_depth", "lucegen_active_slots", "lucegen_time_to_first_token_seconds",

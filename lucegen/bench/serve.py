@@ -150,11 +150,14 @@ def format_table(result: dict) -> str:
     if result["turns"] > 1:
         head += f" {'turn-2 TTFT ms':>14}"
     lines = [f"bench serve: {result['model']} at {result['url']}, {result['gen_tokens']} tokens per request", head]
+    def triple(r, name, fmt):
+        return "/".join(f(r[f"{name}_p{q}"], fmt) for q in (50, 95, 99))
+
     for r in result["rows"]:
         line = (f"{r['clients']:>7} {r['requests']:>5} {f(r['prompt_tokens'], '{:.0f}'):>6} "
-                f"{f(r['ttft_ms_p50']) + '/' + f(r['ttft_ms_p95']) + '/' + f(r['ttft_ms_p99']):>22} "
-                f"{f(r['itl_ms_p50'], '{:.2f}') + '/' + f(r['itl_ms_p95'], '{:.2f}') + '/' + f(r['itl_ms_p99'], '{:.2f}'):>20} "
-                f"{f(r['per_stream_tok_s']):>12} {f(r['aggregate_tok_s']):>11} {f(r['acceptance_length'], '{:.2f}'):>6}")
+                f"{triple(r, 'ttft_ms', '{:.1f}'):>22} {triple(r, 'itl_ms', '{:.2f}'):>20} "
+                f"{f(r['per_stream_tok_s']):>12} {f(r['aggregate_tok_s']):>11} "
+                f"{f(r['acceptance_length'], '{:.2f}'):>6}")
         if result["turns"] > 1:
             line += f" {f(r.get('turn2_ttft_ms_p50')):>14}"
         lines.append(line)

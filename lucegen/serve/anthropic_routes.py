@@ -15,8 +15,8 @@ from fastapi.responses import StreamingResponse
 from .http import ApiError, check_api_key, read_json
 from .generation import Generation, GenerationError, collect
 from .openai_routes import SSE_HEADERS, start
-from .prepare import chat_spec, sampling_params
-from .protocol import STOP_REASONS, AnthropicUsage, MessagesRequest, MessagesResponse, new_id
+from .prepare import chat_spec, render_chat, sampling_params
+from .protocol import STOP_REASONS, AnthropicUsage, CountTokensRequest, MessagesRequest, MessagesResponse, new_id
 
 router = APIRouter()
 
@@ -68,13 +68,8 @@ def _stop_reason(generation: Generation, reason: str) -> tuple[str, str | None]:
     return STOP_REASONS.get(reason, "end_turn"), None
 
 
-@router.post("/v1/messages")
-async def messages(request: Request):
-    server = request.app.state.server
-    check_api_key(request, server.options.api_key)
-    req = await read_json(request, MessagesRequest, server.options.max_body_bytes)
-    server.check_model(req.model)
-    params = sampling_params(server.llm.engine, req.temperature, req.top_p, req.top_k, seed=req.seed)
+def _template_options(req: MessagesRequest) -> tuple[list | None, dict, int | None]:
+    """(tools in OpenAI form for the template, template kwargs, thinking budget) of a Messages request."""
     tools = None
     if req.tools and (req.tool_choice or {}).get("type") != "none":
         tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
@@ -84,6 +79,29 @@ async def messages(request: Request):
     if req.thinking is not None:
         kwargs["enable_thinking"] = req.thinking.type != "disabled"
         budget = req.thinking.budget_tokens if req.thinking.type == "enabled" else None
+    return tools, kwargs, budget
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request):
+    """The prompt's token count as the template renders it (agent clients ask before sending)."""
+    server = request.app.state.server
+    check_api_key(request, server.options.api_key)
+    req = await read_json(request, CountTokensRequest, server.options.max_body_bytes)
+    server.check_model(req.model)
+    tools, kwargs, _ = _template_options(req)
+    _, prompt = render_chat(server, template_messages(req), tools, kwargs)
+    return {"input_tokens": len(prompt)}
+
+
+@router.post("/v1/messages")
+async def messages(request: Request):
+    server = request.app.state.server
+    check_api_key(request, server.options.api_key)
+    req = await read_json(request, MessagesRequest, server.options.max_body_bytes)
+    server.check_model(req.model)
+    params = sampling_params(server.llm.engine, req.temperature, req.top_p, req.top_k, seed=req.seed)
+    tools, kwargs, budget = _template_options(req)
     spec = chat_spec(server, template_messages(req), tools=tools, template_kwargs=kwargs, max_tokens=req.max_tokens,
                      params=params, stop=req.stop_sequences, think_budget=budget)
     generation = start(server, spec)

@@ -128,6 +128,12 @@ def create_app(server: Server) -> FastAPI:
         card = ModelCard(id=server.options.model_name, created=server.created, max_model_len=server.llm.max_context)
         return ModelList(data=[card]).model_dump()
 
+    @app.get("/v1/models/{name:path}")
+    async def model(request: Request, name: str):
+        check_api_key(request, server.options.api_key)
+        server.check_model(name)
+        return ModelCard(id=name, created=server.created, max_model_len=server.llm.max_context).model_dump()
+
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
     return app

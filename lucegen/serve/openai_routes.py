@@ -32,8 +32,8 @@ def _params(server, req):
         raise ApiError(400, f"n={req.n}: this server generates one choice per request (n must be 1)", "n")
     if req.logprobs:
         raise ApiError(400, "logprobs are not supported by this server", "logprobs")
-    return sampling_params(server.llm.engine, req.temperature, req.top_p, req.top_k, req.min_p, req.seed, req.presence_penalty,
-                           req.frequency_penalty, req.repetition_penalty)
+    return sampling_params(server.llm.engine, req.temperature, req.top_p, req.top_k, req.min_p, req.seed,
+                           req.presence_penalty, req.frequency_penalty, req.repetition_penalty)
 
 
 def _messages(req: ChatCompletionRequest) -> list[dict]:

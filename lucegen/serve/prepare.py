@@ -93,9 +93,8 @@ def tool_arguments(arguments):
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "special_tokens"})
 
 
-def chat_spec(server, messages: list[dict], *, tools, template_kwargs: dict, max_tokens, params, stop,
-              think_budget: int | None) -> GenerationSpec:
-    """Render the chat template and build the spec of a chat request (both APIs)."""
+def render_chat(server, messages: list[dict], tools, template_kwargs: dict) -> tuple[str, list[int]]:
+    """The chat template rendered for a request (both APIs), and its token ids."""
     reserved = RESERVED_TEMPLATE_VARIABLES.intersection(template_kwargs)
     if reserved:
         raise ApiError(400, f"chat_template_kwargs may not set {sorted(reserved)[0]!r}", "chat_template_kwargs")
@@ -103,7 +102,13 @@ def chat_spec(server, messages: list[dict], *, tools, template_kwargs: dict, max
     check_text(_all_text(tools), "tools")
     check_text(_all_text(template_kwargs), "chat_template_kwargs")
     text = server.llm.apply_chat_template(messages, tools=tools or None, **template_kwargs)
-    prompt = server.llm.encode(text)
+    return text, server.llm.encode(text)
+
+
+def chat_spec(server, messages: list[dict], *, tools, template_kwargs: dict, max_tokens, params, stop,
+              think_budget: int | None) -> GenerationSpec:
+    """Render the chat template and build the spec of a chat request (both APIs)."""
+    text, prompt = render_chat(server, messages, tools, template_kwargs)
     in_think = text.rstrip(" ").endswith((THINK_OPEN, THINK_OPEN + "\n"))
     budget = think_budget if think_budget is not None else server.options.think_max_tokens
     think = None

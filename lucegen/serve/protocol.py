@@ -276,6 +276,12 @@ class MessagesRequest(Request):
     metadata: dict[str, Any] | None = None
 
 
+class CountTokensRequest(MessagesRequest):
+    """``/v1/messages/count_tokens``: a Messages request without max_tokens."""
+
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_INT)
+
+
 # ------------------------------------------------------------------------------------------------ Anthropic responses
 class AnthropicUsage(Body):
     input_tokens: int
