@@ -7,10 +7,14 @@ requests in flight ``--shutdown-timeout`` seconds to finish, cancel the rest and
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
 from ..errors import LucegenError
+
+#: the serve extra's packages (pyproject.toml), checked before the model loads
+SERVE_PACKAGES = ("fastapi", "uvicorn", "pydantic", "prometheus_client")
 
 
 def register(subparsers) -> None:
@@ -52,10 +56,13 @@ def check_args(args) -> None:
 
 
 def run(args) -> int:
+    check_args(args)
+    missing = [name for name in SERVE_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise LucegenError(f"lucegen serve needs {', '.join(missing)}: pip install 'lucegen[serve]'")
     from ..api import LLM
     from ..serve.app import DrainingUvicorn, Server, ServeOptions
 
-    check_args(args)
     llm = LLM(args.model, draft=args.draft, target=args.target, device=args.device, max_context=args.max_context,
               chat_template=args.chat_template_file)
     try:
