@@ -50,8 +50,9 @@ class ShuttingDown(LucegenError):
 
 @dataclass
 class ThinkBudget:
-    """Close the think block after ``max_tokens`` tokens of thinking by forcing ``close_ids`` (``</think>`` and the
-    blank line after it) in place of the next sampled token. ``in_think``: the prompt opened the block."""
+    """Close the think block after ``max_tokens`` tokens of thinking: ``close_ids`` (a newline, ``</think>`` and the
+    blank line after it) are fed to the sequence after the last sampled token and emitted as generated tokens, and
+    decoding goes on from there. ``in_think``: the prompt opened the block."""
 
     max_tokens: int
     close_ids: list[int]
@@ -63,8 +64,9 @@ class ThinkBudget:
 @dataclass
 class Job:
     """One generation: the prompt's token ids, how many tokens at most, how to pick them, the ids that end it.
-    ``emit(event)`` is called on the engine thread with ("tokens", [ids]), then once ("done", finish_reason) or
-    ("error", message). finish_reason: "stop" (a stop token, or cancelled after a stop string), "length"."""
+    ``emit(event)`` is called on the engine thread with ("tokens", [ids]), then once ("done", reason) or ("error",
+    message). reason: "stop" (a stop token), "length" (max_tokens), "cancelled" (``cancel()``: the client left, or
+    a stop string appeared in the text)."""
 
     prompt: list[int]
     max_tokens: int
