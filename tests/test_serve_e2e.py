@@ -287,6 +287,8 @@ def test_faults(server):
     r = server.post("/v1/chat/completions", content=lone_surrogate)
     assert r.status_code == 400 and "surrogate" in error_of(r)["message"]
     assert server.get("/nowhere").status_code == 404
+    r = server.get("/v1/chat/completions")
+    assert r.status_code == 405 and error_of(r)["type"] == "invalid_request_error"
     assert server.get("/health").status_code == 200
 
 
