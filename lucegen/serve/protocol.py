@@ -308,5 +308,5 @@ ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_erro
                          503: "overloaded_error"}
 #: HTTP status -> OpenAI error type
 OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                      405: "invalid_request_error",
-                      413: "invalid_request_error", 429: "rate_limit_exceeded", 503: "server_error"}
+                      405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_exceeded",
+                      503: "server_error"}
