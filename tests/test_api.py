@@ -98,7 +98,7 @@ def test_sampling_matches_the_reference_sampler(llm, tiny):
     logits = ref.forward(prompt, state, logits="last")
     want = []
     for step in range(6):
-        want.append(sample(logits[-1], params, step))
+        want.append(sample(logits[-1], params, len(prompt) + step))  # the RNG step: the token's position
         logits = ref.forward([want[-1]], state)
     got = llm.generate(prompt, max_tokens=6, temperature=0.8, top_k=20, seed=3, stop_token_ids=[])
     cut = next((i for i, t in enumerate(want) if t in llm.stop_token_ids), 6)
@@ -226,9 +226,13 @@ def test_cpu_sequence_snapshot_and_continue(llm):
     part = engine.sequence()
     part.prefill(ids[:2], params)
     snap = part.snapshot()
-    assert part.prefill(ids[2:], params, step=0) == first
+    assert part.prefill(ids[2:], params) == first
     part.restore(snap)
-    assert part.position == 2 and part.prefill(ids[2:], params, step=0) == first
+    assert part.position == 2 and part.prefill(ids[2:], params) == first
+    sampled = SamplingParams(temperature=1.0, seed=9)  # a draw is a function of (seed, position): restored, equal
+    part.restore(snap)
+    again = engine.sequence()
+    assert part.prefill(ids[2:], sampled) == again.prefill(ids, sampled)
     assert list(whole.decode(first, 3, params, ids + [first])) == list(part.decode(first, 3, params,
                                                                                    ids + [first]))
 
@@ -342,6 +346,14 @@ def test_cli_run_refuses_bad_arguments_in_one_line(tiny, capsys, extra, message)
     code = main(["run", "--model", str(tiny), "--device", "cpu", "--prompt", "hi"] + extra)
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1 and err.startswith("lucegen: error:")
+
+
+def test_cli_run_refuses_penalties_on_the_gpu_before_opening_it(tiny, capsys):
+    from lucegen.cli import main
+
+    code = main(["run", "--model", str(tiny), "--prompt", "hi", "--repetition-penalty", "1.2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "penalties run on the CPU engine only" in err and err.count("\n") == 1
 
 
 def test_cli_version_and_logging(capsys):

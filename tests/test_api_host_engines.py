@@ -72,15 +72,24 @@ def test_plain_decoding_engines(models, host, model, engine):
         assert greedy.token_ids == [STAND_IN_TOKEN] * 20 and greedy.finish_reason == "length"
         stopped = llm.generate("def f(x):", max_tokens=20, stop_token_ids=[STAND_IN_TOKEN])
         assert stopped.token_ids == [] and stopped.finish_reason == "stop" and stopped.stop_reason == STAND_IN_TOKEN
-        sampled = llm.generate("def f(x):", max_tokens=6, temperature=1.0, seed=4, stop_token_ids=[])
-        again = llm.generate("def f(x):", max_tokens=6, temperature=1.0, seed=4, stop_token_ids=[])
+        # top-k: drawn on the host from each step's logits (the stand-in's zeros: uniform over the top 50)
+        sampled = llm.generate("def f(x):", max_tokens=6, temperature=1.0, top_k=50, seed=4, stop_token_ids=[])
+        again = llm.generate("def f(x):", max_tokens=6, temperature=1.0, top_k=50, seed=4, stop_token_ids=[])
         assert len(sampled.token_ids) == 6 and sampled.token_ids == again.token_ids
         assert len(set(sampled.token_ids)) > 1  # drawn from the (uniform) logits, not the stand-in argmax
+        # temperature alone: drawn on the device (the stand-in's argmax), in the same chunks as greedy steps
+        before = len(host[-1].launches)
+        fused = llm.generate("def f(x):", max_tokens=6, temperature=0.8, seed=4, stop_token_ids=[])
+        assert fused.token_ids[1:] == [STAND_IN_TOKEN] * 5  # the first: the prefill's, drawn from its logits
+        sampled_kernels = {name for name, *_ in host[-1].launches[before:]}
+        with pytest.raises(lucegen.api.LucegenError, match="penalties run on the CPU engine only"):
+            llm.stream("def f(x):", repetition_penalty=1.2)
     dev = host[-1]
     assert dev.allocated == 0, f"{dev.allocated} bytes left allocated"
     names = {name for name, *_ in dev.launches}
     if engine == "the quantised target":
         assert any(n.startswith("quant_gemm") for n in names) and any("greedy_advance" in n for n in names)
+        assert "rows_sample" in sampled_kernels
 
 
 def test_megakernel_prefill_through_the_megakernel(models, host):
@@ -95,8 +104,9 @@ def test_speculative_engine(models, host):
         assert llm.engine.reserve == 5 and "memory plan" in llm.engine.memory_plan()
         c = llm.generate("def f(x):", max_tokens=12, stop_token_ids=[])
         assert len(c.token_ids) == 12 and c.timings.acceptance_length is not None
-        with pytest.raises(lucegen.api.LucegenError, match="greedily only"):
-            llm.generate("def f(x):", temperature=0.5)
+        s = llm.generate("def f(x):", max_tokens=12, temperature=0.7, seed=2, stop_token_ids=[])
+        assert len(s.token_ids) == 12 and s.token_ids == llm.generate(
+            "def f(x):", max_tokens=12, temperature=0.7, seed=2, stop_token_ids=[]).token_ids
     assert host[-1].allocated == 0
 
 

@@ -142,6 +142,57 @@ def test_megakernel_decoder_prefill_and_chain_verify(models, chip):
     assert dev.allocated == 0 and dev.pinned_live == 0, f"{dev.allocated} bytes left allocated"
 
 
+@pytest.mark.parametrize("chip", ["sm_90", "gfx1100"])
+def test_sampled_paths(models, chip):
+    """Sampling's launches (lucegen/model/sampling.py): the megakernel's sampled instance (22 parameters: the seed
+    and temperature) for a fused prefill and generate, host-drawn steps for top-p, the greedy instance (20) again for
+    greedy; the quantised target's one-slot decode through rows_sample and a sampled speculative run."""
+    from lucegen.families.megakernel import KERNEL_NAME
+    from lucegen.model.sampling import SamplingParams
+    from lucegen.runtime.dflash import SpecDecoder
+    from lucegen.runtime.draft import DFlashDrafter
+    from lucegen.runtime.megakernel import MegakernelDecoder
+    from lucegen.runtime.prefill.runner import Prefiller
+    from lucegen.runtime.quant_target import QuantDecoder
+    from lucegen.runtime.tree_verify import TreeVerifier
+
+    hot, top_p = SamplingParams(temperature=0.8, seed=7), SamplingParams(temperature=0.8, top_p=0.9, seed=7)
+    dev = host(chip)
+    dec = MegakernelDecoder(models / "tiny", device=dev, max_context=128)
+    mk_params = lambda: [len(l[5]) for l in dev.launches if l[0] == KERNEL_NAME]  # noqa: E731
+    dec.prefill(np.arange(10, dtype=np.int32), sampling=hot)
+    dec.generate(5, chunk=2, sampling=hot)
+    assert mk_params() == [22, 22, 22]
+    dev.launches.clear()
+    dec.generate(3, sampling=top_p)  # one step a launch, with its logits
+    dec.generate(3)
+    assert mk_params() == [20, 20, 20]  # two host-drawn steps, then one greedy launch of two
+    assert dec.sampled_function is not None and dec.position == 10 + 4 + 2 + 2
+    dec.close()
+    assert dev.allocated == 0, f"{dev.allocated} bytes left allocated"
+
+    dev = host(chip)
+    dec = QuantDecoder(models / "tiny-q.gguf", device=dev, max_context=256)
+    draft = DFlashDrafter(dec, models / "draft-q", k=4, ring=48, rows=64)
+    pre = Prefiller(dec, draft=draft)
+    ver = TreeVerifier(dec, budget=8, draft=draft)
+    pre.prefill(np.arange(40, dtype=np.int32), sampling=hot)
+    SpecDecoder(ver, draft).generate(6, sampling=top_p)
+    dev.launches.clear()
+    ver.decode(4, sampling=hot)
+    assert "rows_sample" in kernels(dev) and "rows_argmax" not in kernels(dev)
+    ver.decode(3, sampling=top_p)
+    ver.decode(3)
+    assert "rows_argmax" in kernels(dev)
+    sampled_keys = lambda: {k[1:] for k in ver._decode_graphs if isinstance(k[0], tuple)}  # noqa: E731
+    assert sampled_keys() == {(7, 0.8)}
+    ver.decode(3, sampling=SamplingParams(temperature=0.8, seed=8))
+    assert sampled_keys() == {(8, 0.8)}, "the graphs of another seed are dropped"
+    for part in (ver, pre, draft, dec):
+        part.close()
+    assert dev.allocated == 0 and dev.pinned_live == 0, f"{dev.allocated} bytes left allocated"
+
+
 def test_cli_run_and_bench_with_a_bounded_draft_ring(models, monkeypatch, capsys):
     """`lucegen run --draft D.gguf --draft-ring N` (a Q8_0 GGUF draft) and `lucegen bench dflash ... --draft-ring N`
     end to end on the host device: the ring is clamped to the context and the memory plan is printed."""

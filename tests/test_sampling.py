@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from lucegen.errors import LucegenError
-from lucegen.model.sampling import (SamplingParams, apply_penalties, draw, kept_weights, philox4x32, philox_uniform,
-                                    probabilities, sample)
+from lucegen.model.sampling import (ACCEPT_STREAM, NOISE_STREAM, SamplingParams, apply_penalties, draw, gumbel_noise,
+                                    kept_weights, philox4x32, philox4x32_lanes, philox_uniform, probabilities, sample)
 
 # Random123's tests/kat_vectors, the "philox4x32 10" lines: counter words, key words, output words
 PHILOX_KAT = [
@@ -28,13 +28,23 @@ def test_philox_known_answers(counter, key, expected):
     assert philox4x32(counter, key) == expected
 
 
-def test_philox_uniform_is_a_function_of_seed_step_lane():
+def test_philox_uniform_is_a_function_of_seed_step_lane_stream():
     u = philox_uniform(7, 3, 0)
     assert u == philox_uniform(7, 3, 0)
-    assert 0 <= u < 1 and u * 2**24 == int(u * 2**24)  # 24 bits, exact in float32
-    assert len({philox_uniform(s, t, lane) for s in (0, 1, 2**40) for t in (0, 1, 2**33) for lane in (0, 1)}) == 18
+    assert 0 < u < 1 and (u * 2**24) % 2 == 1  # (k + 0.5) 2**-23: exact in float32, never 0 or 1
+    draws = {philox_uniform(s, t, lane, stream) for s in (0, 1, 2**40) for t in (0, 1, 2**33) for lane in (0, 1)
+             for stream in (NOISE_STREAM, ACCEPT_STREAM)}
+    assert len(draws) == 36
     # the seed's high word is the key's second word, the step's high word the counter's second word
-    assert philox_uniform(2**32 + 5, 2**32 + 9) == (philox4x32((9, 1, 0, 0), (5, 1))[0] >> 8) / 2**24
+    assert philox_uniform(2**32 + 5, 2**32 + 9, 3, 1) == ((philox4x32((9, 1, 3, 1), (5, 1))[0] >> 9) + 0.5) / 2**23
+
+
+def test_vectorised_philox_is_the_scalar_one():
+    lanes = np.array([0, 1, 2, 1000, 2**32 - 1], np.uint64)
+    words = philox4x32_lanes((17, 3), lanes, 0, (0xDEADBEEF, 12))
+    assert words.tolist() == [philox4x32((17, 3, int(lane), 0), (0xDEADBEEF, 12))[0] for lane in lanes]
+    u = ((int(words[1]) >> 9) + 0.5) / 2**23
+    assert gumbel_noise(0xDEADBEEF + (12 << 32), 17 + (3 << 32), 2)[1] == -math.log(-math.log(u))
 
 
 def test_uniforms_are_uniform():
@@ -105,9 +115,12 @@ def test_temperature_sharpens():
     assert math.isclose(p_hot[1] / p_hot[0], math.exp(0.5)) and math.isclose(p_cold[1] / p_cold[0], math.exp(2.0))
 
 
-def test_draw_is_the_inverse_cdf_in_index_order():
+def test_draw_is_the_gumbel_argmax_over_kept_tokens():
     w = np.array([0.0, 1.0, 0.0, 2.0, 1.0])
-    assert [draw(w, u) for u in (0.0, 0.24, 0.25, 0.74, 0.75, 0.999)] == [1, 1, 3, 3, 4, 4]
+    for step in range(200):
+        g = gumbel_noise(5, step, 5)
+        assert draw(w, 5, step) == int(np.argmax(np.where(w > 0, np.log(np.maximum(w, 1e-300)) + g, -np.inf)))
+    assert {draw(w, 5, step) for step in range(200)} == {1, 3, 4}
 
 
 def test_penalties():
@@ -124,6 +137,7 @@ def test_sample_is_reproducible_and_follows_the_distribution():
     z = np.log(np.array([0.1, 0.2, 0.3, 0.4])).astype(np.float32)
     params = SamplingParams(temperature=1.0, seed=1234)
     tokens = [sample(z, params, step) for step in range(8000)]
+    assert tokens[7] == draw(np.array([0.1, 0.2, 0.3, 0.4]), 1234, 7)
     assert tokens[:50] == [sample(z, params, step) for step in range(50)]
     counts = np.bincount(tokens, minlength=4)
     expected = 8000 * np.array([0.1, 0.2, 0.3, 0.4])
@@ -139,3 +153,34 @@ def test_bad_logits():
         sample(np.array([0.0, np.nan]), SamplingParams(temperature=1.0), 0)
     with pytest.raises(LucegenError, match="-inf"):
         sample(np.array([-np.inf, -np.inf]), SamplingParams(temperature=1.0), 0)
+
+
+def test_the_kernels_philox_and_noise_are_the_reference(tmp_path):
+    """templates/common/philox.cuh.j2, compiled for the host by a C++ compiler (its device qualifiers defined away):
+    Philox's first word equals philox4x32's bit for bit and the Gumbel noise gumbel_noise's to float precision."""
+    import shutil
+    import subprocess
+
+    from lucegen import codegen
+    from lucegen.target import load_target
+
+    compiler = shutil.which("g++") or shutil.which("clang++") or shutil.which("clang++-19")
+    if compiler is None:
+        pytest.skip("no host C++ compiler (g++ or clang++) to run the kernels' Philox on the CPU")
+    source = codegen.render_string(load_target("sm_90"), '{% include "common/philox.cuh.j2" %}')
+    cases = [(0, 0, 0), (7, 3, 5), (2**64 - 1, 2**40 + 3, 248_319), (0xDEADBEEF12345678, 17, 1000)]
+    main = "\n".join(f'  show({seed}ull, {step}ull, {token}u);' for seed, step, token in cases)
+    program = tmp_path / "philox.cpp"
+    program.write_text("#include <math.h>\n#include <stdio.h>\n#define __device__\n"
+                       "#define __forceinline__ inline\n" + source +
+                       "\nvoid show(unsigned long long seed, unsigned long long step, unsigned token) {\n"
+                       "  printf(\"%u %.9g\\n\", lg_philox_word0((unsigned)step, (unsigned)(step >> 32), token, 0u,"
+                       " (unsigned)seed, (unsigned)(seed >> 32)), lg_gumbel_noise(seed, step, token));\n}\n"
+                       "int main() {\n" + main + "\n}\n")
+    subprocess.run([compiler, "-O1", "-o", str(tmp_path / "philox"), str(program)], check=True)
+    lines = subprocess.run([str(tmp_path / "philox")], check=True, capture_output=True, text=True).stdout.split("\n")
+    for (seed, step, token), line in zip(cases, lines):
+        word, noise = line.split()
+        key = (seed & 0xFFFFFFFF, seed >> 32)
+        assert int(word) == philox4x32((step & 0xFFFFFFFF, step >> 32, token, NOISE_STREAM), key)[0]
+        assert float(noise) == pytest.approx(gumbel_noise(seed, step, token + 1)[token], rel=1e-6, abs=1e-6)

@@ -89,8 +89,10 @@ def _check(args) -> None:
                          repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                          frequency_penalty=args.frequency_penalty, seed=args.seed)
     params = SamplingParams(**args.sampling).validate()
-    if args.draft and not params.greedy:
-        raise LucegenError("speculative decoding (--draft) decodes greedily; drop --temperature or --draft")
+    if args.device == "gpu":
+        from ..runtime.device_sampling import checked_sampling
+
+        checked_sampling(params)  # the GPU engines take no penalties
     try:
         check_stop_strings(args.stop)
     except LucegenError as exc:

@@ -213,12 +213,15 @@ def check_supported(config: ModelConfig, target: Target) -> None:
 
 def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False, pipeline_a: bool = True,
                   rows_a: int = 2, pairs_d: int = 2, rows_lm: int = 2, rows_screen: int = 4,
-                  att_keys_per_warp: int | None = None, prefetch_down: bool | None = None) -> dict:
+                  att_keys_per_warp: int | None = None, prefetch_down: bool | None = None,
+                  sampling: bool = False) -> dict:
     """The ``mk`` dict the template renders with (plus the descriptor's own params). Tuning knobs: ``pipeline_a``
     (double-buffer the in-projection), rows per warp of the row-split matvecs (powers of two), cached keys per warp
     per batch of the attention (its split over blocks follows: a head's keys are cut into ranges of at most that many
     per block), ``prefetch_down`` (gate/up asks the L2 for the block's down rows once its inputs are staged; a bulk
-    prefetch: default on where the descriptor has features.tma)."""
+    prefetch: default on where the descriptor has features.tma). ``sampling``: the sampled instance,
+    whose lm_head adds each token's Gumbel noise to its logit over the temperature (its launch takes sample_seed
+    and temperature; the greedy instance is rendered as without it)."""
     check_supported(config, target)
     if prefetch_down is None:
         prefetch_down = target.features.tma
@@ -259,7 +262,8 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
     screen_rows = math.ceil(c.vocab_size / blocks)
     list_in_raw = screen_rows + 1 <= xs_max
     screen_floats = matvec_floats + screen_rows + (0 if list_in_raw else screen_rows + 1)
-    lm_screen = 4 * screen_floats <= target.smem_per_block and h % (2 * lm_screen_bound.CHUNK) == 0
+    lm_screen = (not sampling and 4 * screen_floats <= target.smem_per_block
+                 and h % (2 * lm_screen_bound.CHUNK) == 0)
     if lm_screen:
         smem_floats = max(smem_floats, screen_floats)
     return {
@@ -291,6 +295,7 @@ def kernel_params(config: ModelConfig, target: Target, *, profile: bool = False,
         "screen_norm_slack": f32_literal(lm_screen_bound.norm_slack(h)),
         "screen_margin_rel": f32_literal(lm_screen_bound.MARGIN_REL),
         "profile": profile,
+        "sampling": bool(sampling),
         "kv_dtype": target.kv_cache_type,
         "kv_ctype": DTYPES[target.kv_cache_type][0],
         "embed": lay.embed, "lm_head": lay.lm_head, "final_norm": lay.final_norm, "inv_freq": lay.inv_freq,
@@ -313,7 +318,8 @@ SIGNATURES = (
         pointer("screen_floor", "unsigned long long", restrict=False),
         pointer("profile", "unsigned long long", restrict=False), scalar("max_context", "int"),
         scalar("start_pos", "int"), scalar("n_steps", "int"), scalar("n_forced", "int"),
-        scalar("epoch_base", "unsigned"),
+        scalar("epoch_base", "unsigned"), scalar("sample_seed", "unsigned long long", when="sampling"),
+        scalar("temperature", "float", when="sampling"),
     )),
 )
 

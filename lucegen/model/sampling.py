@@ -18,15 +18,17 @@ can apply it with a threshold search instead of a sort and ties are never broken
   ``p_j > p_i`` is below ``top_p`` (so the most likely token is always kept and ties are kept together);
 - min-p: keep ``i`` iff ``p_i >= min_p * max(p)``, i.e. ``z_i - max(z) >= log(min_p)`` (independent of which set
   ``p`` is normalised over);
-- draw: ``w_i = exp(z_i - max z)`` over the kept tokens, ``u = philox_uniform(seed, step, lane)``, and the token is
-  the first kept index ``i`` (ascending) whose running sum ``w_0 + ... + w_i`` exceeds ``u * sum(w)``; the last
-  kept index if rounding leaves none. The running sum is float64 here and goes in ascending token order.
+- draw (Gumbel-max): ``token = argmax over the kept i of z_i + g_i``, ``g_i = -log(-log(u_i))`` with
+  ``u_i = philox_uniform(seed, step, lane=i, stream=NOISE_STREAM)``: an exact draw from the softmax of ``z`` over
+  the kept tokens. Each token's noise is its own Philox draw, so a kernel adds it to its logit where it computes
+  the logit and keeps its argmax reduction (the lowest index on equal keys, like numpy.argmax).
 
 Philox4x32-10 is Random123's (Salmon et al., "Parallel Random Numbers: As Easy as 1, 2, 3", SC11): key =
-(seed low 32 bits, seed high 32 bits), counter = (step low, step high, lane, 0); the uniform is the top 24 bits of
-the first output word times 2**-24, a float in [0, 1) that float32 holds exactly. ``step`` counts the generated
-tokens (0 for the first); ``lane`` separates independent draws at one step (0: the token draw of plain sampling;
-speculative verification uses the lanes from :data:`SPECULATIVE_LANE` on).
+(seed low 32 bits, seed high 32 bits), counter = (step low 32 bits, step high 32 bits, lane, stream); the uniform is
+``((first word >> 9) + 0.5) * 2**-23``, strictly inside (0, 1) and exact in float32. ``step`` is the sequence
+position the sampled token will take (the number of tokens before it, prompt included), so a draw is a function of
+(seed, position, lane) and nothing else. Stream :data:`NOISE_STREAM` carries the Gumbel noise (lane = token id);
+:data:`ACCEPT_STREAM` the speculative verifier's acceptance uniforms (lane = the sibling's rank).
 """
 
 from __future__ import annotations
@@ -43,8 +45,7 @@ PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 PHILOX_ROUNDS = 10
 MASK32 = 0xFFFFFFFF
-#: lanes 0..SPECULATIVE_LANE-1 belong to plain sampling; speculative verification draws from the lanes above
-SPECULATIVE_LANE = 16
+NOISE_STREAM, ACCEPT_STREAM = 0, 1
 
 
 class SamplingError(LucegenError):
@@ -124,10 +125,47 @@ def philox4x32(counter: Iterable[int], key: Iterable[int], rounds: int = PHILOX_
     return x0, x1, x2, x3
 
 
-def philox_uniform(seed: int, step: int, lane: int = 0) -> float:
-    """The uniform in [0, 1) for (seed, step, lane): top 24 bits of Philox's first word times 2**-24."""
-    word = philox4x32((step & MASK32, (step >> 32) & MASK32, lane & MASK32, 0), (seed & MASK32, (seed >> 32) & MASK32))
-    return (word[0] >> 8) * 2.0**-24
+def _key(seed: int) -> tuple[int, int]:
+    return seed & MASK32, (seed >> 32) & MASK32
+
+
+def _unit(word):
+    """The uniform in (0, 1) of a Philox output word (int or uint64 array): ((word >> 9) + 0.5) * 2**-23."""
+    if isinstance(word, np.ndarray):
+        return ((word >> np.uint64(9)).astype(np.float64) + 0.5) * 2.0**-23
+    return ((word >> 9) + 0.5) * 2.0**-23
+
+
+def philox_uniform(seed: int, step: int, lane: int = 0, stream: int = ACCEPT_STREAM) -> float:
+    """The uniform in (0, 1) for (seed, step, lane, stream)."""
+    word = philox4x32((step & MASK32, (step >> 32) & MASK32, lane, stream), _key(seed))
+    return float(_unit(word[0]))
+
+
+def philox4x32_lanes(counter_low: tuple[int, int], lanes: np.ndarray, stream: int, key: tuple[int, int]) -> np.ndarray:
+    """The first output word of Philox4x32-10 for counters (counter_low[0], counter_low[1], lane, stream) over an
+    array of lanes (uint64 array of 32-bit words): :func:`philox4x32` vectorised."""
+    m = np.uint64(MASK32)
+    x0 = np.full(lanes.shape, counter_low[0], np.uint64)
+    x1 = np.full(lanes.shape, counter_low[1], np.uint64)
+    x2 = np.asarray(lanes, np.uint64) & m
+    x3 = np.full(lanes.shape, stream & MASK32, np.uint64)
+    k0, k1 = key
+    for r in range(PHILOX_ROUNDS):
+        if r:
+            k0, k1 = (k0 + PHILOX_W0) & MASK32, (k1 + PHILOX_W1) & MASK32
+        p0 = x0 * np.uint64(PHILOX_M0)
+        p1 = x2 * np.uint64(PHILOX_M1)
+        x0, x1, x2, x3 = ((p1 >> np.uint64(32)) ^ x1 ^ np.uint64(k0), p1 & m,
+                          (p0 >> np.uint64(32)) ^ x3 ^ np.uint64(k1), p0 & m)
+    return x0
+
+
+def gumbel_noise(seed: int, step: int, n: int) -> np.ndarray:
+    """float64 [n]: the Gumbel noise ``-log(-log(u_i))`` of tokens 0..n-1 at ``step`` (stream NOISE_STREAM)."""
+    u = _unit(philox4x32_lanes((step & MASK32, (step >> 32) & MASK32), np.arange(n, dtype=np.uint64), NOISE_STREAM,
+                               _key(seed)))
+    return -np.log(-np.log(u))
 
 
 # ------------------------------------------------------------------------------------------------ the filters
@@ -175,24 +213,22 @@ def kept_weights(logits: np.ndarray, params: SamplingParams, history: Iterable[i
     return w
 
 
-def draw(weights: np.ndarray, u: float) -> int:
-    """The inverse CDF: the first index whose running sum (ascending index, float64) exceeds ``u * sum``."""
+def draw(weights: np.ndarray, seed: int, step: int) -> int:
+    """The Gumbel-max draw from the (unnormalised) ``weights`` at (seed, step): argmax of log w_i + g_i."""
     w = np.asarray(weights, np.float64)
-    running = np.cumsum(w)
-    target = u * running[-1]
-    hits = np.nonzero((running > target) & (w > 0))[0]
-    return int(hits[0]) if hits.size else int(np.nonzero(w > 0)[0][-1])
+    with np.errstate(divide="ignore"):
+        keys = np.log(w) + gumbel_noise(seed, step, w.size)
+    return int(np.argmax(keys))
 
 
-def sample(logits: np.ndarray, params: SamplingParams, step: int, history: Iterable[int] | None = None,
-           lane: int = 0) -> int:
-    """The token for one row of ``logits`` at generation step ``step`` (see the module's docstring for the rule)."""
+def sample(logits: np.ndarray, params: SamplingParams, step: int, history: Iterable[int] | None = None) -> int:
+    """The token for one row of ``logits`` that will take sequence position ``step`` (see the module's docstring)."""
     row = np.asarray(logits)
     if row.ndim != 1 or row.size == 0:
         raise SamplingError(f"sample() takes one non-empty row of logits, got shape {row.shape}")
     if params.greedy:
         return int(np.argmax(apply_penalties(row, params, history)))
-    return draw(kept_weights(row, params, history), philox_uniform(params.seed, step, lane))
+    return draw(kept_weights(row, params, history), params.seed, step)
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams, history: Iterable[int] | None = None) -> np.ndarray:

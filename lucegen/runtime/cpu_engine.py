@@ -24,7 +24,6 @@ class CpuSequence(Sequence):
     def __init__(self, engine: CpuEngine):
         self.engine = engine
         self.state = engine.reference.new_state(min(engine.max_context, INITIAL_CAPACITY))
-        self.steps = 0  # tokens generated so far: the Philox counter of the next draw
 
     @property
     def position(self) -> int:
@@ -32,31 +31,25 @@ class CpuSequence(Sequence):
         return self.state.position
 
     def _pick(self, logits: np.ndarray, params: SamplingParams, history) -> int:
-        token = sample(logits, params, self.steps, history if params.uses_history else None)
-        self.steps += 1
-        return token
+        """The token for the next position (the sampler's RNG step: the tokens consumed so far)."""
+        return sample(logits, params, self.state.position, history if params.uses_history else None)
 
-    def prefill(self, prompt: list[int], params: SamplingParams, step: int | None = None,
-                history: list[int] | None = None) -> int:
+    def prefill(self, prompt: list[int], params: SamplingParams, history: list[int] | None = None) -> int:
         """Consume ``prompt`` from the current position (a fresh sequence, or one restored from a snapshot);
-        return the next token, drawn with Philox counter ``step`` (default: the tokens generated so far);
-        ``history`` (default ``prompt``) is what the penalties count."""
+        return the next token; ``history`` (default ``prompt``) is what the penalties count."""
         if self.position + len(prompt) > self.engine.max_context:
             raise LucegenError(f"{self.position} tokens so far + a prompt of {len(prompt)} exceed the context of "
                                f"{self.engine.max_context} positions")
-        if step is not None:
-            self.steps = step
         logits = self.engine.reference.forward(prompt, self.state, logits="last")[-1]
         return self._pick(logits, params, prompt if history is None else history)
 
-    def snapshot(self) -> tuple:
+    def snapshot(self):
         """A copy of the state after every token consumed so far (shares nothing with the sequence)."""
-        return self.state.copy(), self.steps
+        return self.state.copy()
 
-    def restore(self, snap: tuple) -> None:
+    def restore(self, snap) -> None:
         """Set the state to a copy of ``snap`` (from :meth:`snapshot` of a sequence of the same engine)."""
-        state, self.steps = snap
-        self.state = state.copy()
+        self.state = snap.copy()
 
     def decode(self, first: int, n: int, params: SamplingParams, history: list[int]) -> Iterator[list[int]]:
         token = first

@@ -44,6 +44,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ..model.sampling import ACCEPT_STREAM, SamplingParams, draw, philox_uniform, probabilities
+
 ROOT = -1  # parent of the root's children
 
 
@@ -214,6 +216,51 @@ def accept(tree: Tree, target_argmax) -> tuple[np.ndarray, int]:
             return np.array(accepted, np.int64), int(verdict[slot])
         accepted.append(node)
         slot = node + 1
+
+
+def accept_sampled(tree: Tree, target_logits, params: SamplingParams, base: int,
+                   history=None) -> tuple[np.ndarray, int]:
+    """Walk the verified tree with sampling, lossless in distribution: every emitted token is distributed as
+    :func:`lucegen.model.sampling.sample` would draw it from the target after the tokens before it.
+
+    Recursive rejection sampling over each slot's children (Chen et al. / Leviathan et al., in SpecInfer's
+    multi-candidate form): the target's distribution after the slot, ``r = probabilities(logits[slot])``, meets the
+    children in rank order. A child was proposed deterministically (the draft's top-K, not a draw), so its proposal
+    distribution ``q`` is the point mass on its token and the rule ``accept with probability min(1, r(t) / q(t))``
+    reads ``accept iff u < r(t) / sum(r)``; on a rejection the residual ``(r - q)+`` is ``r`` with ``t`` removed and
+    the next sibling meets it. An accepted child's slot continues the walk; when every child of a slot is rejected
+    (or it has none), the bonus token is the reference sampler's draw from the residual (Gumbel-max,
+    :func:`~lucegen.model.sampling.draw`). With nothing rejected that draw is exactly plain sampling's.
+
+    ``target_logits`` float [1 + n, vocab]: the target's logits after each verify slot. ``base``: the sequence
+    position of the root, so the token after a slot at depth d takes position ``base + d + 1`` (the RNG's step).
+    The uniform for the j-th child of that slot is ``philox_uniform(seed, base + d + 1, lane=j, ACCEPT_STREAM)``.
+    ``history``: the tokens before the root and the root itself, for the penalties (needed when
+    ``params.uses_history``)."""
+    logits = np.asarray(target_logits)
+    if logits.ndim != 2 or logits.shape[0] != tree.n_nodes + 1:
+        raise ValueError(f"ddtree: target logits have shape {logits.shape}, the verify batch has "
+                         f"{tree.n_nodes + 1} slots")
+    seen = list(history) if history is not None else None
+    children = tree.children
+    accepted: list[int] = []
+    slot, depth = 0, 0
+    while True:
+        step = base + depth + 1
+        residual = probabilities(logits[slot], params, seen)
+        nxt = None
+        for lane, (token, node) in enumerate(children[slot].items()):  # insertion order = rank order
+            mass = residual.sum()
+            if philox_uniform(params.seed, step, lane, ACCEPT_STREAM) < residual[token] / mass:
+                nxt = node
+                break
+            residual[token] = 0.0
+        if nxt is None:
+            return np.array(accepted, np.int64), draw(residual, params.seed, step)
+        accepted.append(nxt)
+        if seen is not None:
+            seen.append(int(tree.tokens[nxt]))
+        slot, depth = nxt + 1, depth + 1
 
 
 def emitted_tokens(tree: Tree, accepted: np.ndarray, bonus: int) -> list[int]:

@@ -21,7 +21,11 @@ acceptance-controlled mode.
 
 Whatever the drafter, the emitted tokens are the verifier's greedy tokens (lossless): ``ddtree.accept`` keeps a
 drafted token only where the target's argmax after its parent equals it, and every step emits the target's own
-choice after the last kept one.
+choice after the last kept one. With ``sampling`` (a :class:`~lucegen.model.sampling.SamplingParams` of temperature
+> 0) the verify returns every slot's logits and ``ddtree.accept_sampled`` walks the tree by recursive rejection
+sampling: the emitted tokens are distributed exactly as plain sampling's (lossless in distribution), and a seed
+fixes them. The first root (the decoder's next token after the prefill) is the prefill's: sample it there
+(``Prefiller.prefill(ids, sampling=...)``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import LucegenError
+from ..model.sampling import SamplingParams
 from . import ddtree
+from .device_sampling import checked_sampling
 
 STAGES = ("draft", "tree", "verify", "commit")
 
@@ -151,9 +157,10 @@ class SpecStats:
 
 
 class SpecDecoder:
-    """Greedy speculative decoding through a :class:`~lucegen.runtime.tree_verify.TreeVerifier`: per step the
-    drafter's rows become a best-first DDTree of at most ``budget`` nodes (``tree=False``: the top-1 chain), one
-    verify pass checks every node, the longest path the target agrees with is committed plus the bonus token."""
+    """Speculative decoding through a :class:`~lucegen.runtime.tree_verify.TreeVerifier`: per step the drafter's
+    rows become a best-first DDTree of at most ``budget`` nodes (``tree=False``: the top-1 chain), one verify pass
+    checks every node, the path the target accepts is committed plus the bonus token: greedy (the longest path the
+    target's argmax agrees with), or with ``sampling`` by recursive rejection sampling (``ddtree.accept_sampled``)."""
 
     def __init__(self, verifier, drafter, *, budget: int | None = None, tree: bool = True, chain_seed: bool = False):
         self.verifier, self.drafter = verifier, drafter
@@ -169,9 +176,9 @@ class SpecDecoder:
             return ddtree.build_tree(lp, tok, budget, chain_seed=self.chain_seed)
         return ddtree.chain(np.asarray(tok)[: min(budget, len(tok)), 0])
 
-    def step(self, history: list[int]) -> list[int]:
+    def step(self, history: list[int], sampling: SamplingParams | None = None) -> list[int]:
         """One draft → tree → verify → commit step after ``history`` (emitted so far, the root last); returns the
-        tokens it emits (accepted drafts, then the bonus token)."""
+        tokens it emits (accepted drafts, then the bonus token). ``sampling``: None (greedy) or checked_sampling's."""
         ver, dec = self.verifier, self.verifier.dec
         budget = min(self.budget, dec.max_context - dec.position - 1)
         if budget < 0:
@@ -181,8 +188,11 @@ class SpecDecoder:
         t1 = time.perf_counter()
         tree = self._tree(lp, tok, budget)
         t2 = time.perf_counter()
-        argmax = ver.verify(tree, history[-1])
-        nodes, bonus = ddtree.accept(tree, argmax)
+        if sampling is None:
+            nodes, bonus = ddtree.accept(tree, ver.verify(tree, history[-1]))
+        else:
+            _, logits = ver.verify(tree, history[-1], logits=True)
+            nodes, bonus = ddtree.accept_sampled(tree, logits, sampling, dec.position)
         t3 = time.perf_counter()
         pos0 = dec.position
         ver.commit(tree, nodes, bonus)
@@ -197,14 +207,15 @@ class SpecDecoder:
         self.stats.accepted.append(len(nodes))
         return emitted
 
-    def generate(self, n: int, callback=None) -> list[int]:
-        """``n`` tokens from the decoder's next token (the first root, itself the first token returned). The last
-        step may commit a few tokens past ``n``; they are not returned."""
+    def generate(self, n: int, callback=None, *, sampling: SamplingParams | None = None) -> list[int]:
+        """``n`` tokens from the decoder's next token (the first root, itself the first token returned), greedy or
+        with ``sampling``. The last step may commit a few tokens past ``n``; they are not returned."""
+        sampling = checked_sampling(sampling)
         if self.verifier.dec.next_token is None:
             raise LucegenError("generate: prefill the prompt first")
         out = [self.verifier.dec.next_token]
         while len(out) < n:
-            new = self.step(out)
+            new = self.step(out, sampling)
             out.extend(new)
             if callback:
                 callback(new)

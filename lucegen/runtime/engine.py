@@ -12,9 +12,10 @@ conversation's state (KV cache, conv windows, recurrent state) in it.
 may stop iterating after any chunk (a stop token) and the engine does no more work for it. A chunk is one token for
 an engine that picks on the host, up to ``chunk`` tokens for a GPU engine whose greedy steps run back to back on
 the device, the accepted path plus the bonus token for a speculative step. ``params`` is a
-:class:`lucegen.model.sampling.SamplingParams`; the token of generation step ``s`` (0: the one ``prefill``
-returns) is drawn with Philox counter ``s``, so a seed gives the same tokens on every engine that computes the
-same logits. ``history`` for the penalties is the prompt and every token generated so far.
+:class:`lucegen.model.sampling.SamplingParams`; the token that takes sequence position ``p`` is drawn with the
+sampler's RNG at step ``p`` (lucegen/model/sampling.py), so a seed gives the same tokens on every engine that
+computes the same logits, and a sequence restored to a position draws what it drew there. ``history`` for the
+penalties is the prompt and every token generated so far.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..errors import LucegenError
 from ..model.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -35,11 +35,9 @@ class Sequence:
     #: tokens emitted per speculative step, when the engine is speculative (else None)
     acceptance_length: float | None = None
 
-    def prefill(self, prompt: list[int], params: SamplingParams, step: int | None = None,
-                history: list[int] | None = None) -> int:
-        """Consume ``prompt`` from the sequence's position; return the next token, drawn with Philox counter
-        ``step`` (default: the tokens generated so far); ``history`` (default ``prompt``) is what the penalties
-        count."""
+    def prefill(self, prompt: list[int], params: SamplingParams, history: list[int] | None = None) -> int:
+        """Consume ``prompt`` from the sequence's position; return the next token. ``history`` (default ``prompt``)
+        is what the penalties count."""
         raise NotImplementedError
 
     def decode(self, first: int, n: int, params: SamplingParams, history: list[int]) -> Iterator[list[int]]:
@@ -62,8 +60,6 @@ class Engine:
     max_context: int
     #: positions past the last generated token a sequence needs (a verify pass's rows)
     reserve: int = 0
-    #: whether ``decode`` can sample (temperature > 0) on this engine
-    samples: bool = True
 
     def sequence(self) -> Sequence:
         raise NotImplementedError
@@ -72,6 +68,4 @@ class Engine:
         raise NotImplementedError
 
     def check_params(self, params: SamplingParams) -> None:
-        if not params.greedy and not self.samples:
-            raise LucegenError(f"{self.name} decodes greedily only (temperature 0); got temperature "
-                               f"{params.temperature}")
+        """Refuse (a LucegenError) sampling parameters this engine cannot run; validated ones otherwise."""

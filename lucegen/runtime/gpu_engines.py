@@ -11,8 +11,10 @@
 
 Greedy steps run back to back on the device and come back ``chunk`` at a time; the caller checks each chunk for a
 stop token and asks for no more, so at most ``chunk - 1`` steps run past a stop token (the chunks start at one step
-and double up to ``chunk``, so a short answer wastes fewer). A sampled token (temperature > 0) is picked on the
-host from the step's logits with the reference sampler (lucegen/model/sampling.py), one step per launch.
+and double up to ``chunk``, so a short answer wastes fewer). Sampling is the runtime's (lucegen/runtime/
+device_sampling.py): temperature alone is drawn on the device inside those steps; top-k, top-p and min-p are drawn
+on the host from each step's logits, one step a launch; speculative decoding samples by recursive rejection
+sampling over the tree, lossless in distribution. The penalties are the CPU engine's alone.
 
 Each engine holds one sequence at a time (the decoder's state on the device): opening a sequence resets it, and a
 sequence that was replaced refuses to go on.
@@ -25,7 +27,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import LucegenError
-from ..model.sampling import SamplingParams, sample
+from ..model.sampling import SamplingParams
+from .device_sampling import checked_sampling, fused
 from .engine import Engine, Sequence
 
 
@@ -46,36 +49,22 @@ class GpuSequence(Sequence):
         self.engine = engine
         engine.reset()
         engine.live = self
-        self.steps = 0  # tokens generated so far: the Philox counter of the next draw
 
     def _check_live(self) -> None:
         if self.engine.live is not self:
             raise LucegenError(f"{self.engine.name} holds one sequence at a time; this one was replaced by a newer "
                                "one (open a second LLM for a second concurrent sequence)")
 
-    def _pick(self, logits: np.ndarray, params: SamplingParams, history) -> int:
-        token = sample(logits, params, self.steps, history if params.uses_history else None)
-        self.steps += 1
-        return token
-
-    def prefill(self, prompt: list[int], params: SamplingParams, step: int | None = None,
-                history: list[int] | None = None) -> int:
-        self._check_live()
-        dec = self.engine.decoder
-        if step is not None:
-            self.steps = step
-        if params.greedy and not params.uses_history:
-            first = self.engine.prefiller.prefill(prompt)
-            self.steps += 1
-            return first
-        _, logits = self.engine.prefiller.prefill(prompt, logits=True)
-        dec.next_token = self._pick(logits, params, prompt if history is None else history)
-        return dec.next_token
-
     @property
     def position(self) -> int:
         """Tokens consumed so far."""
         return self.engine.decoder.position
+
+    def prefill(self, prompt: list[int], params: SamplingParams, history: list[int] | None = None) -> int:
+        self._check_live()
+        if history is not None and params.uses_history:
+            raise LucegenError("the GPU engines take no penalties (history)")
+        return self.engine.prefiller.prefill(prompt, sampling=checked_sampling(params))
 
     def close(self) -> None:
         if self.engine.live is self:
@@ -85,55 +74,36 @@ class GpuSequence(Sequence):
 class MegakernelSequence(GpuSequence):
     def decode(self, first: int, n: int, params: SamplingParams, history: list[int]) -> Iterator[list[int]]:
         self._check_live()
-        dec = self.engine.decoder
+        dec, sampling = self.engine.decoder, checked_sampling(params)
         dec.next_token = first
-        if params.greedy and not params.uses_history:
-            for steps in chunk_sizes(n, self.engine.chunk):
-                result = dec.run([dec.next_token], steps)
-                new = [int(t) for t in result.tokens]
-                self.steps += steps
-                history.extend(new)
-                yield new
-            return
-        for _ in range(n):
-            result = dec.run([dec.next_token], 1, logits=True)
-            dec.next_token = self._pick(result.logits[0], params, history)
-            history.append(dec.next_token)
-            yield [dec.next_token]
+        # temperature alone is drawn on the device; the filters one step at a time from the step's logits
+        chunk = self.engine.chunk if sampling is None or fused(sampling) else 1
+        for steps in chunk_sizes(n, chunk):
+            new = [int(t) for t in dec.run([dec.next_token], steps, sampling=sampling).tokens]
+            history.extend(new)
+            yield new
 
 
 class QuantSequence(GpuSequence):
     def decode(self, first: int, n: int, params: SamplingParams, history: list[int]) -> Iterator[list[int]]:
-        from . import ddtree
-
         self._check_live()
-        dec, verifier = self.engine.decoder, self.engine.verifier
+        dec, verifier, sampling = self.engine.decoder, self.engine.verifier, checked_sampling(params)
         dec.next_token = first
-        if params.greedy and not params.uses_history:
-            for steps in chunk_sizes(n, self.engine.chunk):
-                new = verifier.decode(steps + 1)[1:]  # decode's first token is the one it consumes
-                self.steps += steps
-                history.extend(new)
-                yield new
-            return
-        empty = ddtree.chain(np.zeros(0, np.int64))
-        for _ in range(n):
-            _, logits = verifier.verify(empty, dec.next_token, logits=True)
-            token = self._pick(logits[0], params, history)
-            verifier.commit(empty, [], token)
-            history.append(token)
-            yield [token]
+        for steps in chunk_sizes(n, self.engine.chunk):
+            new = verifier.decode(steps + 1, sampling=sampling)[1:]  # decode's first token is the one it consumes
+            history.extend(new)
+            yield new
 
 
 class SpeculativeSequence(GpuSequence):
     def decode(self, first: int, n: int, params: SamplingParams, history: list[int]) -> Iterator[list[int]]:
         self._check_live()
-        spec = self.engine.spec
+        spec, sampling = self.engine.spec, checked_sampling(params)
         self.engine.decoder.next_token = first
         left = n
         emitted = [first]
         while left > 0:
-            new = spec.step(emitted)
+            new = spec.step(emitted, sampling)
             emitted.extend(new)
             new = new[:left]  # the last step may commit past n: show only what was asked for
             left -= len(new)
@@ -148,6 +118,10 @@ class GpuEngine(Engine):
 
     device = "gpu"
     sequence_class: type[GpuSequence]
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The runtime's check: no penalties on a GPU engine (they need the whole sequence on the host)."""
+        checked_sampling(params)
 
     def __init__(self, decoder, *, chunk: int = 16, what: str):
         if chunk < 1:
@@ -186,14 +160,14 @@ class GpuEngine(Engine):
 
 class MegakernelPrefill:
     """The prompt token by token through the decode megakernel (teacher-forced steps), with the prefill kernels'
-    ``prefill(tokens, logits=False)`` contract."""
+    ``prefill(tokens, sampling=None)`` contract: the next token."""
 
     def __init__(self, decoder):
         self.decoder = decoder
 
-    def prefill(self, tokens, *, logits: bool = False):
-        result = self.decoder.prefill(tokens, logits=logits)
-        return (self.decoder.next_token, result.logits[-1]) if logits else self.decoder.next_token
+    def prefill(self, tokens, *, sampling=None) -> int:
+        self.decoder.prefill(tokens, sampling=sampling)
+        return self.decoder.next_token
 
     def close(self) -> None:
         """Holds nothing of its own."""
@@ -233,7 +207,6 @@ class SpeculativeEngine(GpuEngine):
     by default), ``draft_top_k`` candidates per draft position, ``tree=False`` for the top-1 chain."""
 
     sequence_class = SpeculativeSequence
-    samples = False
 
     def __init__(self, decoder, draft, *, budget: int | None = None, draft_top_k: int = 8, tree: bool = True,
                  draft_ring: int | None = None):

@@ -4,10 +4,16 @@ shapes and the GPU's descriptor, and run N decode steps per launch with no host 
     dec = MegakernelDecoder("/tmp/qwen-0.8b", max_context=512)
     first = dec.prefill(prompt_ids)          # teacher-forced steps through the megakernel; returns the next token
     ids = dec.generate(128)                  # greedy; the argmax of step t feeds step t+1 inside the kernel
+    ids = dec.generate(128, sampling=SamplingParams(temperature=0.8, seed=1))   # sampled on the device
 
 One launch runs ``n_steps`` steps: step s consumes ``tokens_in[s]`` for s < n_forced, else the argmax of step s-1,
 and writes its own argmax to ``tokens_out[s]`` (and its logits when asked). The state (KV cache, DeltaNet conv
 window and recurrent state) lives on the device and advances in place.
+
+Sampling (lucegen/model/sampling.py's rule) runs a second instance of the kernel, rendered with ``sampling``: its
+lm_head takes the argmax of logit / temperature + each token's Gumbel noise, so a sampled token costs no more host
+work than a greedy one. Greedy decoding keeps the greedy instance, unchanged. The filters (top-k, top-p, min-p) need
+a whole row of logits: those steps run one at a time and the host draws each token from the step's logits.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from ..families.megakernel import KERNEL_NAME, kernel_params, plan_layout
 from ..model import kv_cache, lm_screen
 from ..model.config import ModelConfig
 from ..model.kv_cache import KvFormat
+from ..model.sampling import SamplingParams, sample
 from ..target import Target
 from . import packing
 from .device import Buffer, Device, address
+from .device_sampling import checked_sampling, fused
 
 
 def _sub(buffer: Buffer, offset_bytes: int) -> Buffer:
@@ -156,19 +164,34 @@ class MegakernelDecoder(SequenceState):
             raise DeviceError(f"{t.name}: {t.megakernel.blocks_per_cu} blocks of {self.threads} threads exceed "
                               f"{t.max_threads_per_cu} threads per SM")
         self.dynamic_smem = 0  # the kernel's shared memory is all static
-        resident = self.function.max_active_blocks_per_cu(self.threads, self.dynamic_smem)
-        if resident < t.megakernel.blocks_per_cu:
-            info = self.compiled.kernels[0]
-            raise DeviceError(f"{t.name}: megakernel.blocks_per_cu = {t.megakernel.blocks_per_cu} but only {resident} "
-                              f"block(s) of {self.threads} threads ({info.registers} registers, {info.shared_bytes} B "
-                              f"static + {self.dynamic_smem} B dynamic shared memory) fit on one SM; the grid barrier "
-                              "needs every block resident: lower blocks_per_cu or threads in the descriptor")
+        self._check_resident(self.function, self.compiled)
+        self.sampled_function = None  # the sampled instance, loaded on first use (_sampled)
         self.layout = plan_layout(self.config)
         # greedy steps without logits read the lm_head through its 6-bit screen (lm_screen.py) where it is rendered
         self.lm_screen = bool(lm_screen and self.params.get("lm_screen"))
         self._allocate()
         self._upload_weights()
         self.reset()
+
+    def _check_resident(self, function, compiled) -> None:
+        t = self.target
+        resident = function.max_active_blocks_per_cu(self.threads, self.dynamic_smem)
+        if resident < t.megakernel.blocks_per_cu:
+            info = compiled.kernels[0]
+            raise DeviceError(f"{t.name}: megakernel.blocks_per_cu = {t.megakernel.blocks_per_cu} but only {resident} "
+                              f"block(s) of {self.threads} threads ({info.registers} registers, {info.shared_bytes} B "
+                              f"static + {self.dynamic_smem} B dynamic shared memory) fit on one SM; the grid barrier "
+                              "needs every block resident: lower blocks_per_cu or threads in the descriptor")
+
+    def _sampled(self):
+        """The sampled instance's kernel (mk.sampling; rendered without the lm_head screen), loaded once."""
+        if self.sampled_function is None:
+            params = {**self.params, "sampling": True, "lm_screen": False}
+            compiled = codegen.build(self.target, "megakernel", params={"mk": params})
+            self.sampled_module = self.device.load(compiled)
+            self.sampled_function = self.sampled_module.function(KERNEL_NAME)
+            self._check_resident(self.sampled_function, compiled)
+        return self.sampled_function
 
     # ------------------------------------------------------------------------------------------ memory
     def _allocate(self) -> None:
@@ -237,9 +260,11 @@ class MegakernelDecoder(SequenceState):
             b = getattr(self, name, None)
             if b is not None:
                 b.free()
-        if getattr(self, "module", None) is not None:
-            self.module.unload()
-            self.module = None
+        for name in ("module", "sampled_module"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).unload()
+                setattr(self, name, None)
+        self.sampled_function = None
 
     # ------------------------------------------------------------------------------------------ launches
     def _ensure(self, attr: str, nbytes: int) -> Buffer:
@@ -251,8 +276,10 @@ class MegakernelDecoder(SequenceState):
             setattr(self, attr, b)
         return b
 
-    def launch(self, tokens_in, n_steps: int, *, logits: bool = False, stream=None) -> None:
-        """Queue one launch of ``n_steps`` steps (no sync): forced tokens ``tokens_in``, then greedy."""
+    def launch(self, tokens_in, n_steps: int, *, logits: bool = False, stream=None,
+               sampling: SamplingParams | None = None) -> None:
+        """Queue one launch of ``n_steps`` steps (no sync): forced tokens ``tokens_in``, then greedy, or sampled on
+        the device with ``sampling`` (checked_sampling's, and fused: temperature alone)."""
         tokens_in = np.asarray(tokens_in, dtype=np.int32).reshape(-1)
         n_forced = tokens_in.size
         if n_steps < 1 or n_forced < 1 or n_forced > n_steps:
@@ -274,9 +301,16 @@ class MegakernelDecoder(SequenceState):
             self.device.memset_async(self.scratch.ptr, self.scratch.nbytes, stream)
             self.epoch_base = 0
         self.device.memset_async(self.argmax.ptr, self.argmax.nbytes, stream)  # step 0's keys start at zero
+        function, extra = self.function, {}
+        if sampling is not None:
+            if not fused(sampling):
+                raise LucegenError("the megakernel samples temperature alone on the device; top-k, top-p and min-p "
+                                   "are drawn on the host (generate(..., sampling=...) does)")
+            function, extra = self._sampled(), dict(sample_seed=sampling.seed, temperature=sampling.temperature)
         screen = (dict(lm_codes=self.lm_codes, lm_rows=self.lm_rows, screen_floor=address(self.argmax.ptr + 16))
-                  if self.lm_screen else dict(lm_codes=address(0), lm_rows=address(0), screen_floor=address(0)))
-        self.function.launch(self.blocks, self.threads, smem=self.dynamic_smem, stream=stream,
+                  if self.lm_screen and sampling is None
+                  else dict(lm_codes=address(0), lm_rows=address(0), screen_floor=address(0)))
+        function.launch(self.blocks, self.threads, smem=self.dynamic_smem, stream=stream, **extra,
                              wmat=self.wmat, wvec=self.wvec, conv_state=self.conv, recurrent=self.recurrent,
                              kv_cache=self.kv, scratch=self.scratch, barrier=self.barrier, argmax=self.argmax,
                              tokens_in=self.tokens_in, tokens_out=self.tokens_out, logits=logits_ptr, **screen,
@@ -299,22 +333,43 @@ class MegakernelDecoder(SequenceState):
         self.next_token = int(tokens[-1])
         return RunResult(tokens, out_logits, prof)
 
-    def run(self, tokens_in, n_steps: int | None = None, *, logits: bool = False) -> RunResult:
+    def run(self, tokens_in, n_steps: int | None = None, *, logits: bool = False,
+            sampling: SamplingParams | None = None) -> RunResult:
+        """One launch and its results; with ``sampling`` (checked_sampling's) its tokens are sampled: on the device
+        when fused, else one step at a time (``n_steps`` = the forced tokens) and the last step's token drawn on the
+        host from its logits."""
         tokens_in = np.asarray(tokens_in, dtype=np.int32).reshape(-1)
-        self.launch(tokens_in, n_steps or tokens_in.size, logits=logits)
+        n_steps = n_steps or tokens_in.size
+        if sampling is not None and not fused(sampling):
+            if n_steps != tokens_in.size:
+                raise LucegenError("a launch samples with top-k, top-p or min-p only at its last forced step")
+            self.launch(tokens_in, n_steps, logits=True)
+            result = self.collect(logits=True)
+            result.tokens[-1] = sample(result.logits[-1], sampling, self.position)
+            self.next_token = int(result.tokens[-1])
+            if not logits:
+                result.logits = None
+            return result
+        self.launch(tokens_in, n_steps, logits=logits, sampling=sampling)
         return self.collect(logits=logits)
 
     # ------------------------------------------------------------------------------------------ API
-    def prefill(self, tokens, *, logits: bool = False) -> RunResult:
-        """Consume ``tokens`` (teacher-forced, one megakernel step each); ``next_token`` = greedy continuation."""
+    def prefill(self, tokens, *, logits: bool = False, sampling: SamplingParams | None = None) -> RunResult:
+        """Consume ``tokens`` (teacher-forced, one megakernel step each); ``next_token`` = the continuation, greedy
+        or sampled with ``sampling``."""
+        sampling = checked_sampling(sampling)
         tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
         if tokens.size == 0:
             raise LucegenError("prefill: no tokens")
-        return self.run(tokens, logits=logits)
+        return self.run(tokens, logits=logits, sampling=sampling)
 
-    def generate(self, n: int, callback=None, *, chunk: int | None = None, logits: bool = False) -> list[int]:
-        """Greedy-decode ``n`` tokens after a prefill: returns them (the first is the prefill's ``next_token``).
-        With ``callback(list_of_new_ids)``, tokens stream in chunks of ``chunk`` steps per launch."""
+    def generate(self, n: int, callback=None, *, chunk: int | None = None, logits: bool = False,
+                 sampling: SamplingParams | None = None) -> list[int]:
+        """Decode ``n`` tokens after a prefill, greedy or with ``sampling`` (a SamplingParams; None or temperature 0:
+        greedy): returns them (the first is the prefill's ``next_token``). With ``callback(list_of_new_ids)``, tokens
+        stream in chunks of ``chunk`` steps per launch. The token at sequence position p is drawn with the sampler's
+        RNG at step p (lucegen/model/sampling.py), so a seed fixes the output."""
+        sampling = checked_sampling(sampling)
         if self.next_token is None:
             raise LucegenError("generate: call prefill(prompt) first")
         out = [self.next_token]
@@ -323,7 +378,9 @@ class MegakernelDecoder(SequenceState):
         remaining = n - 1
         while remaining > 0:
             steps = min(remaining, chunk or remaining)
-            result = self.run([self.next_token], steps, logits=logits)
+            if sampling is not None and not fused(sampling):
+                steps = 1  # the host draws each token from the step's logits
+            result = self.run([self.next_token], steps, logits=logits, sampling=sampling)
             new = [int(t) for t in result.tokens]
             out.extend(new)
             if callback:

@@ -28,9 +28,11 @@ import numpy as np
 
 from .. import codegen
 from ..errors import LucegenError
+from ..model.sampling import SamplingParams, sample
 from ..families.tree_verify import RULE_COLUMNS_PER_WARP, THREADS, gated_norm_quantises, verify_params
 from . import ddtree
 from .device import Buffer, address
+from .device_sampling import checked_sampling, fused
 from .prefill.attention import AttentionKernels, query_workspace_bytes
 from .prefill.runner import Activations, MixWrote, conv_layer, enqueue_layers, kv_layer, recurrent_layer, wvec_at
 from .tree_attention import TreeAttention, partial_bytes
@@ -154,6 +156,7 @@ class TreeVerifier:
         self.argmax_fn = waits_first("rows_argmax")
         self.commit_dn_fn, self.commit_kv_fn = fn("tree_commit_deltanet"), fn("tree_commit_kv")
         self.advance_fn = fn("tree_greedy_advance")
+        self.sample_module = self.sample_fn = None  # rows_sample, loaded on the first sampled decode (_sampler)
         stage = self.rule_stage_bytes(self.slots)
         if stage > t.smem_per_block_optin:
             raise LucegenError(f"tree budget {budget}: the delta rule stages {stage} bytes of {self.slots} slots in "
@@ -191,6 +194,9 @@ class TreeVerifier:
     def close(self) -> None:
         for g in [*getattr(self, "_graphs", {}).values(), *getattr(self, "_decode_graphs", {}).values()]:
             g.destroy()
+        if getattr(self, "sample_module", None) is not None:
+            self.sample_module.unload()
+            self.sample_module = self.sample_fn = None
         if hasattr(self, "acts"):
             self.acts.free()
         for name in ("step_in_host", "argmax_host"):
@@ -257,16 +263,20 @@ class TreeVerifier:
             return MixWrote.MAGNITUDES if amax else MixWrote.ROWS
         return mix
 
-    def _enqueue_pass(self, S: int, bodies: tuple[bool, bool], in_place: bool = False) -> None:
+    def _enqueue_pass(self, S: int, bodies: tuple[bool, bool], in_place: bool = False,
+                      sampling: SamplingParams | None = None) -> None:
         """Queue a whole verify pass of S slots on ``self.stream``, its attention in ``bodies``: every argument is
         fixed by (S, bodies) (the tree, the tokens and pos0 live in device memory), so one captured graph per pair
-        serves every step."""
+        serves every step. With ``sampling`` (fused; a one-slot decode step) its token is sampled (rows_sample)."""
         st, acts = self.stream, self.acts
         enqueue_layers(self.weights, self.dec, self.pf, acts, self.tokens.ptr, S, self._mix(S, bodies, in_place), st,
                        after_layer=self.draft.capture_hook(st) if self.draft else None)
         ss, ss_parts = self.weights.gemm.ss_for_readers(acts.ss.ptr, self.pf["ss_parts"], self.slots, S)
         self.weights.lm_head(acts.xn.ptr, S, ss, ss_parts, self.slots, self.logits.ptr, st)
-        self._enqueue_argmax(S)
+        if sampling is None:
+            self._enqueue_argmax(S)
+        else:
+            self._enqueue_sample(S, sampling)
 
     def _enqueue_argmax(self, S: int, n_cols: int | None = None) -> None:
         """argmax [s] = the greedy token of logits row s, for s < S (rows_argmax), rows of ``n_cols`` (the
@@ -275,6 +285,21 @@ class TreeVerifier:
         self.argmax_fn.launch((S, self._argmax_slices(S)), THREADS, stream=self.stream,
                               logits=self.logits, n_cols=n_cols, partial_v=self.argmax_v, partial_i=self.argmax_i,
                               arrived=self.argmax_arrived, tokens=self.argmax)
+
+    def _sampler(self):
+        """rows_sample (its own module: lucegen/families/rows_sample.py), loaded once."""
+        if self.sample_fn is None:
+            self.sample_module = self.device.load(codegen.build(self.target, "rows_sample"))
+            self.sample_fn = self.sample_module.function("rows_sample", programmatic=True)
+        return self.sample_fn
+
+    def _enqueue_sample(self, S: int, sampling: SamplingParams) -> None:
+        """argmax [s] = the sampled token of logits row s of a one-slot decode chain at pos0 (rows_sample: row s's
+        token takes position pos0 + 1 + s), over the vocabulary."""
+        self._sampler().launch((S, self._argmax_slices(S)), THREADS, stream=self.stream, logits=self.logits,
+                               n_cols=self.config.vocab_size, partial_v=self.argmax_v, partial_i=self.argmax_i,
+                               arrived=self.argmax_arrived, tokens=self.argmax, pos0=self.pos0,
+                               sample_seed=sampling.seed, temperature=sampling.temperature)
 
     def _replay(self, graphs: dict, key, enqueue) -> None:
         """Run ``enqueue()`` on the stream: as the graph ``graphs[key]``, captured the first time, or directly
@@ -388,30 +413,43 @@ class TreeVerifier:
         dec.next_token = int(bonus)
 
     # ------------------------------------------------------------------------------------------ plain greedy
-    def _enqueue_decode_step(self, bodies: tuple[bool, bool]) -> None:
-        """One greedy step on the device: the one-slot pass at pos0 with tokens[0] (its attention in ``bodies``), its
-        DeltaNet state and conv window written in place (what committing its slot would copy), then
-        tree_greedy_advance (argmax -> tokens[0] and history[pos0], pos0 + 1)."""
-        self._enqueue_pass(1, bodies, in_place=True)
+    def _enqueue_decode_step(self, bodies: tuple[bool, bool], sampling: SamplingParams | None = None) -> None:
+        """One greedy (or fused ``sampling``) step on the device: the one-slot pass at pos0 with tokens[0] (its
+        attention in ``bodies``), its DeltaNet state and conv window written in place (what committing its slot
+        would copy), then tree_greedy_advance (argmax -> tokens[0] and history[pos0], pos0 + 1)."""
+        self._enqueue_pass(1, bodies, in_place=True, sampling=sampling)
         self.advance_fn.launch(1, 32, stream=self.stream, argmax=self.argmax, tokens=self.tokens, pos0=self.pos0,
                                history=self.history)
 
-    def decode(self, n: int) -> list[int]:
-        """Plain greedy decoding of ``n`` tokens (the first being the decoder's next token) with every step queued
-        on the device and no host work in between: the same passes and commits as :meth:`greedy`, so the same
-        tokens, at the speed of the kernels. The decoder's position and next token advance."""
+    def decode(self, n: int, *, sampling: SamplingParams | None = None) -> list[int]:
+        """Plain decoding of ``n`` tokens (the first being the decoder's next token) with every step queued on the
+        device and no host work in between: the same passes and commits as :meth:`greedy`, so the same tokens, at
+        the speed of the kernels. ``sampling`` (a SamplingParams; None or temperature 0: greedy): temperature alone
+        is sampled on the device (rows_sample); with top-k, top-p or min-p each step's token is drawn on the host
+        from its logits (:meth:`greedy`'s loop). The decoder's position and next token advance."""
+        sampling = checked_sampling(sampling)
+        if sampling is not None and not fused(sampling):
+            return self.greedy(n, sampling=sampling)
         dec = self.dec
         if dec.next_token is None:
             raise LucegenError("decode: prefill the prompt first")
         if n < 1 or dec.position + n > dec.max_context:
             raise LucegenError(f"decode: {dec.position} tokens so far + {n} exceed the allocated context of "
                                f"{dec.max_context} (--max-context)")
+        if sampling is not None:
+            self._sampler()  # loaded before any capture
+            # the seed and temperature are the captured launches' arguments: the graphs of another pair go
+            stale = [k for k in self._decode_graphs if isinstance(k[0], tuple) and k[1:] != (sampling.seed,
+                                                                                            sampling.temperature)]
+            for k in stale:
+                self._decode_graphs.pop(k).destroy()
         root = tree_layout(ddtree.chain(np.zeros(0, np.int64)))
         self.device.upload_async(step_inputs(dec.position, np.array([dec.next_token]), root, self.slots),
                                  self.step_in, self.stream)
         for position in range(dec.position, dec.position + n - 1):  # the step's pos0, advanced on the device
             bodies = self.tree_attention.bodies(1, position)
-            self._replay(self._decode_graphs, bodies, lambda: self._enqueue_decode_step(bodies))
+            key = bodies if sampling is None else (bodies, sampling.seed, sampling.temperature)
+            self._replay(self._decode_graphs, key, lambda: self._enqueue_decode_step(bodies, sampling))
         self.stream.synchronize()
         out = [dec.next_token]
         if n > 1:
@@ -421,16 +459,22 @@ class TreeVerifier:
         dec.next_token = out[-1]
         return out
 
-    def greedy(self, n: int, callback=None) -> list[int]:
-        """Plain greedy decoding through this verifier (one-slot trees) from the decoder's next token: ``n`` tokens,
-        the first being that next token. What a lossless speculative run through the same verifier must emit."""
+    def greedy(self, n: int, callback=None, *, sampling: SamplingParams | None = None) -> list[int]:
+        """Plain decoding through this verifier (one-slot trees) from the decoder's next token: ``n`` tokens, the
+        first being that next token; greedy, or each token drawn on the host from the pass's logits with
+        ``sampling`` (lucegen/model/sampling.py's sample). What a lossless speculative run through the same verifier
+        must emit (greedy: token for token; sampled: in distribution)."""
+        sampling = checked_sampling(sampling)
         if self.dec.next_token is None:
             raise LucegenError("greedy: prefill the prompt first")
         empty = ddtree.chain(np.zeros(0, np.int64))
         out = [self.dec.next_token]
         while len(out) < n:
             root = out[-1]
-            bonus = int(self.verify(empty, root)[0])
+            if sampling is None:
+                bonus = int(self.verify(empty, root)[0])
+            else:
+                bonus = sample(self.verify(empty, root, logits=True)[1][0], sampling, self.dec.position + 1)
             self.commit(empty, [], bonus)
             out.append(bonus)
             if callback:

@@ -64,9 +64,12 @@ def test_engine_tokens_and_stop_within_a_chunk(kind):
     assert dev.allocated == before
 
 
-def test_cpu_and_gpu_engines_agree_on_the_first_tokens():
-    """The reference and the megakernel agree greedily on a tiny model while the margins are wide: the first 4."""
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.8, seed=5), dict(temperature=0.8, top_k=20, seed=5)])
+def test_cpu_and_gpu_engines_agree_on_the_first_tokens(sampling):
+    """The reference and the megakernel agree on a tiny model while the margins are wide (the first 4 tokens),
+    greedy, sampled on the device (temperature alone) and sampled on the host (top-k): a draw is a function of the
+    seed and the token's position on every engine."""
     path = checkpoint_dir("tiny")
     with lucegen.LLM(path, device="cpu") as cpu, lucegen.LLM(path, device=gpu_device(), max_context=64) as gpu:
-        assert cpu.generate(PROMPT, max_tokens=4, stop_token_ids=[]).token_ids == \
-            gpu.generate(PROMPT, max_tokens=4, stop_token_ids=[]).token_ids
+        assert cpu.generate(PROMPT, max_tokens=4, stop_token_ids=[], **sampling).token_ids == \
+            gpu.generate(PROMPT, max_tokens=4, stop_token_ids=[], **sampling).token_ids

@@ -1426,10 +1426,11 @@ __device__ __forceinline__ void tv_argmax_block(float& bv, int& bi) {
     for (int w = 0; w < TV_NW; ++w) tv_argmax_merge(bv, bi, best_v[w], best_i[w]);
 }
 
-extern "C" __global__ void __launch_bounds__(TV_NT)
-rows_argmax(const float* __restrict__ logits, int n_cols, float* __restrict__ partial_v, int* __restrict__ partial_i,
-            unsigned* __restrict__ arrived, int* __restrict__ tokens) {
-  lg_dependent_start();
+// The body of rows_argmax and rows_sample: the argmax over row r of value(r, c, logits[r][c]).
+template <typename Value>
+__device__ __forceinline__ void tv_rows_best(const float* __restrict__ logits, int n_cols,
+                                             float* __restrict__ partial_v, int* __restrict__ partial_i,
+                                             unsigned* __restrict__ arrived, int* __restrict__ tokens, Value value) {
   // slices of a multiple of 4 columns: with rows of whole float4s (n_cols % 4 == 0) a thread takes 4 columns a load
   const int r = blockIdx.x, slices = gridDim.y, per = ((n_cols + slices - 1) / slices + 3) & ~3;
   const int c0 = blockIdx.y * per, c1 = min(n_cols, c0 + per);
@@ -1442,13 +1443,13 @@ rows_argmax(const float* __restrict__ logits, int n_cols, float* __restrict__ pa
 #pragma unroll 4
     for (int q = c0 / 4 + (int)threadIdx.x; q < c1 / 4; q += TV_NT) {
       const float4 v = row4[q];
-      tv_argmax_merge(bv, bi, v.x, 4 * q);
-      tv_argmax_merge(bv, bi, v.y, 4 * q + 1);
-      tv_argmax_merge(bv, bi, v.z, 4 * q + 2);
-      tv_argmax_merge(bv, bi, v.w, 4 * q + 3);
+      tv_argmax_merge(bv, bi, value(r, 4 * q, v.x), 4 * q);
+      tv_argmax_merge(bv, bi, value(r, 4 * q + 1, v.y), 4 * q + 1);
+      tv_argmax_merge(bv, bi, value(r, 4 * q + 2, v.z), 4 * q + 2);
+      tv_argmax_merge(bv, bi, value(r, 4 * q + 3, v.w), 4 * q + 3);
     }
   } else {
-    for (int c = c0 + threadIdx.x; c < c1; c += TV_NT) tv_argmax_merge(bv, bi, row[c], c);
+    for (int c = c0 + threadIdx.x; c < c1; c += TV_NT) tv_argmax_merge(bv, bi, value(r, c, row[c]), c);
   }
   tv_argmax_block(bv, bi);
   if (threadIdx.x == 0) {
@@ -1463,6 +1464,13 @@ rows_argmax(const float* __restrict__ logits, int n_cols, float* __restrict__ pa
   tv_argmax_block(bv, bi);
   if (threadIdx.x == 0) tokens[r] = bi == 0x7fffffff ? 0 : bi;
   lg_arrivals_reset(arrived + r);
+}
+
+extern "C" __global__ void __launch_bounds__(TV_NT)
+rows_argmax(const float* __restrict__ logits, int n_cols, float* __restrict__ partial_v, int* __restrict__ partial_i,
+            unsigned* __restrict__ arrived, int* __restrict__ tokens) {
+  lg_dependent_start();
+  tv_rows_best(logits, n_cols, partial_v, partial_i, arrived, tokens, [](int, int, float v) { return v; });
 }
 
 // ------------------------------------------------------------------------------------------------ commit

@@ -26,7 +26,9 @@ import numpy as np
 
 from ... import codegen
 from ...errors import LucegenError
+from ...model.sampling import sample
 from ..device import Buffer, address
+from ..device_sampling import checked_sampling
 from .attention import AttentionKernels
 from .deltanet import DeltaNetKernels
 from .gemm import GemmKernels, argmax_from_key
@@ -358,9 +360,12 @@ class Prefiller:
             self._run_segment(done, T, self.dec.position + done, last=done + T == n)
             done += T
 
-    def prefill(self, tokens, *, logits: bool = False):
-        """Prefill ``tokens`` from the decoder's current position; returns the greedy next token (and the last
-        position's logits when asked). The decoder's position and ``next_token`` advance."""
+    def prefill(self, tokens, *, logits: bool = False, sampling=None):
+        """Prefill ``tokens`` from the decoder's current position; returns the next token (and the last position's
+        logits when asked): the greedy one, or with ``sampling`` (SamplingParams) the reference sampler's draw from
+        the last position's logits, made on the host (once per prompt). The decoder's position and ``next_token``
+        advance."""
+        sampling = checked_sampling(sampling)
         n = self.stage(tokens)
         if self.draft and self.draft.position != self.dec.position:
             raise LucegenError(f"prefill: the draft's context holds {self.draft.position} positions, the target "
@@ -370,8 +375,11 @@ class Prefiller:
         if self.draft:
             self.draft.prefilled(n)
         nxt = argmax_from_key(self.device.download(self.argmax, np.uint64, (1,))[0])
+        last = None
+        if logits or sampling is not None:
+            last = self.device.download(self.logits, np.float32, (self.config.vocab_size,))
+        if sampling is not None:
+            nxt = sample(last, sampling, self.dec.position + n)
         self.dec.position += n
         self.dec.next_token = nxt
-        if logits:
-            return nxt, self.device.download(self.logits, np.float32, (self.config.vocab_size,))
-        return nxt
+        return (nxt, last) if logits else nxt
