@@ -87,10 +87,11 @@ class ServerThread:
 
 
 class ScriptedSequence(Sequence):
-    """Replays ``engine.script`` (token ids) whatever the prompt: generation step s gives ``script[s]`` (a prefill
-    with ``step`` restarts there), the first from prefill, the rest from decode, one per step; a forced
-    continuation (a prefill from the current position, no step) goes on with the script where it was. Has
-    snapshot/restore, as the CPU engine's sequences do."""
+    """Replays ``engine.script`` (token ids) whatever the prompt: the first token from prefill, the rest from
+    decode, one per step, then ``eos``. A request starts the script over: the scheduler opens or restores a
+    sequence for it and takes a snapshot one token before its prompt's end (the pick of that first prefill is
+    discarded). A forced continuation (a prefill from the current position: the thinking budget) goes on with the
+    script where it was. Has snapshot/restore, as the CPU engine's sequences do."""
 
     def __init__(self, engine):
         self.engine, self.at, self.position = engine, 0, 0
@@ -102,9 +103,7 @@ class ScriptedSequence(Sequence):
         self.at += 1
         return token
 
-    def prefill(self, prompt, params, step=None, history=None) -> int:
-        if step is not None:  # the token of generation step s is script[s], as Philox counter s picks it
-            self.at = step
+    def prefill(self, prompt, params, history=None) -> int:
         self.prompts.append(list(prompt))
         self.position += len(prompt)
         return self._next()
@@ -117,10 +116,11 @@ class ScriptedSequence(Sequence):
             yield [token]
 
     def snapshot(self):
-        return self.position, self.at
+        self.at = 0
+        return self.position
 
     def restore(self, snap) -> None:
-        self.position, self.at = snap[0], 0
+        self.position, self.at = snap, 0
 
 
 class ScriptedEngine(Engine):

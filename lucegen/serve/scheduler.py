@@ -15,7 +15,8 @@ completion (every token consumed). A new job goes to the free slot holding the l
 proper prefix of its prompt (a multi-turn chat resends the conversation; a repeated prompt matches the first
 snapshot): the sequence is restored to it (KV cache, conv windows and DeltaNet states as they were there) and only
 the rest of the prompt is prefilled. A prompt is always prefilled as "all but its last token, then the last token",
-so a repeated prompt gives the same logits whether it resumes or starts afresh.
+so a repeated prompt gives the same logits whether it resumes or starts afresh (and the sampler's draw is a
+function of the seed and the token's position, so the same tokens).
 """
 
 from __future__ import annotations
@@ -213,10 +214,10 @@ class Scheduler:
             rest = prompt[job.cached_tokens:]
             if hasattr(slot.seq, "snapshot") and len(rest) > 1:
                 # a snapshot one token short of the prompt's end: the same prompt again resumes there
-                slot.seq.prefill(rest[:-1], job.params, step=0, history=prompt)
+                slot.seq.prefill(rest[:-1], job.params, history=prompt)
                 slot.snapshots.append(Snapshot(tuple(prompt[:-1]), slot.seq.snapshot()))
                 rest = rest[-1:]
-            first = slot.seq.prefill(rest, job.params, step=0, history=prompt)
+            first = slot.seq.prefill(rest, job.params, history=prompt)
             del slot.snapshots[:-MAX_SNAPSHOTS]
             self.metrics.prompt_tokens.inc(len(prompt))
             self.metrics.cached_tokens.inc(job.cached_tokens)
