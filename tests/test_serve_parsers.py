@@ -58,13 +58,29 @@ def test_partial_suffix():
 
 
 def run_tools(text: str, split, tools=TOOLS):
+    """(content, [(name, arguments)]) from the parser fed ``split``; checks that each call's deltas concatenate to
+    its arguments and come between its start and its end."""
     parser = ToolCallParser(tools)
     out = []
     for piece in split:
         out += parser.feed(piece)
     out += parser.flush()
     content = "".join(v for k, v in out if k == "content")
-    calls = [(v.name, json.loads(v.arguments)) for k, v in out if k == "tool_call"]
+    calls, open_call, fragments = [], None, ""
+    for kind, value in out:
+        if kind == "tool_call_start":
+            assert open_call is None
+            open_call, fragments = value, ""
+        elif kind == "tool_call_delta":
+            assert value[0] is open_call
+            fragments += value[1]
+        elif kind == "tool_call_end":
+            assert value is open_call and fragments == value.arguments
+            calls.append((value.name, json.loads(value.arguments)))
+            open_call = None
+        else:
+            assert open_call is None, "content inside a call"
+    assert open_call is None
     return content, calls
 
 
@@ -78,14 +94,23 @@ JSON_FORM = 'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa
     (XML, "Let me check.\n", [("get_weather", {"city": "San Francisco", "days": 3})]),
     (JSON_FORM, "Sure.", [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome"})]),
     ("no calls here < tool", "no calls here < tool", []),
-    # malformed: bad JSON, unknown tool, no closing tag, stray text in the function body -> the text as it was
+    # a value with newlines, quotes and a partial closing tag inside; no parameters at all
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>\n\n\"A\"\n</param\n\n</parameter>\n</function>"
+     "\n</tool_call>", "", [("get_weather", {"city": '\n"A"\n</param\n'})]),
+    ("<tool_call><function=get_weather></function></tool_call>after", "after", [("get_weather", {})]),
+    # not a call: bad JSON, an unknown tool, a header that never closes -> the text as it was
     ("a<tool_call>{not json}</tool_call>b", "a<tool_call>{not json}</tool_call>b", []),
     ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', '<tool_call>{"name": "rm_rf", "arguments": {}}'
                                                                   '</tool_call>', []),
-    ("x<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo", "x<tool_call>\n<function=get_weather>\n"
-                                                                     "<parameter=city>\nOslo", []),
-    ("<tool_call><function=get_weather>junk</function></tool_call>",
-     "<tool_call><function=get_weather>junk</function></tool_call>", []),
+    ("<tool_call>\n<function=rm_rf>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=rm_rf>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>", []),
+    ("x<tool_call>\n<function=get_wea", "x<tool_call>\n<function=get_wea", []),
+    # a started call that breaks off ends with the parameters it has; the rest is text
+    ("x<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo", "x", [("get_weather", {"city": "Oslo"})]),
+    ("<tool_call><function=get_weather>junk</function></tool_call>", "junk</function></tool_call>",
+     [("get_weather", {})]),
+    ("<tool_call><function=get_weather><parameter=days>\n4\n</parameter>\n</function>\noops",
+     "\noops", [("get_weather", {"days": 4})]),
 ])
 def test_tool_call_parser_every_split(text, content, calls):
     assert run_tools(text, [text]) == (content, calls)
@@ -104,9 +129,14 @@ def test_xml_values_follow_the_schema():
     assert untyped.input == {"x": [1, 2], "y": "not json"}
 
 
-def test_content_streams_before_the_call_closes():
+def test_content_and_arguments_stream_before_the_call_closes():
     parser = ToolCallParser(TOOLS)
     assert parser.feed("Hello <tool") == [("content", "Hello ")]
-    assert parser.feed("_call>\n<function=get_weather>") == []
-    out = parser.feed("\n</function>\n</tool_call> after")
-    assert [k for k, _ in out] == ["tool_call", "content"] and out[0][1].name == "get_weather"
+    assert parser.feed("_call>\n<function=get_weather>")[0][0] == "tool_call_start"
+    out = parser.feed("\n<parameter=city>\nNew Yo")
+    assert [v[1] for k, v in out if k == "tool_call_delta"] == ['{"city": ', '"', "New Yo"]
+    out = parser.feed("rk\n</parameter>\n<parameter=days>\n1")
+    assert [v[1] for k, v in out if k == "tool_call_delta"] == ['rk"', ', "days": ']  # a number waits for its end
+    out = parser.feed("0\n</parameter>\n</function>\n</tool_call> after")
+    assert [k for k, _ in out] == ["tool_call_delta", "tool_call_delta", "tool_call_end", "content"]
+    assert json.loads(out[2][1].arguments) == {"city": "New York", "days": 10}

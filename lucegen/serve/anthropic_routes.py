@@ -153,14 +153,16 @@ async def _stream(generation: Generation, mid: str, model: str):
                 delta = {"type": "text_delta", "text": value} if kind == "content" else \
                     {"type": "thinking_delta", "thinking": value}
                 yield event("content_block_delta", {"index": index, "delta": delta})
-            elif kind == "tool_call":
+            elif kind == "tool_call_start":
                 if open_kind is not None:
                     yield close_block()
                 index, open_kind = index + 1, None
                 yield event("content_block_start", {"index": index, "content_block": {
                     "type": "tool_use", "id": value.id, "name": value.name, "input": {}}})
+            elif kind == "tool_call_delta":
                 yield event("content_block_delta", {"index": index, "delta": {
-                    "type": "input_json_delta", "partial_json": value.arguments}})
+                    "type": "input_json_delta", "partial_json": value[1]}})
+            elif kind == "tool_call_end":
                 yield close_block()
             else:
                 if open_kind is not None:

@@ -4,8 +4,9 @@ its token events carried into the event loop, and the text pipeline that turns t
     tokens -> TextStream (UTF-8 safe text, stop strings) -> ThinkSplitter (reasoning | content)
            -> ToolCallParser (content | tool calls, when the request has tools)
 
-:meth:`Generation.events` yields ``("reasoning", text)``, ``("content", text)``, ``("tool_call", ParsedToolCall)``
-and finally ``("done", finish_reason)``, with finish_reason "stop", "length" or "tool_calls". Leaving the
+:meth:`Generation.events` yields ``("reasoning", text)``, ``("content", text)``, the tool-call events of
+:class:`~.tool_calls.ToolCallParser` (``tool_call_start``, ``tool_call_delta``, ``tool_call_end``) and finally
+``("done", finish_reason)``, with finish_reason "stop", "length" or "tool_calls". Leaving the
 iteration early (the client went away) cancels the job, which frees its slot at the engine's next turn.
 """
 
@@ -106,7 +107,7 @@ class Generation:
 
     def _tool_pieces(self, parsed):
         for kind, value in parsed:
-            if kind == "tool_call":
+            if kind == "tool_call_end":
                 self.tool_calls += 1
             yield kind, value
 
@@ -138,8 +139,8 @@ async def _collect(generation: Generation) -> tuple[str, str, list, str]:
             content.append(value)
         elif kind == "reasoning":
             reasoning.append(value)
-        elif kind == "tool_call":
+        elif kind == "tool_call_end":
             calls.append(value)
-        else:
+        elif kind == "done":
             reason = value
     return "".join(content), "".join(reasoning), calls, reason

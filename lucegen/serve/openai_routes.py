@@ -1,8 +1,8 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: OpenAI's request and response bodies, streamed as
 server-sent events (``data: {chunk}`` lines, then ``data: [DONE]``) when ``stream`` is set; with
 ``stream_options.include_usage`` a last chunk carries the usage. Reasoning goes in ``reasoning_content``; tool calls
-in ``tool_calls`` (finish_reason "tool_calls"), each streamed as one delta with its id and name and one with its
-arguments."""
+in ``tool_calls`` (finish_reason "tool_calls"), each streamed as a delta with its index, id and name, then deltas
+with pieces of its arguments as the parser releases them."""
 
 from __future__ import annotations
 
@@ -114,7 +114,6 @@ async def _chat_stream(generation: Generation, rid: str, model: str, include_usa
         body = ChatCompletionChunk(id=rid, model=model, choices=[ChunkChoice(delta=delta, finish_reason=finish)])
         return sse(body.model_dump_json(exclude_none=True))
 
-    calls = 0
     try:
         yield chunk(Delta(role="assistant", content=""))
         async for kind, value in generation.events():
@@ -122,12 +121,15 @@ async def _chat_stream(generation: Generation, rid: str, model: str, include_usa
                 yield chunk(Delta(content=value))
             elif kind == "reasoning":
                 yield chunk(Delta(reasoning_content=value))
-            elif kind == "tool_call":
-                yield chunk(Delta(tool_calls=[OutToolCall(index=calls, id=value.id, type="function",
+            elif kind == "tool_call_start":
+                yield chunk(Delta(tool_calls=[OutToolCall(index=value.index, id=value.id, type="function",
                                                           function=OutFunction(name=value.name, arguments=""))]))
-                yield chunk(Delta(tool_calls=[OutToolCall(index=calls, function=OutFunction(
-                    arguments=value.arguments))]))
-                calls += 1
+            elif kind == "tool_call_delta":
+                call, fragment = value
+                yield chunk(Delta(tool_calls=[OutToolCall(index=call.index, function=OutFunction(
+                    arguments=fragment))]))
+            elif kind == "tool_call_end":
+                continue
             else:
                 yield chunk(Delta(), finish=value)
         if include_usage:
