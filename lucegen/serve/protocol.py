@@ -304,8 +304,8 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 
 #: HTTP status -> Anthropic error type
 ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                         404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error",
-                         503: "overloaded_error"}
+                         404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                         429: "rate_limit_error", 503: "overloaded_error"}
 #: HTTP status -> OpenAI error type
 OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                       405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_exceeded",
