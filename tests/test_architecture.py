@@ -29,7 +29,7 @@ LAYERS = (
     (4, "families", ("lucegen.families",)),
     (5, "codegen", ("lucegen.codegen", "lucegen.compile")),
     (6, "runtime", ("lucegen.runtime",)),
-    (7, "front ends", ("lucegen.bench", "lucegen.commands", "lucegen.api", "lucegen.devtools")),
+    (7, "front ends", ("lucegen.bench", "lucegen.commands", "lucegen.api", "lucegen.devtools", "lucegen.serve")),
     (8, "cli", ("lucegen.cli",)),
 )
 

@@ -4,7 +4,7 @@ ppN through the generated prefill kernels (tok/s, TFLOP/s against the descriptor
 GEMM shape against cuBLAS. Both measure the HF transformers baseline in the same run, print a table, and write the
 numbers with ``--json``. dflash is speculative decoding, acceptance-controlled (lucegen/bench/dflash.py): verify cost
 against the tree budget and spec tok/s against the acceptance length, both against AR decode measured in the same
-run.
+run. serve is N concurrent streaming clients against a running ``lucegen serve`` (lucegen/bench/serve.py).
 
 A baseline that cannot run (no torch, no CUDA for torch, a model transformers cannot load) does not lose the
 measurement: its row says why, and ``--json`` is written all the same (``--json -``: to stdout, the table then
@@ -98,6 +98,22 @@ def register(subparsers) -> None:
     s.add_argument("--json", type=Path, default=None, help=JSON_HELP)
     s.set_defaults(func=run_dflash)
 
+    v = sub.add_parser("serve", help="concurrent streaming clients against a running lucegen serve: TTFT, "
+                       "inter-token latency, tok/s")
+    v.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
+    v.add_argument("--model", default=None, help="model id to request (default: the server's first)")
+    v.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16], help="concurrency levels "
+                   "(default 1 4 8 16)")
+    v.add_argument("--requests", type=int, default=2, help="requests per client per level (default 2)")
+    v.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in words (the table shows the "
+                   "server's token count)")
+    v.add_argument("--gen-tokens", type=int, default=64, help="max_tokens per request (default 64)")
+    v.add_argument("--turns", type=int, choices=(1, 2), default=1, help="2: a second turn per request resending "
+                   "the first (the prefix cache's TTFT)")
+    v.add_argument("--api-key", default=None, help="the server's API key")
+    v.add_argument("--json", type=Path, default=None, help=JSON_HELP)
+    v.set_defaults(func=run_serve)
+
 
 def run(args) -> int:
     from ..bench.decode import bench_hf, bench_megakernel, format_table
@@ -156,6 +172,26 @@ def run_prefill(args) -> int:
             row["speedup_vs_hf"] = row["tok_s"] / h if h else None
     print(format_table(result), file=table_stream(args))
     result["hf_tok_s"] = {str(k): v for k, v in result.get("hf_tok_s", {}).items()}
+    write_json(args.json, result)
+    return 0
+
+
+def run_serve(args) -> int:
+    import httpx
+
+    from ..bench.serve import bench_serve, format_table
+
+    for name in ("requests", "prompt_tokens", "gen_tokens"):
+        if getattr(args, name) < 1:
+            raise LucegenError(f"--{name.replace('_', '-')} must be at least 1")
+    if any(n < 1 for n in args.clients):
+        raise LucegenError(f"--clients must be positive, got {args.clients}")
+    try:
+        result = bench_serve(args.url, args.model, tuple(args.clients), args.requests, args.prompt_tokens,
+                             args.gen_tokens, args.turns, args.api_key)
+    except (OSError, RuntimeError, httpx.HTTPError, KeyError, ValueError) as exc:
+        raise LucegenError(f"bench serve against {args.url}: {type(exc).__name__}: {exc}") from None
+    print(format_table(result), file=table_stream(args))
     write_json(args.json, result)
     return 0
 
