@@ -12,7 +12,7 @@ from ..errors import CheckpointError
 from ..model.config import PRESETS, ModelConfig
 from ..model.dflash import PRESETS as DRAFT_PRESETS
 
-QUANTS = ("bf16", "f32", "f16", "q8_0", "q4_0", "q4_k_m")
+QUANTS = ("bf16", "f32", "f16", "q8_0", "q4_0", "q4_k_m", "q4_k_m_legacy")
 
 
 def register(subparsers) -> None:
@@ -26,7 +26,9 @@ def register(subparsers) -> None:
                    help="required for model presets; draft presets default to safetensors (gguf: lucebox-hub's "
                         "draft layout, --quant bf16 or q8_0)")
     p.add_argument("--quant", choices=QUANTS, default=None,
-                   help="GGUF tensor types: bf16 (default), f32, f16, q8_0, q4_0, or llama.cpp's q4_k_m recipe")
+                   help="GGUF tensor types: bf16 (default), f32, f16, q8_0, q4_0, llama.cpp's current q4_k_m "
+                        "recipe (attn_qkv counted with attn_v, F32 ssm_alpha/ssm_beta) or q4_k_m_legacy (the "
+                        "older mix: Q5_K attn_qkv, Q4_K ssm_alpha/ssm_beta)")
     p.add_argument("--out", required=True, type=Path,
                    help="output directory (safetensors) or .gguf file / directory to put model.gguf in (gguf)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed: same weights in both formats)")
