@@ -85,7 +85,8 @@ def write_dflash_gguf(config: DFlashConfig, out, quant: str = "bf16", seed: int 
         if c.num_target_layers is not None:
             w.add_uint32(f"{ARCH}.dflash.n_target_layers", c.num_target_layers)
         if SLIDING in c.layer_types:
-            w.add_uint32(f"{ARCH}.attention.sliding_window", c.sliding_window)
+            if c.sliding_window is not None:
+                w.add_uint32(f"{ARCH}.attention.sliding_window", c.sliding_window)
             w.add_array(f"{ARCH}.attention.sliding_window_pattern", [t == SLIDING for t in c.layer_types])
         if c.is_causal is not None:
             w.add_bool(f"{ARCH}.dflash.is_causal", c.is_causal)
