@@ -288,3 +288,25 @@ def test_mtp_blocks_in_a_target_gguf_are_skipped(files):
     ck, plain = load_gguf(path), load_gguf(files.root / "target.gguf")
     assert ck.config.num_layers == n
     same_tensors(ck, plain)
+
+
+def test_init_weights_writes_a_lucebox_layout_draft(tmp_path, capsys):
+    """`init-weights --draft-layout lucebox`: the tap count alone; beside a 64-layer target the loader computes the
+    27B draft's taps. A draft whose taps are not lucebox's for its target is refused."""
+    from lucegen.cli import main
+    from lucegen.model.dflash_gguf import GGUFFile
+
+    out = tmp_path / "lucebox.gguf"
+    assert main(["init-weights", "--preset", "dflash-tiny", "--format", "gguf", "--draft-layout", "lucebox",
+                 "--out", str(out), "--quiet"]) == 2
+    assert "are not the ones lucebox-hub computes" in capsys.readouterr().err
+    from lucegen.model.init_dflash import write_dflash_gguf
+
+    c = DFlashConfig.preset("dflash-qwen3.5-27b")
+    small = dataclasses.replace(c, hidden_size=128, num_attention_heads=4, num_kv_heads=2, head_dim=32,
+                                intermediate_size=256, vocab_size=512, mask_token_id=511)
+    write_dflash_gguf(small, out, "q8_0", progress=False, layout="lucebox")
+    meta = GGUFFile(out).metadata
+    assert meta[f"{ARCH}.dflash.n_target_layers"] == 5 and f"{ARCH}.dflash.target_layer_ids" not in meta
+    ck = load_dflash(out, target=TargetFacts(64, 512, 1e7, None))
+    assert ck.config.target_layer_ids == (1, 16, 31, 46, 61)
