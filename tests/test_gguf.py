@@ -15,7 +15,7 @@ from lucegen.model import quant
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.config import ModelConfig
 from lucegen.model.gguf_io import GGUFFile, from_gguf_layout, gguf_name, to_gguf_layout
-from lucegen.model.init_gguf import q4_k_m_types, random_k_blocks, write_gguf_checkpoint
+from lucegen.model.init_gguf import q4_k_m_legacy_types, random_k_blocks, write_gguf_checkpoint
 from lucegen.model.init_weights import write_hf_checkpoint
 from lucegen.model.tokenizer import load_tokenizer
 
@@ -116,8 +116,8 @@ def test_gguf_tokenizer_matches_the_safetensors_one(written):
     assert a.eos_id == b.eos_id == 0
 
 
-def test_q4_k_m_recipe_follows_llama_cpp():
-    types = q4_k_m_types(ModelConfig.preset("qwen3.5-0.8b"))
+def test_q4_k_m_legacy_recipe_follows_the_older_llama_cpp():
+    types = q4_k_m_legacy_types(ModelConfig.preset("qwen3.5-0.8b"))
     assert types["embed_tokens.weight"] == "Q6_K"  # tied: token_embd gets the output type
     assert types["layers.0.linear_attn.in_proj_qkv.weight"] == "Q5_K"
     assert types["layers.0.linear_attn.conv1d.weight"] == "F32" and types["norm.weight"] == "F32"
@@ -126,7 +126,7 @@ def test_q4_k_m_recipe_follows_llama_cpp():
     v = [types[f"layers.{i}.self_attn.v_proj.weight"] for i in range(3, 24, 4)]
     # use_more_bits(i, 6): i < 0, i >= 5 or (i - 0) % 3 == 2
     assert v == ["Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q6_K"]
-    big = q4_k_m_types(ModelConfig.preset("qwen3.5-27b"))
+    big = q4_k_m_legacy_types(ModelConfig.preset("qwen3.5-27b"))
     assert big["lm_head.weight"] == "Q6_K" and big["embed_tokens.weight"] == "Q4_K"
     assert set(big.values()) <= {"F32", "Q4_K", "Q5_K", "Q6_K"}
 
@@ -225,7 +225,7 @@ def test_gguf_names_cover_every_internal_tensor():
 
 
 def test_quantised_target_refuses_an_embedding_it_cannot_gather(tmp_path, monkeypatch):
-    """tiny-q's Q4_K_M file is what the quantised target reads (matrices in the GEMM's types, token_embd in the
+    """tiny-q's legacy Q4_K_M file is what the quantised target reads (matrices in the GEMM's types, token_embd in the
     gather's: tests/gpu run the DFlash draft on it); with token_embd in F16 the target, and with it a draft that
     borrows that embedding, is refused naming the tensor, before any device is opened."""
     from lucegen.families.quant_gemm import GEMM_TYPES
@@ -234,13 +234,13 @@ def test_quantised_target_refuses_an_embedding_it_cannot_gather(tmp_path, monkey
     from lucegen.runtime.quant_target import open_target
 
     config = ModelConfig.preset("tiny-q")
-    types = q4_k_m_types(config)
+    types = q4_k_m_legacy_types(config)
     shapes = config.tensor_shapes()
     assert {types[n] for n, s in shapes.items() if len(s) == 2 and "conv1d" not in n} <= set(GEMM_TYPES)
     assert types["embed_tokens.weight"] in QUANT_TYPES
     plain = init_gguf.tensor_types
     monkeypatch.setattr(init_gguf, "tensor_types", lambda c, q: {**plain(c, q), "embed_tokens.weight": "F16"})
     path = tmp_path / "tiny-q-f16-embed.gguf"
-    write_gguf_checkpoint(config, path, quant="q4_k_m", progress=False)
+    write_gguf_checkpoint(config, path, quant="q4_k_m_legacy", progress=False)
     with pytest.raises(CheckpointError, match=r"token_embd\.weight is F16; the quantised target .*gathers Q8_0"):
         open_target(path, max_context=64)

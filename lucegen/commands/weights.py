@@ -12,7 +12,7 @@ from ..errors import CheckpointError
 from ..model.config import PRESETS, ModelConfig
 from ..model.dflash import PRESETS as DRAFT_PRESETS
 
-QUANTS = ("bf16", "f32", "f16", "q8_0", "q4_0", "q4_k_m")
+QUANTS = ("bf16", "f32", "f16", "q8_0", "q4_0", "q4_k_m", "q4_k_m_legacy")
 
 
 def register(subparsers) -> None:
@@ -26,7 +26,12 @@ def register(subparsers) -> None:
                    help="required for model presets; draft presets default to safetensors (gguf: lucebox-hub's "
                         "draft layout, --quant bf16 or q8_0)")
     p.add_argument("--quant", choices=QUANTS, default=None,
-                   help="GGUF tensor types: bf16 (default), f32, f16, q8_0, q4_0, or llama.cpp's q4_k_m recipe")
+                   help="GGUF tensor types: bf16 (default), f32, f16, q8_0, q4_0, llama.cpp's current q4_k_m "
+                        "recipe (attn_qkv counted with attn_v, F32 ssm_alpha/ssm_beta) or q4_k_m_legacy (the "
+                        "older mix: Q5_K attn_qkv, Q4_K ssm_alpha/ssm_beta)")
+    p.add_argument("--draft-layout", choices=("lucegen", "lucebox"), default="lucegen",
+                   help="a draft GGUF's metadata: lucegen (default: the tapped layers listed) or lucebox (as "
+                        "lucebox-hub's converter writes it: the tap count alone, the taps computed from the target)")
     p.add_argument("--out", required=True, type=Path,
                    help="output directory (safetensors) or .gguf file / directory to put model.gguf in (gguf)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed: same weights in both formats)")
@@ -45,6 +50,8 @@ def run(args) -> int:
 def write_checkpoint(args) -> int:
     if args.seed < 0:
         raise CheckpointError(f"--seed: {args.seed} is negative (a seed is a non-negative integer)")
+    if args.draft_layout != "lucegen" and (args.preset not in DRAFT_PRESETS or args.format != "gguf"):
+        raise CheckpointError(f"--draft-layout {args.draft_layout}: for a draft preset written as a GGUF")
     if args.preset in DRAFT_PRESETS:
         return run_draft(args)
     if args.format is None:
@@ -99,7 +106,7 @@ def run_draft(args) -> int:
                                   f"{' or '.join(DRAFT_QUANTS)}")
         target = gguf_path(args)
         seconds = write_dflash_gguf(config, target, quant=args.quant or "bf16", seed=args.seed,
-                                    progress=not args.quiet)
+                                    progress=not args.quiet, layout=args.draft_layout)
     else:
         if args.quant not in (None, "bf16"):
             raise CheckpointError(f"--quant {args.quant}: safetensors drafts are written in BF16 only")

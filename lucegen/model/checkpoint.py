@@ -21,7 +21,7 @@ from ..errors import CheckpointError
 from . import dflash  # a DFlash draft directory: its own config and tensor names
 from .checkpoint_base import Checkpoint, SafetensorsCheckpoint, read_safetensors_directory
 from .config import ModelConfig
-from .dflash_gguf import is_gguf, load_dflash_gguf
+from .dflash_gguf import TargetFacts, check_rope, is_gguf, load_dflash_gguf
 from .gguf_io import load_gguf
 
 # (prefix in the file, what it means): the first matching prefix decides
@@ -92,11 +92,33 @@ def _layer_kind(name: str, config: ModelConfig) -> str:
     return "no such tensor in a Qwen3.5 text model"
 
 
-def load_dflash(path, vocab_size: int | None = None):
+#: The mask token of the Qwen3.5 / Qwen3.6 vocabulary (248320 tokens): lucebox-hub's default target mask token
+#: (dflash27b.h DFLASH27B_DRAFT_MASK_TOKEN_ID, "Qwen tokenizer's mask token"), which z-lab's drafts name too.
+QWEN35_VOCAB_SIZE, QWEN35_MASK_TOKEN_ID = 248320, 248070
+
+
+def target_facts(checkpoint) -> TargetFacts:
+    """What a draft may take from the target ``checkpoint``: depth, vocabulary, RoPE base and mask token (a GGUF's
+    ``tokenizer.ggml.mask_token_id``, else the Qwen3.5 vocabulary's as lucebox-hub's loader defaults to it)."""
+    c = checkpoint.config
+    mask = None
+    meta = getattr(getattr(checkpoint, "file", None), "metadata", None) or {}
+    if isinstance(meta.get("tokenizer.ggml.mask_token_id"), int):
+        mask = meta["tokenizer.ggml.mask_token_id"]
+    elif c.vocab_size == QWEN35_VOCAB_SIZE:
+        mask = QWEN35_MASK_TOKEN_ID
+    return TargetFacts(c.num_layers, c.vocab_size, c.rope_theta, mask)
+
+
+def load_dflash(path, vocab_size: int | None = None, target: TargetFacts | None = None):
     """A draft from its HF directory (config.json + safetensors) or a GGUF file (:mod:`lucegen.model.dflash_gguf`;
-    ``vocab_size``, the target's, for a GGUF that does not state it)."""
+    ``vocab_size`` or ``target`` (:func:`target_facts`) for what a GGUF leaves to its target; beside a target, a GGUF
+    whose rope.freq_base differs from the target's is warned about)."""
     if is_gguf(path):
-        return load_dflash_gguf(path, vocab_size)
+        ck = load_dflash_gguf(path, vocab_size, target)
+        if target is not None:
+            check_rope(ck.config, target.rope_theta, path)
+        return ck
     if Path(path).is_file():
         raise CheckpointError(f"{path}: a DFlash draft is a directory (config.json + safetensors) or a GGUF file")
     return dflash.load_dflash_directory(path)

@@ -85,6 +85,9 @@ class DFlashConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    # use_sliding_window: false with sliding_attention layers: HF's Qwen3Config sets sliding_window to None, and z-lab's
+    # Qwen3DFlashAttention then runs those layers causal (is_causal None) with no window
+    unwindowed_sliding: bool = False
     name: str = "custom"
 
     def __post_init__(self):
@@ -177,8 +180,11 @@ class DFlashConfig:
         for i, t in enumerate(self.layer_types):
             if t not in LAYER_TYPES:
                 bad(f"layer_types[{i}]", f"unknown layer type {t!r} (expected one of {', '.join(LAYER_TYPES)})")
-        if SLIDING in self.layer_types and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+        if SLIDING in self.layer_types and not self.unwindowed_sliding and (
+                not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
             bad("sliding_window", f"sliding_attention layers need a positive window, got {self.sliding_window!r}")
+        if self.unwindowed_sliding and self.sliding_window is not None:
+            bad("sliding_window", f"{self.sliding_window!r} with use_sliding_window: false (HF drops the window)")
         if not 0 < self.rms_norm_eps <= MAX_RMS_NORM_EPS:
             bad("rms_norm_eps", f"must be in (0, {MAX_RMS_NORM_EPS:g}], got {self.rms_norm_eps!r}")
         if not MIN_ROPE_THETA < self.rope_theta <= MAX_ROPE_THETA:
@@ -286,6 +292,7 @@ class DFlashConfig:
         if not isinstance(layer_types, (list, tuple)):
             raise CheckpointError(f"{source}: layer_types: expected a list, got {layer_types!r}")
         window = cfg.get("sliding_window") if use_sliding else None
+        unwindowed = cfg.get("use_sliding_window") is False and SLIDING in layer_types
         if window is not None and (not isinstance(window, int) or isinstance(window, bool)):
             raise CheckpointError(f"{source}: sliding_window: expected an integer or null, got {window!r}")
         is_causal = cfg.get("is_causal", dflash.get("is_causal"))
@@ -317,6 +324,7 @@ class DFlashConfig:
                 input_embedding_scale=number("input_embedding_scale", 1.0),
                 output_multiplier=number("output_multiplier", 1.0),
                 final_logit_softcapping=softcap if softcap else None,
+                unwindowed_sliding=unwindowed,
                 name=str(cfg.get("_name_or_path") or "custom"),
             )
         except CheckpointError as exc:  # validate() names the key; add the file

@@ -11,7 +11,7 @@ import numpy as np
 from ..atomic import atomic_path
 from ..errors import CheckpointError
 from .dflash import SLIDING, DFlashConfig
-from .dflash_gguf import ARCH, draft_gguf_name
+from .dflash_gguf import ARCH, draft_gguf_name, lucebox_taps
 from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from .init_weights import NORM_SPREAD, Progress, normal_bf16, tensor_rng, write_json_atomic
 from .quant import nbytes, quantize
@@ -56,14 +56,30 @@ def write_dflash_checkpoint(config: DFlashConfig, out, seed: int = 0, progress: 
 QUANTS = {"bf16": "BF16", "q8_0": "Q8_0"}  # init-weights --quant: the matrices' type (norms are F32)
 
 
-def write_dflash_gguf(config: DFlashConfig, out, quant: str = "bf16", seed: int = 0, progress: bool = True) -> float:
+LAYOUTS = ("lucegen", "lucebox")
+
+
+def write_dflash_gguf(config: DFlashConfig, out, quant: str = "bf16", seed: int = 0, progress: bool = True,
+                      layout: str = "lucegen") -> float:
     """The random draft of ``write_dflash_checkpoint`` (same seed, same values) as a GGUF file ``out``: matrices in
-    ``quant`` (bf16: the same bits; q8_0: those values quantised), norms in F32. Written to a temp file, then
-    renamed. Returns seconds spent."""
+    ``quant`` (bf16: the same bits; q8_0: those values quantised), norms in F32. ``layout`` "lucegen" lists the
+    tapped layers (dflash.target_layer_ids, and the target's depth in dflash.n_target_layers); "lucebox" writes, as
+    lucebox-hub's convert_dflash_to_gguf.py does without capture ids, only their count in dflash.n_target_layers,
+    the taps then computed from the target (the draft's taps must be those). Written to a temp file, then renamed.
+    Returns seconds spent."""
     import gguf
 
     if quant not in QUANTS:
         raise CheckpointError(f"a draft GGUF holds its matrices in {' or '.join(QUANTS)}, not {quant}")
+    if layout not in LAYOUTS:
+        raise CheckpointError(f"draft GGUF layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    if layout == "lucebox":
+        taps = len(config.target_layer_ids)
+        computed = None if config.num_target_layers is None else lucebox_taps(config.num_target_layers, taps)
+        if computed != config.target_layer_ids:
+            raise CheckpointError(f"draft {config.name}: taps {list(config.target_layer_ids)} are not the ones "
+                                  f"lucebox-hub computes for a {config.num_target_layers}-layer target "
+                                  f"({list(computed) if computed else 'unknown depth'}): write the lucegen layout")
     out, c = Path(out), config
     shapes = c.tensor_shapes()
     kinds = {n: "F32" if len(s) == 1 else QUANTS[quant] for n, s in shapes.items()}
@@ -81,11 +97,15 @@ def write_dflash_gguf(config: DFlashConfig, out, quant: str = "bf16", seed: int 
             w.add_uint32(f"{ARCH}.{key}", value)
         w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
         w.add_float32(f"{ARCH}.rope.freq_base", c.rope_theta)
-        w.add_array(f"{ARCH}.dflash.target_layer_ids", [int(i) for i in c.target_layer_ids])
-        if c.num_target_layers is not None:
-            w.add_uint32(f"{ARCH}.dflash.n_target_layers", c.num_target_layers)
+        if layout == "lucebox":
+            w.add_uint32(f"{ARCH}.dflash.n_target_layers", len(c.target_layer_ids))
+        else:
+            w.add_array(f"{ARCH}.dflash.target_layer_ids", [int(i) for i in c.target_layer_ids])
+            if c.num_target_layers is not None:
+                w.add_uint32(f"{ARCH}.dflash.n_target_layers", c.num_target_layers)
         if SLIDING in c.layer_types:
-            w.add_uint32(f"{ARCH}.attention.sliding_window", c.sliding_window)
+            if c.sliding_window is not None:
+                w.add_uint32(f"{ARCH}.attention.sliding_window", c.sliding_window)
             w.add_array(f"{ARCH}.attention.sliding_window_pattern", [t == SLIDING for t in c.layer_types])
         if c.is_causal is not None:
             w.add_bool(f"{ARCH}.dflash.is_causal", c.is_causal)

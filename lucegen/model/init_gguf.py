@@ -20,22 +20,72 @@ from .tokenizer import SPECIAL_TOKENS
 
 
 def use_more_bits(i: int, n: int) -> bool:
-    """llama.cpp's choice of layers that get more bits in the _M mixes."""
+    """llama.cpp's choice of layers that get more bits in the _M mixes (src/llama-quant.cpp)."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+#: llama.cpp's fallback for a row length that is not a multiple of the block (tensor_type_fallback); F16 where the
+#: fallback's 32 does not divide it either.
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+#: The quantised tensors of a qwen35 model that a quantiser keeps in F32: the DeltaNet gates' projections, small
+#: ([value heads, hidden]) and read by a recurrence that compounds their rounding (turbo-tan/llama.cpp-tq3 PR 75,
+#: "keep hybrid-SSM state gates (ssm_alpha/ssm_beta) in f32 by default"; the mix issue 68 reports of a real 27B file).
+F32_GATES = ("ssm_alpha.weight", "ssm_beta.weight")
+
+
+def _fallback(kind: str, row: int) -> str:
+    if row % TYPES[kind][1]:
+        kind = _FALLBACK.get(kind, kind)
+        if row % TYPES[kind][1]:
+            kind = "F16"
+    return kind
+
+
+def _quantised(g: str, shape) -> bool:
+    """llama.cpp's tensor_allows_quantization for a qwen35 tensor: 2-D weights but norms and ssm_conv1d."""
+    return len(shape) >= 2 and g.endswith("weight") and "_norm.weight" not in g and "ssm_conv1d" not in g
+
+
 def q4_k_m_types(config: ModelConfig) -> dict[str, str]:
-    """llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M recipe (llama_tensor_get_type) for a qwen35 model: Q4_K by default;
-    output (token_embd when tied) Q6_K; attn_v and ffn_down Q6_K in the use_more_bits layers; attn_qkv Q5_K;
-    1-D tensors, norms and ssm_conv1d stay F32. A row length not divisible by 256 falls back as llama.cpp does
-    (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; F16 if not divisible by 32)."""
-    fallback = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+    """LLAMA_FTYPE_MOSTLY_Q4_K_M as current llama.cpp chooses it for a qwen35 model (src/llama-quant.cpp,
+    llama_tensor_get_type_impl at ggml-org/llama.cpp 007dbbf): Q4_K by default; output (token_embd when tied) Q6_K
+    (Q8_0 for rows not a multiple of 256); attn_v *and* attn_qkv are one category (category_is_attn_v), counted
+    together in llama.cpp's tensor order (layer, then name: one of the two per layer), Q6_K where use_more_bits(i, n)
+    for the i-th of n; ffn_down Q6_K in the use_more_bits layers; ssm_out and the rest Q4_K; ssm_alpha / ssm_beta
+    kept F32 (:data:`F32_GATES`); norms, 1-D tensors and ssm_conv1d F32. Rows not divisible by the block fall back as
+    llama.cpp does."""
+    shapes = config.tensor_shapes()
+    wv = [n for n in shapes if gguf_name(n).endswith(("attn_v.weight", "attn_qkv.weight"))]
+    wv.sort(key=lambda n: int(n.split(".")[1]))
+    i_wv = {n: i for i, n in enumerate(wv)}
+    types = {}
+    for name, shape in shapes.items():
+        g = gguf_name(name)
+        if not _quantised(g, shape) or g.endswith(F32_GATES):
+            types[name] = "F32"
+            continue
+        kind = "Q4_K"
+        if g == "output.weight" or (config.tie_word_embeddings and g == "token_embd.weight"):
+            kind = "Q6_K" if shape[1] % 256 == 0 else "Q8_0"
+        elif name in i_wv:
+            kind = "Q6_K" if use_more_bits(i_wv[name], len(wv)) else "Q4_K"
+        elif g.endswith("ffn_down.weight"):
+            kind = "Q6_K" if use_more_bits(int(g.split(".")[1]), config.num_layers) else "Q4_K"
+        types[name] = _fallback(kind, shape[-1])
+    return types
+
+
+def q4_k_m_legacy_types(config: ModelConfig) -> dict[str, str]:
+    """The Q4_K_M mix of llama.cpp before attn_qkv joined attn_v's category (llama_tensor_get_type at ggml-org/llama.cpp
+    8784689), which lucegen wrote until it followed the current one: Q4_K by default; output (token_embd when tied)
+    Q6_K; attn_v Q6_K in the use_more_bits attn_v layers (counted over attn_v alone); ffn_down Q6_K in the
+    use_more_bits layers; attn_qkv Q5_K; ssm_alpha / ssm_beta Q4_K; norms, 1-D tensors and ssm_conv1d F32."""
     types = {}
     n_v = len(config.full_attention_layers)
     i_v = 0
     for name, shape in config.tensor_shapes().items():
         g = gguf_name(name)
-        if len(shape) < 2 or not g.endswith("weight") or "_norm.weight" in g or "ssm_conv1d" in g:
+        if not _quantised(g, shape):
             types[name] = "F32"
             continue
         kind = "Q4_K"
@@ -48,17 +98,17 @@ def q4_k_m_types(config: ModelConfig) -> dict[str, str]:
             kind = "Q6_K" if use_more_bits(int(g.split(".")[1]), config.num_layers) else "Q4_K"
         elif g.endswith("attn_qkv.weight"):
             kind = "Q5_K"
-        if shape[-1] % TYPES[kind][1]:
-            kind = fallback.get(kind, kind)
-            if shape[-1] % TYPES[kind][1]:
-                kind = "F16"
-        types[name] = kind
+        types[name] = _fallback(kind, shape[-1])
     return types
 
 
+#: The K-quant mixes by --quant name.
+K_MIXES = {"q4_k_m": q4_k_m_types, "q4_k_m_legacy": q4_k_m_legacy_types}
+
+
 def tensor_types(config: ModelConfig, quant: str) -> dict[str, str]:
-    if quant == "q4_k_m":
-        return q4_k_m_types(config)
+    if quant in K_MIXES:
+        return K_MIXES[quant](config)
     base = {"bf16": "BF16", "f16": "F16", "f32": "F32", "q8_0": "Q8_0", "q4_0": "Q4_0"}[quant]
     out = {}
     for name, shape in config.tensor_shapes().items():
@@ -71,7 +121,7 @@ def tensor_types(config: ModelConfig, quant: str) -> dict[str, str]:
     return out
 
 
-FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15, "bf16": 32}  # llama_ftype
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15, "q4_k_m_legacy": 15, "bf16": 32}  # llama_ftype
 
 
 def random_k_blocks(rng: np.random.Generator, type_name: str, n_blocks: int, std: float) -> np.ndarray:
@@ -112,7 +162,7 @@ def write_gguf_checkpoint(config: ModelConfig, out, quant: str = "bf16", seed: i
     config = checkpoint_config(config)
     types = tensor_types(config, quant)
     if draw_blocks is None:
-        draw_blocks = quant == "q4_k_m" and config.num_parameters() > 4e9
+        draw_blocks = quant in K_MIXES and config.num_parameters() > 4e9
     shapes = config.tensor_shapes()
 
     with atomic_path(out) as tmp:
@@ -181,7 +231,7 @@ def _add_tokenizer(writer, tok, vocab_size: int, specials) -> None:
     merges = json.loads(tok.to_str())["model"]["merges"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen35")
+    writer.add_tokenizer_pre("gpt-2")  # the generated tokenizer splits as GPT-2 does (lucegen/model/init_tokenizer.py)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)

@@ -61,28 +61,28 @@ def _q8_0(b):
     return b[:, 2:].view(np.int8).astype(np.float32) * _f16(b[:, :2])
 
 
-def _nibbles32(qs):
+def nibbles32(qs):
     """qs [n, 16] -> [n, 32]: low nibbles are values 0..15, high nibbles 16..31."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
 
 
 def _q4_0(b):
-    q = _nibbles32(b[:, 2:]).astype(np.int8) - np.int8(8)
+    q = nibbles32(b[:, 2:]).astype(np.int8) - np.int8(8)
     return _f16(b[:, :2]) * q.astype(np.float32)
 
 
-def _fifth_bits(qh4):
+def fifth_bits(qh4):
     """qh [n, 4] bytes as a little-endian u32 -> [n, 32] bit i of it."""
     return np.unpackbits(qh4, axis=1, bitorder="little")
 
 
 def _q5_0(b):
-    q = (_nibbles32(b[:, 6:]) | (_fifth_bits(b[:, 2:6]) << 4)).astype(np.int8) - np.int8(16)
+    q = (nibbles32(b[:, 6:]) | (fifth_bits(b[:, 2:6]) << 4)).astype(np.int8) - np.int8(16)
     return _f16(b[:, :2]) * q.astype(np.float32)
 
 
 def _q5_1(b):
-    q = (_nibbles32(b[:, 8:]) | (_fifth_bits(b[:, 4:8]) << 4)).astype(np.float32)
+    q = (nibbles32(b[:, 8:]) | (fifth_bits(b[:, 4:8]) << 4)).astype(np.float32)
     return _f16(b[:, :2]) * q + _f16(b[:, 2:4])
 
 

@@ -38,7 +38,7 @@ from .. import codegen
 from ..errors import CheckpointError, LucegenError
 from ..families.dflash_draft import TOPK_MAX
 from ..families.prefill import prefill_params
-from ..model.checkpoint import load_dflash
+from ..model.checkpoint import load_dflash, target_facts
 from ..model.dflash import DFlashConfig
 from ..model.dflash_reference import draft_inv_freq
 from .device import Buffer, address
@@ -121,7 +121,7 @@ class DFlashDrafter:
         self.dec = decoder
         self.device, self.target = decoder.device, decoder.target
         self.checkpoint = (draft if isinstance(draft, Checkpoint)
-                           else load_dflash(draft, vocab_size=decoder.config.vocab_size))
+                           else load_dflash(draft, target=target_facts(decoder.checkpoint)))
         self.config = cfg = self.checkpoint.config
         if not isinstance(cfg, DFlashConfig):
             raise CheckpointError(f"{self.checkpoint.path}: not a DFlash draft")

@@ -68,6 +68,8 @@ class MemoryPlan:
     per_slot: int
     per_token: dict[str, int]  # KV format -> bytes per position
     max_position: int  # the model's max_position_embeddings
+    #: Matrices the decoder converted once at load (QuantDecoder.conversions), counted in ``fixed`` as converted.
+    conversions: tuple[str, ...] = ()
 
     @classmethod
     def of_engine(cls, decoder, verifier, draft=None) -> "MemoryPlan":
@@ -79,7 +81,7 @@ class MemoryPlan:
         fixed = ledger - verify_bytes(verifier.slots, per_slot) - decoder.max_context * per_token[decoder.kv_format.name]
         return cls(decoder.config.name, dev.target.name, decoder.kv_format.name, decoder.max_context,
                    verifier.slots, max(0, total - free - ledger), fixed, per_slot, per_token,
-                   decoder.config.max_position_embeddings)
+                   decoder.config.max_position_embeddings, tuple(getattr(decoder, "conversions", ())))
 
     def bytes_at(self, context: int, slots: int, kv: str) -> int:
         return self.overhead + self.fixed + verify_bytes(slots, self.per_slot) + context * self.per_token[kv]
@@ -102,6 +104,9 @@ class MemoryPlan:
             cells = [self.max_context(t, k) for k in kvs]
             lines.append(f"  {t.name:<9} {t.memory_bytes / GIB:>6.0f} G {t.ddtree.budget:>6}  "
                          + "  ".join(f"{_ctx(c):>14}" for c in cells))
+        if self.conversions:
+            lines.append("  converted once at load (stored as Q8_0 on the device; the Reference reads the same "
+                         "values): " + "; ".join(self.conversions))
         lines.append("  (other chips: a forecast with this engine's settings and their tree budget; max "
                      f"{self.max_position} = the model's max_position_embeddings)")
         return "\n".join(lines)

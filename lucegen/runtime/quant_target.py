@@ -35,6 +35,7 @@ from ..errors import CheckpointError, DeviceError, LucegenError
 from ..families.megakernel import Layout, plan_layout
 from ..families.quant_gemm import GEMM_TYPES
 from ..families.quant_matvec import BLOCK_THREADS, QUANT_TYPES
+from ..model.block_conversion import ConvertedGGUFCheckpoint
 from ..model.gguf_io import GGUFCheckpoint, load_gguf, v_head_order
 from ..model.kv_cache import QUANTISED as QUANTISED_KV, kv_format
 from . import packing
@@ -58,6 +59,11 @@ def _vector_pieces(layout: Layout, checkpoint, tiled: bool):
         elif reorder and offset in conv:
             array = np.concatenate([array[:kd2], array[kd2:][channels]])
         yield buffer, offset, np.ascontiguousarray(array, np.float32)
+
+
+#: Block types of a down projection that make a GGUF a quantised target's (open_target): the GEMM's and the block
+#: types it converts to Q8_0 at load (a pure Q4_0 file; lucegen/model/block_conversion.py).
+QUANTISED_FILE_TYPES = (*GEMM_TYPES, "Q4_0", "Q5_0", "Q5_1")
 
 
 class QuantWeights(LayerWeights):
@@ -85,16 +91,19 @@ class QuantWeights(LayerWeights):
 
 
 class QuantDecoder(SequenceState):
-    """Load a GGUF whose matrices are all in the quantised GEMM's block types and keep them so on the device."""
+    """Load a block-quantised GGUF and keep its matrices so on the device: those in the quantised GEMM's block types
+    as stored, the others (Q4_0, Q5_0 exactly; Q5_1, F32, F16, BF16 requantised) converted to Q8_0 once at load."""
 
     v_heads = "tiled"
 
     def __init__(self, model, *, target=None, max_context: int = 2048, device: Device | None = None,
                  kv_cache: str | None = None):
-        self.checkpoint = model if isinstance(model, GGUFCheckpoint) else load_gguf(Path(model))
-        self.config = c = self.checkpoint.config
+        checkpoint = model if isinstance(model, GGUFCheckpoint) else load_gguf(Path(model))
+        self.config = c = checkpoint.config
         self.layout = plan_layout(c)
-        self._check_types()  # before the device: a file this path cannot read is refused on any machine
+        # before the device: a file this path cannot read is refused on any machine
+        self.checkpoint = self.read_checkpoint(checkpoint)
+        self._check_types()
         if kv_cache is not None:  # the descriptor's default is a float type: any head_dim
             kv_format(kv_cache).check_head_dim(c.head_dim, f"model {c.name}")
         self.device = device or Device.open(target)
@@ -142,6 +151,20 @@ class QuantDecoder(SequenceState):
             yield l.gateup, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], True
             yield l.down, [p + "mlp.down_proj.weight"], False
         yield lay.lm_head, ["embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"], False
+
+    def read_checkpoint(self, checkpoint: GGUFCheckpoint) -> ConvertedGGUFCheckpoint:
+        """``checkpoint`` as this decoder reads it, matrices outside GEMM_TYPES converted to Q8_0 once
+        (lucegen/model/block_conversion.py); its Reference reads the same (``Reference(dec.config, dec.checkpoint)``)."""
+        if isinstance(checkpoint, ConvertedGGUFCheckpoint):
+            return checkpoint
+        # the embedding (a tied lm_head's tensor too) is gathered in its own types or refused (_check_types)
+        matrices = [name for _, names, _ in self._matrix_names() for name in names if name != "embed_tokens.weight"]
+        return ConvertedGGUFCheckpoint(checkpoint, matrices, GEMM_TYPES, "the quantised target")
+
+    @property
+    def conversions(self) -> list[str]:
+        """The matrices converted at load, one line per kind (the memory plan prints them)."""
+        return self.checkpoint.describe_conversions()
 
     def _check_types(self) -> None:
         ck = self.checkpoint
@@ -240,7 +263,7 @@ def open_target(model, *, target=None, max_context: int = 2048, device: Device |
 
     if isinstance(model, (str, Path)) and Path(model).suffix == ".gguf" and Path(model).is_file():
         model = load_gguf(Path(model))
-    if isinstance(model, GGUFCheckpoint) and model.dtype("layers.0.mlp.down_proj.weight") in GEMM_TYPES:
+    if isinstance(model, GGUFCheckpoint) and model.dtype("layers.0.mlp.down_proj.weight") in QUANTISED_FILE_TYPES:
         return QuantDecoder(model, target=target, max_context=max_context, device=device, kv_cache=kv_cache)
     if kv_cache is not None and kv_format(kv_cache).quantised:
         raise LucegenError(f"KV cache {kv_cache}: quantised KV caches are for a quantised GGUF target (Q4_K_M and "

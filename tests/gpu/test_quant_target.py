@@ -111,6 +111,20 @@ def test_memory_plan_matches_what_the_engine_allocates():
     print(plan.format())
 
 
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(length=st.integers(1, 300), seed=st.integers(0, 2**16), budget=st.integers(0, BUDGET))
+def test_every_slot_matches_its_path_in_the_legacy_mix(length, seed, budget):
+    """tiny-q in the older Q4_K_M mix (every DeltaNet in-projection a K-quant group, on int8 activations), beside
+    tiny-q in llama.cpp's current one (F32 ssm_alpha/ssm_beta converted to Q8_0 at load: float activations)."""
+    check_slots("tiny-q-legacy", length, seed, budget)
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**16), length=st.integers(1, 200), corrupt=st.frozensets(st.integers(1, 95), max_size=12))
+def test_spec_decoding_is_lossless_in_the_legacy_mix(seed, length, corrupt):
+    print(check_lossless("tiny-q-legacy", seed, length, 96, corrupt))
+
+
 def test_device_decode_is_greedy():
     check_decode_is_greedy("tiny-q", 37, 3, 40)
 

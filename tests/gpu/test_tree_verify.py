@@ -37,8 +37,12 @@ from test_prefill import BOUNDS
 
 pytestmark = pytest.mark.gpu
 
-PRESETS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa", "0.8b": "qwen3.5-0.8b", "tiny-q": "tiny-q"}
-QUANTISED = {"tiny-q", "27b"}  # GGUF Q4_K_M, loaded by QuantDecoder (tests/gpu/test_quant_target.py)
+PRESETS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa", "0.8b": "qwen3.5-0.8b", "tiny-q": "tiny-q",
+           "tiny-q-legacy": "tiny-q"}
+# GGUF Q4_K_M, loaded by QuantDecoder (tests/gpu/test_quant_target.py): tiny-q in llama.cpp's current mix (F32
+# ssm_alpha/ssm_beta, converted to Q8_0 at load), tiny-q-legacy in the older one (every matrix a K-quant)
+QUANTISED = {"tiny-q", "tiny-q-legacy", "27b"}
+QUANT_MIX = {"tiny-q-legacy": "q4_k_m_legacy"}
 BUDGET = 24
 # The logits bound (rel, cos) of a quantised KV cache, where a K/V value may sit one code away from the Reference's
 # (gpu_models.py): a q4_0 code is an eighth of its block's absmax. Measured worst: rel 0.055, cos 0.99838 (tiny-q,
@@ -84,7 +88,8 @@ def _engine(preset: str, max_context: int, tensor_core_keys: int | None):
     if preset in QUANTISED:
         from lucegen.runtime.quant_target import QuantDecoder
 
-        path = os.environ["LUCEGEN_27B_GGUF"] if preset == "27b" else gguf_file(PRESETS[preset])
+        path = (os.environ["LUCEGEN_27B_GGUF"] if preset == "27b"
+                else gguf_file(PRESETS[preset], QUANT_MIX.get(preset, "q4_k_m")))
         dec = QuantDecoder(path, device=gpu_device(), max_context=max_context, kv_cache=kv)
         return dec, Prefiller(dec), TreeVerifier(dec, budget=BUDGET, tensor_core_keys=tensor_core_keys)
     assert kv is None, "the megakernel decoder keeps the descriptor's KV cache type"
