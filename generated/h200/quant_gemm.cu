@@ -224,20 +224,6 @@ __device__ __forceinline__ void lg_mma_k16(float (&c)[4], const unsigned (&a)[4]
 // 1: the K-quants' A fragments carry sc q, exact in fp16 (the header's note); 0: q, scaled per sub-block.
 #define QG_FOLD 0
 
-// The segment table entry of one matrix of a launch (lucegen/runtime/quant_gemm.py SEGMENT_DTYPE).
-struct QgSegment {
-  unsigned long long weights;  // its tile-blocks
-  int type;                    // 0 Q8_0, 1 Q4_K, 2 Q5_K, 3 Q6_K
-  int tile0;                   // its first row tile in the launch's numbering
-  int rows;                    // N
-  int col0;                    // the output column of its row 0
-  int pad[2];
-};
-// A launch's segments, passed by value: a block finds its weights with no memory round trip before the first load.
-struct QgSegmentTable {
-  QgSegment seg[8];
-};
-
 __device__ __forceinline__ unsigned qg_byte_perm(unsigned x, unsigned selector) { return __byte_perm(x, QG_MAGIC_WORD, selector); }
 // 16 bytes of weights, from shared memory or from global memory through the read-only path without an L1 line
 // (each weight byte is read once: the L1 is left to the activations, which the SM's warps share).
@@ -344,9 +330,33 @@ struct QgNoMin {
   static __device__ __forceinline__ void dmins(const Raw&, float (&)[2]) {}
 };
 
+// The segment table entry of one matrix of a launch (lucegen/runtime/quant_gemm.py SEGMENT_DTYPE).
+struct QgSegment {
+  unsigned long long weights;  // its tile-blocks
+  int type;                    // 0 Q8_0, 1 Q4_K, 2 Q5_K, 3 Q6_K
+  int tile0;                   // its first row tile in the launch's numbering
+  int rows;                    // N
+  int col0;                    // the output column of its row 0
+  int pad[2];
+};
+// A launch's segments, passed by value: a block finds its weights with no memory round trip before the first load.
+struct QgSegmentTable {
+  QgSegment seg[8];
+};
+// The grid is (row groups, column blocks): the blocks of one column block's row groups are adjacent in launch order
+// and run side by side, so a launch of more than 8 NT rows reads each weight tile from DRAM about once (the L2 serves
+// the other groups), not once per row group as a grid of row groups one after another did. Read where used: held in
+// variables instead, they moved the K loops' SASS (NVRTC 13.0) and nt2qp ran 9% slower on the 27B's gate/up pair.
+__device__ __forceinline__ unsigned qg_row_group() { return blockIdx.x; }
+__device__ __forceinline__ unsigned qg_column_block() { return blockIdx.y; }
+__device__ __forceinline__ unsigned qg_column_blocks() { return gridDim.y; }
+
+// The mainloops a tile description picks (families/quant_gemm.py MAINLOOPS), each its own include.
+enum class QgMainloop { FLOAT, STAGED, RING, WGMMA, INT8, PREQUANTISED };
+
 // ---- one block type each: the lane's bytes of a tile-block (load), the A fragment of step j of sub-block s
 // (fragment), the scales of rows g, g + 8 (scales) and, with a min, mins / dmins (QgKHeaders). Tile-block byte
-// maps: quant_gemm.py _tile_map. ----
+// maps: lucegen/runtime/quant_tiles.py _tile_map. ----
 
 
 // Q4_K (256 values, 144 bytes): [16 headers of 16 B][4 chunks of qs: sub-blocks 2p (low nibbles), 2p + 1 (high)].
@@ -568,6 +578,31 @@ __device__ __forceinline__ void qg_tile(float (&acc)[NT][4], const unsigned char
     cur = next;
   }
 }
+// The float mainloop (QgMainloop::FLOAT): the warp's tile, if any, through qg_tile (w: a QgWork).
+template <typename Tile, typename Work>
+__device__ __forceinline__ void qg_mainloop_float(float (&acc)[Tile::NT][4], const Work& w) {
+  if (w.seg >= 0) {
+    const QgSegment& sg = w.segs.seg[w.seg];
+    switch (sg.type) {
+      case 0:  // Q8_0
+        qg_tile<QgQ8_0, Tile::NT, Tile::ONE_ROW>(acc, w.template weights<QgQ8_0>(), w.K, w.part, w.parts, w.A, w.lda,
+                                                  w.m0, w.M);
+        break;
+      case 1:  // Q4_K
+        qg_tile<QgQ4K, Tile::NT, Tile::ONE_ROW>(acc, w.template weights<QgQ4K>(), w.K, w.part, w.parts, w.A, w.lda,
+                                                  w.m0, w.M);
+        break;
+      case 2:  // Q5_K
+        qg_tile<QgQ5K, Tile::NT, Tile::ONE_ROW>(acc, w.template weights<QgQ5K>(), w.K, w.part, w.parts, w.A, w.lda,
+                                                  w.m0, w.M);
+        break;
+      case 3:  // Q6_K
+        qg_tile<QgQ6K, Tile::NT, Tile::ONE_ROW>(acc, w.template weights<QgQ6K>(), w.K, w.part, w.parts, w.A, w.lda,
+                                                  w.m0, w.M);
+        break;
+    }
+  }
+}
 
 // ---- the weight ring (cp.async): each warp streams its tile-blocks through QG_RING_STAGES slots of shared memory,
 // QG_RING_STAGES - 1 of them in flight while it computes one, and holds only the one it computes in registers (the
@@ -610,6 +645,24 @@ __device__ __forceinline__ void qg_tile_ring(float (&acc)[NT][4], const unsigned
     qg_tile_block<Q, NT, ONE_ROW>(acc, cur, qg_global_bfrag<Q>(A, lda, m0, M, part + i * parts, lane));
     slot = slot + 1 == STAGES ? 0 : slot + 1;
     refill = refill + 1 == STAGES ? 0 : refill + 1;
+  }
+}
+
+// The ring mainloop (QgMainloop::RING): the warps' rings, each QG_RING_STAGES slots of the launch's largest
+// tile-block; QuantGemm.kernel takes it for groups of ring_types alone.
+template <typename Tile, typename Work>
+__device__ __forceinline__ void qg_mainloop_ring(float (&acc)[Tile::NT][4], const Work& w) {
+  extern __shared__ __align__(16) unsigned char qg_ring_bytes[];
+  const int slot_bytes = qg_largest_tile_block(w.segs, w.nseg);
+  unsigned char* ring = qg_ring_bytes + w.warp * QG_RING_STAGES * slot_bytes;
+  if (w.seg >= 0) {
+    const QgSegment& sg = w.segs.seg[w.seg];
+    switch (sg.type) {
+      case 3:  // Q6_K
+        qg_tile_ring<QgQ6K, Tile::NT, Tile::ONE_ROW>(acc, w.template weights<QgQ6K>(), w.K, w.part, w.parts, w.A,
+                                                       w.lda, w.m0, w.M, ring, slot_bytes);
+        break;
+    }
   }
 }
 
@@ -663,6 +716,31 @@ __device__ __forceinline__ void qg_tile_staged(float (&acc)[NT][4], const unsign
       });
       cur = next;
     }
+  }
+}
+
+// The staged mainloop (QgMainloop::STAGED): every warp walks the rounds; QuantGemm.kernel stages launches of 256-value
+// block types alone.
+template <typename Tile, typename Work>
+__device__ __forceinline__ void qg_mainloop_staged(float (&acc)[Tile::NT][4], const Work& w) {
+  extern __shared__ __align__(16) unsigned char qg_stage_bytes[];
+  bf16_t* stage = reinterpret_cast<bf16_t*>(qg_stage_bytes);
+  const int type = w.seg >= 0 ? w.segs.seg[w.seg].type : -1;
+  switch (type) {
+    case 1:  // Q4_K
+      qg_tile_staged<QgQ4K, Tile::NT>(acc, w.template weights<QgQ4K>(), w.K, w.part, w.parts, w.A, w.lda, w.m0,
+                                        w.M, stage);
+      break;
+    case 2:  // Q5_K
+      qg_tile_staged<QgQ5K, Tile::NT>(acc, w.template weights<QgQ5K>(), w.K, w.part, w.parts, w.A, w.lda, w.m0,
+                                        w.M, stage);
+      break;
+    case 3:  // Q6_K
+      qg_tile_staged<QgQ6K, Tile::NT>(acc, w.template weights<QgQ6K>(), w.K, w.part, w.parts, w.A, w.lda, w.m0,
+                                        w.M, stage);
+      break;
+    default:  // no tile: copy and keep step (every K-quant walks the same rounds)
+      qg_tile_staged<QgQ4K, Tile::NT>(acc, nullptr, w.K, w.part, w.parts, w.A, w.lda, w.m0, w.M, stage);
   }
 }
 
@@ -845,6 +923,35 @@ __device__ __forceinline__ void qg_tile_wgmma(float (&acc)[NT][4], const unsigne
     }
   }
 }
+
+// The wgmma mainloop (QgMainloop::WGMMA): every warp walks the rounds; QuantGemm.kernel picks it for groups whose
+// warpgroups share a type. Dynamic shared memory: [QG_WG_STAGES rounds of activations][WARPS][QG_WG_STAGES slots of
+// the launch's largest tile-block].
+template <typename Tile, typename Work>
+__device__ __forceinline__ void qg_mainloop_wgmma(float (&acc)[Tile::NT][4], const Work& w) {
+  constexpr int NT = Tile::NT;
+  extern __shared__ __align__(128) unsigned char qg_wg_bytes[];
+  const int slot_bytes = qg_largest_tile_block(w.segs, w.nseg);
+  unsigned char* ring = qg_wg_bytes + QG_WG_STAGES * w.parts * 16 * NT * 256 + w.warp * QG_WG_STAGES * slot_bytes;
+  const int seg0 = w.tile_seg(w.j & ~3), type = seg0 >= 0 ? w.segs.seg[seg0].type : -1;
+  switch (type) {
+    case 1:  // Q4_K
+      qg_tile_wgmma<QgQ4K, NT>(acc, w.seg >= 0 ? w.template weights<QgQ4K>() : nullptr, true, w.K, w.part,
+                                 w.parts, w.A, w.lda, w.m0, w.M, qg_wg_bytes, ring, slot_bytes);
+      break;
+    case 2:  // Q5_K
+      qg_tile_wgmma<QgQ5K, NT>(acc, w.seg >= 0 ? w.template weights<QgQ5K>() : nullptr, true, w.K, w.part,
+                                 w.parts, w.A, w.lda, w.m0, w.M, qg_wg_bytes, ring, slot_bytes);
+      break;
+    case 3:  // Q6_K
+      qg_tile_wgmma<QgQ6K, NT>(acc, w.seg >= 0 ? w.template weights<QgQ6K>() : nullptr, true, w.K, w.part,
+                                 w.parts, w.A, w.lda, w.m0, w.M, qg_wg_bytes, ring, slot_bytes);
+      break;
+    default:  // no tile in this warpgroup: copy and keep step
+      qg_tile_wgmma<QgQ4K, NT>(acc, nullptr, false, w.K, w.part, w.parts, w.A, w.lda, w.m0, w.M, qg_wg_bytes, ring,
+                               slot_bytes);
+  }
+}
 // The totals of rows m0 .. m0 + rows - 1's parts (lg_parts_sums, the one order), a warp a row (rows w, w + WARPS,
 // ..): store(mm, total) by the row's lane 0. A reader's row scales (its parts, or the one total a producer left) and
 // a residual's last block (its row tiles' parts) both take them here.
@@ -865,15 +972,9 @@ __device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int st
     if (lg_lane_id() == 0 && p[r] != nullptr) store(warp + r * WARPS, total[r]);
 }
 
-
-#define QG_EARLY 768  // floats of a block's early epilogue inputs (quant_gemm's early_in)
-#define QG_ROWS_F32 0
-#define QG_SWIGLU 1
-#define QG_RESIDUAL 2
-
-// Block (g, b) (row group, column block): WARPS / parts row tiles of the launch's matrices (swiglu: the same tiles of
-// gate, segment 0, and of up, segment 1), warp w on tile w / parts and blocks w % parts, .. of K; tokens
-// m0 .. m0 + 8 NT - 1 with m0 = 8 NT g. The parts' sums meet in shared memory in warp order, then one epilogue:
+// ---- The epilogues, one per kernel instance (families/quant_gemm.py EPILOGUES), each its parameters as a struct that
+// the kernel fills from its own (CUTLASS's epilogue Params): after the K loop the parts' sums of element (local tile
+// jj, row r, token mm) come from value(jj, r, mm), in part order, and the readers' row scales from row_scale(mm).
 //   rows_f32:  out[m, col0 + n] = acc r[m]                 r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps)
 //              (argmax_key, M = 1: the row's argmax folded into an 8-byte key, zeroed beforehand)
 //   swiglu:    out[m, n] = silu(gate r[m]) (up r[m])      (compute type)
@@ -882,32 +983,192 @@ __device__ __forceinline__ void qg_row_totals(const float* ss, int parts, int st
 //              ss_count (a zeroed counter per row group, left zeroed), the launch's last block of rows m then adds
 //              the tiles' parts (qg_row_totals) into ss_out[tiles ss_stride + m]: one part a row for readers of
 //              more than one row (QuantGemm.row_totals; a reader of one row totals the parts alike itself)
-// The grid is (row groups, column blocks): the blocks of one column block's row groups are adjacent in launch order
-// and run side by side, so a launch of more than 8 NT rows reads each weight tile from DRAM about once (the L2 serves
-// the other groups), not once per row group as a grid of row groups one after another did. Read where used: held in
-// variables instead, they moved the K loops' SASS (NVRTC 13.0) and nt2qp ran 9% slower on the 27B's gate/up pair.
-__device__ __forceinline__ unsigned qg_row_group() { return blockIdx.x; }
-__device__ __forceinline__ unsigned qg_column_block() { return blockIdx.y; }
-__device__ __forceinline__ unsigned qg_column_blocks() { return gridDim.y; }
+// swiglu and the residual also write their outputs' magnitudes per 16 values (amax_out, for int8-activation readers).
 
-template <int NT, int WARPS, bool ONE_ROW, bool STAGED, bool RING, bool WGMMA, bool INT8, bool INT8_OWN,
-          bool PREQUANTISED>
+// A reader's RMSNorm row scales: r[m] from the ss_parts partial sums of squares ss[j ss_stride + m] (none: r = 1).
+struct QgRowNorm {
+  const float* __restrict__ ss;
+  int ss_parts, ss_stride, norm_dim;
+  float eps;
+};
+
+struct QgRowsF32 : QgRowNorm {
+  static constexpr bool PAIR = false, RESIDUAL = false;
+  float* __restrict__ out;
+  int ldo;
+  unsigned long long* __restrict__ argmax_key;
+
+  template <int NT, int WARPS, typename Work, typename Value, typename RowScale>
+  __device__ __forceinline__ void store(const Work& w, int rows_here, Value value, RowScale row_scale) const {
+    constexpr int THREADS = WARPS * LG_WARP_SIZE;
+    unsigned long long best = 0ull;
+    for (int i = threadIdx.x; i < w.tiles_per_block * 16 * 8 * NT; i += THREADS) {
+      const int mm = i % (8 * NT), r = (i / (8 * NT)) % 16, jj = i / (8 * NT * 16);
+      const int s = w.tile_seg(jj);
+      if (s < 0 || mm >= rows_here) continue;
+      const int n = w.tile_local(jj, s) * 16 + r;
+      if (n >= w.segs.seg[s].rows) continue;
+      const float v = value(jj, r, mm) * row_scale(mm);
+      const int col = w.segs.seg[s].col0 + n;
+      out[(size_t)(w.m0 + mm) * ldo + col] = v;
+      if (argmax_key != nullptr && w.m0 + mm == 0) {
+        const unsigned long long key = lg_argmax_key(v, col);
+        best = key > best ? key : best;
+      }
+    }
+    if (argmax_key != nullptr) {
+      for (int offset = LG_WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        const unsigned hi = (unsigned)lg_shfl_xor((int)(best >> 32), offset);
+        const unsigned lo = (unsigned)lg_shfl_xor((int)(best & 0xFFFFFFFFu), offset);
+        const unsigned long long other = ((unsigned long long)hi << 32) | lo;
+        best = other > best ? other : best;
+      }
+      if (lg_lane_id() == 0 && best != 0ull) lg_atomic_max_u64(argmax_key, best);
+    }
+  }
+};
+
+struct QgSwiglu : QgRowNorm {
+  static constexpr bool PAIR = true, RESIDUAL = false;
+  bf16_t* __restrict__ out;
+  int ldo;
+  unsigned short* __restrict__ amax_out;
+
+  // a half-warp a tile's 16 columns of one row (trip counts are multiples of 32: whole warps iterate)
+  template <int NT, int WARPS, typename Work, typename Value, typename RowScale>
+  __device__ __forceinline__ void store(const Work& w, int rows_here, Value value, RowScale row_scale) const {
+    constexpr int THREADS = WARPS * LG_WARP_SIZE;
+    const int half = w.tiles_per_block / 2;
+    for (int i = threadIdx.x; i < half * 16 * 8 * NT; i += THREADS) {
+      const int r = i % 16, jj = (i / 16) % half, mm = i / (16 * half);
+      const int n = w.tile_local(jj, 0) * 16 + r;
+      const bool here = mm < rows_here && n < w.segs.seg[0].rows;
+      bf16_t o = lg_from_float<bf16_t>(0.0f);
+      if (here) {
+        const float rs = row_scale(mm);
+        const float gate = value(jj, r, mm) * rs, up = value(jj + half, r, mm) * rs;
+        o = lg_from_float<bf16_t>(gate / (1.0f + __expf(-gate)) * up);
+        out[(size_t)(w.m0 + mm) * ldo + n] = o;
+      }
+    }
+  }
+};
+
+struct QgResidual {
+  static constexpr bool PAIR = false, RESIDUAL = true;
+  float* __restrict__ x;
+  int ldx;
+  const float* __restrict__ norm_w;
+  bf16_t* __restrict__ xn;
+  float* __restrict__ ss_out;
+  int ss_stride;
+  unsigned short* __restrict__ amax_out;
+  unsigned* __restrict__ ss_count;
+
+  // One matrix, the block's columns contiguous; early_in (early): the block's x rows [rows_here][cols], then its
+  // norm weights [cols]; square(mm, cl): the block's squared outputs.
+  template <int NT, int WARPS, typename Work, typename Value, typename Square>
+  __device__ __forceinline__ void store(const Work& w, int rows_here, Value value, bool early, const float* early_in,
+                                        Square square) const {
+    constexpr int THREADS = WARPS * LG_WARP_SIZE;
+    const int m0 = w.m0, cols = w.tiles_per_block * 16, n0 = qg_column_block() * cols;
+    // a half-warp 16 columns of one row (cols * 8 NT is a multiple of 32: whole warps iterate)
+    const int N = w.segs.seg[0].rows;
+    for (int i = threadIdx.x; i < cols * 8 * NT; i += THREADS) {
+      const int cl = i % cols, mm = i / cols, jj = cl / 16, r = cl % 16, n = n0 + cl;
+      const bool here = mm < rows_here && n < N;
+      float sq = 0.0f;
+      bf16_t o = lg_from_float<bf16_t>(0.0f);
+      if (here) {
+        const int m = m0 + mm;
+        const float v = (early ? early_in[mm * cols + cl] : x[(size_t)m * ldx + n]) + value(jj, r, mm);
+        x[(size_t)m * ldx + n] = v;
+        o = lg_from_float<bf16_t>(v * (1.0f + (early ? early_in[rows_here * cols + cl] : norm_w[n])));
+        xn[(size_t)m * ldx + n] = o;
+        sq = v * v;
+      }
+      square(mm, cl) = sq;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < w.tiles_per_block * rows_here; i += THREADS) {
+      const int jj = i / rows_here, mm = i % rows_here;
+      if (n0 + 16 * jj >= N) break;  // the tiles past the matrix (their parts do not exist)
+      float sum_sq = 0.0f;
+      for (int r = 0; r < 16; ++r) sum_sq += square(mm, 16 * jj + r);
+      ss_out[(size_t)(qg_column_block() * w.tiles_per_block + jj) * ss_stride + m0 + mm] = sum_sq;
+    }
+    // the launch's last block of these rows leaves their totals after the tiles' parts
+    if (ss_count != nullptr && lg_last_to_arrive(ss_count + qg_row_group(), qg_column_blocks())) {
+      const int tiles = (N + 15) / 16;
+      qg_row_totals<NT, WARPS>(ss_out, tiles, ss_stride, m0, rows_here,
+                               [&](int mm, float v) { ss_out[(size_t)tiles * ss_stride + m0 + mm] = v; });
+      lg_arrivals_reset(ss_count + qg_row_group());  // the next launch counts from zero
+    }
+  }
+};
+
+#define QG_EARLY 768  // floats of a block's early epilogue inputs (quant_gemm's early_in)
+
+// A warp's share of a launch. Block (g, b) (row group, column block) holds WARPS / parts row tiles of the launch's
+// matrices (PAIR, swiglu: the same tiles of gate, segment 0, and of up, segment 1) for tokens m0 .. m0 + 8 NT - 1,
+// m0 = 8 NT g; warp `warp` sums local tile j (segment seg, -1: none) over blocks part, part + parts, .. of K.
+template <bool PAIR>
+struct QgWork {
+  const QgSegmentTable& segs;
+  int nseg;
+  const bf16_t* __restrict__ A;
+  int lda, M, K, parts, tiles_per_block, m0;
+  const unsigned short* __restrict__ a_amax;  // int8 mainloops: A's magnitudes per 16 values
+  const unsigned char* __restrict__ aq;       // the prequantised mainloop: quant_gemm_q8_rows' bytes and da
+  const float* __restrict__ a_da;
+  int warp, j, part, seg;
+
+  // Which matrix tile local tile jj is: segment tile_seg(jj) (-1: none), its row tile tile_local(jj, seg).
+  __device__ __forceinline__ int tile_seg(int jj) const {
+    if (PAIR) {
+      const int half = tiles_per_block / 2, s = jj < half ? 0 : 1;
+      return ((int)qg_column_block() * half + (jj < half ? jj : jj - half)) * 16 < segs.seg[s].rows ? s : -1;
+    }
+    const int tile = qg_column_block() * tiles_per_block + jj;
+    int found = -1;
+    for (int s = 0; s < nseg; ++s)
+      if (tile >= segs.seg[s].tile0 && (tile - segs.seg[s].tile0) * 16 < segs.seg[s].rows) found = s;
+    return found;
+  }
+  __device__ __forceinline__ int tile_local(int jj, int s) const {
+    if (PAIR) {
+      const int half = tiles_per_block / 2;
+      return (int)qg_column_block() * half + (jj < half ? jj : jj - half);
+    }
+    return (int)qg_column_block() * tiles_per_block + jj - segs.seg[s].tile0;
+  }
+  // The tile-blocks of the warp's tile (segment seg, of block type Q).
+  template <typename Q>
+  __device__ __forceinline__ const unsigned char* weights() const {
+    return qg_tile_weights<Q>(segs.seg[seg], tile_local(j, seg), K);
+  }
+};
+
+// One kernel: Tile (a tile description, families/quant_gemm.py GemmKernel: NT groups of 8 tokens, WARPS, ONE_ROW,
+// OWN_TYPES and the MAINLOOP) with Epilogue (QgRowsF32, QgSwiglu, QgResidual and its parameters, ep). Warp w sums
+// local tile w / parts over part w % parts of K through the mainloop; the parts' sums meet in shared memory in warp
+// order, then the epilogue.
+template <typename Tile, typename Epilogue>
 __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg, const bf16_t* __restrict__ A,
-                                           int lda, int M, int K, int parts, int kind, const float* __restrict__ ss,
-                                           int ss_parts, int ss_stride, int norm_dim, float eps, void* out, int ldo,
-                                           float* __restrict__ x, const float* __restrict__ norm_w,
-                                           bf16_t* __restrict__ xn, float* __restrict__ ss_out,
-                                           unsigned long long* __restrict__ argmax_key,
+                                           int lda, int M, int K, int parts,
                                            const unsigned short* __restrict__ a_amax,
-                                           unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count,
-                                           const unsigned char* __restrict__ aq, const float* __restrict__ a_da) {
-  constexpr int THREADS = WARPS * LG_WARP_SIZE;
+                                           const unsigned char* __restrict__ aq, const float* __restrict__ a_da,
+                                           const Epilogue& ep) {
+  constexpr int NT = Tile::NT, WARPS = Tile::WARPS, THREADS = WARPS * LG_WARP_SIZE;
+  constexpr bool ONE_ROW = Tile::ONE_ROW, WGMMA = Tile::MAINLOOP == QgMainloop::WGMMA;
+  constexpr bool PREQUANTISED = Tile::MAINLOOP == QgMainloop::PREQUANTISED;
+  constexpr bool INT8 = Tile::MAINLOOP == QgMainloop::INT8 || PREQUANTISED;
   // The epilogue's arrays: the warps' part sums (red) and a residual's squared outputs. The prequantised kernels keep
   // them at the start of their dynamic shared memory (da and the rings), free once every warp's K loop is done (a
   // block barrier): with ~12 KB less a block, their three blocks leave the L1, through which the rings' copies come,
   // more room (H100: a 164 KB carveout where it was 228; the 27B's 23-slot pass 11.3 -> 10.9 ms). The others keep
   // static arrays.
-  constexpr bool EPILOGUE_DYNAMIC = INT8 && PREQUANTISED;
+  constexpr bool EPILOGUE_DYNAMIC = PREQUANTISED;
   __shared__ float red[EPILOGUE_DYNAMIC ? 1 : WARPS][NT * 4][LG_WARP_SIZE];
   __shared__ float row_ss[8 * NT];
   __shared__ float squares[EPILOGUE_DYNAMIC ? 1 : 8 * NT][16 * WARPS + 1];
@@ -931,47 +1192,34 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   // (lg_parts_sums of one part leaves it as it is): it copies them straight into row_ss, and its epilogue has no
   // totals to make, which measured 2.3 us a launch at 23 rows (not m1q's prologue: any change there moved the
   // schedule of its loops, notes/quant-gemm-perf.md session 55).
-  const bool one_total = !ONE_ROW && ss_parts == 1;
-  const bool early = INT8 && (kind == QG_RESIDUAL ? (min(8 * NT, M - m0) + 1) * tiles_per_block * 16 <= QG_EARLY
-                                                   : ss != nullptr && min(8 * NT, M - m0) * ss_parts <= QG_EARLY);
+  const bool one_total = [&] {
+    if constexpr (Epilogue::RESIDUAL) return false;
+    else return !ONE_ROW && ep.ss_parts == 1;
+  }();
+  const bool early = [&] {
+    if constexpr (!INT8) return false;
+    else if constexpr (Epilogue::RESIDUAL) return (min(8 * NT, M - m0) + 1) * tiles_per_block * 16 <= QG_EARLY;
+    else return ep.ss != nullptr && min(8 * NT, M - m0) * ep.ss_parts <= QG_EARLY;
+  }();
   auto early_copy = [&]() {
     if (!early) return;
     const int rows_here = min(8 * NT, M - m0), cols = tiles_per_block * 16, n0 = qg_column_block() * cols;
-    if (kind == QG_RESIDUAL) {
+    if constexpr (Epilogue::RESIDUAL) {
       const int N = segs.seg[0].rows;
       for (int cl = threadIdx.x; cl < cols; cl += THREADS) {
         const int n = n0 + cl < N ? n0 + cl : N - 1;
         for (int mm = 0; mm < rows_here; ++mm)
-          lg_copy4(early_in + mm * cols + cl, x + (size_t)(m0 + mm) * ldo + n, n0 + cl < N);
-        lg_copy4(early_in + rows_here * cols + cl, norm_w + n, n0 + cl < N);
+          lg_copy4(early_in + mm * cols + cl, ep.x + (size_t)(m0 + mm) * ep.ldx + n, n0 + cl < N);
+        lg_copy4(early_in + rows_here * cols + cl, ep.norm_w + n, n0 + cl < N);
       }
     } else if (one_total) {
-      for (int mm = threadIdx.x; mm < rows_here; mm += THREADS) lg_copy4(row_ss + mm, ss + m0 + mm, true);
+      for (int mm = threadIdx.x; mm < rows_here; mm += THREADS) lg_copy4(row_ss + mm, ep.ss + m0 + mm, true);
     } else {
-      for (int t = threadIdx.x; t < ss_parts; t += THREADS)
+      for (int t = threadIdx.x; t < ep.ss_parts; t += THREADS)
         for (int mm = 0; mm < rows_here; ++mm)
-          lg_copy4(early_in + t * rows_here + mm, ss + (size_t)t * ss_stride + m0 + mm, true);
+          lg_copy4(early_in + t * rows_here + mm, ep.ss + (size_t)t * ep.ss_stride + m0 + mm, true);
     }
     lg_cp_async_commit();
-  };
-  // Which matrix tile local tile j is: segment tile_seg(j) (-1: none), its row tile tile_local(j).
-  auto tile_seg = [&](int j) -> int {
-    if (kind == QG_SWIGLU) {
-      const int half = tiles_per_block / 2, seg = j < half ? 0 : 1;
-      return ((int)qg_column_block() * half + (j < half ? j : j - half)) * 16 < segs.seg[seg].rows ? seg : -1;
-    }
-    const int tile = qg_column_block() * tiles_per_block + j;
-    int seg = -1;
-    for (int s = 0; s < nseg; ++s)
-      if (tile >= segs.seg[s].tile0 && (tile - segs.seg[s].tile0) * 16 < segs.seg[s].rows) seg = s;
-    return seg;
-  };
-  auto tile_local = [&](int j, int seg) -> int {
-    if (kind == QG_SWIGLU) {
-      const int half = tiles_per_block / 2;
-      return (int)qg_column_block() * half + (j < half ? j : j - half);
-    }
-    return (int)qg_column_block() * tiles_per_block + j - segs.seg[seg].tile0;
   };
 
   float acc[NT][4];
@@ -982,85 +1230,21 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   // The warp's tile j and part of K: warp w = j parts + part; with wgmma, warpgroup w / 4 holds tiles 4 (w / 4 / parts)
   // .. + 3 of part w / 4 % parts (parts <= 2), so that its warps share a part.
   const int j = WGMMA ? (warp & 3) + 4 * (warp / 4 / parts) : warp / parts;
-  const int part = WGMMA ? warp / 4 % parts : warp % parts, seg = tile_seg(j);
-  if (WGMMA) {  // every warp walks the rounds; QuantGemm.kernel picks wgmma for groups whose warpgroups share a type
-    // [QG_WG_STAGES rounds of activations][WARPS][QG_WG_STAGES slots of the launch's largest tile-block]
-    extern __shared__ __align__(128) unsigned char qg_wg_bytes[];
-    const int slot_bytes = qg_largest_tile_block(segs, nseg);
-    unsigned char* ring = qg_wg_bytes + QG_WG_STAGES * parts * 16 * NT * 256 + warp * QG_WG_STAGES * slot_bytes;
-    const int seg0 = tile_seg(j & ~3), type = seg0 >= 0 ? segs.seg[seg0].type : -1;
-    switch (type) {
-      case 1:  // Q4_K
-        qg_tile_wgmma<QgQ4K, NT>(acc, seg >= 0 ? qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K) : nullptr,
-                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring, slot_bytes);
-        break;
-      case 2:  // Q5_K
-        qg_tile_wgmma<QgQ5K, NT>(acc, seg >= 0 ? qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K) : nullptr,
-                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring, slot_bytes);
-        break;
-      case 3:  // Q6_K
-        qg_tile_wgmma<QgQ6K, NT>(acc, seg >= 0 ? qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K) : nullptr,
-                                   true, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring, slot_bytes);
-        break;
-      default:  // no tile in this warpgroup: copy and keep step
-        qg_tile_wgmma<QgQ4K, NT>(acc, nullptr, false, K, part, parts, A, lda, m0, M, qg_wg_bytes, ring, slot_bytes);
-    }
-  } else
-  if (STAGED) {  // every warp walks the rounds; QuantGemm.kernel stages launches of 256-value block types alone
-    extern __shared__ __align__(16) unsigned char qg_stage_bytes[];
-    bf16_t* stage = reinterpret_cast<bf16_t*>(qg_stage_bytes);
-    const int type = seg >= 0 ? segs.seg[seg].type : -1;
-    switch (type) {
-      case 1:  // Q4_K
-        qg_tile_staged<QgQ4K, NT>(acc, qg_tile_weights<QgQ4K>(segs.seg[seg], tile_local(j, seg), K), K, part, parts, A,
-                                    lda, m0, M, stage);
-        break;
-      case 2:  // Q5_K
-        qg_tile_staged<QgQ5K, NT>(acc, qg_tile_weights<QgQ5K>(segs.seg[seg], tile_local(j, seg), K), K, part, parts, A,
-                                    lda, m0, M, stage);
-        break;
-      case 3:  // Q6_K
-        qg_tile_staged<QgQ6K, NT>(acc, qg_tile_weights<QgQ6K>(segs.seg[seg], tile_local(j, seg), K), K, part, parts, A,
-                                    lda, m0, M, stage);
-        break;
-      default:  // no tile: copy and keep step (every K-quant walks the same rounds)
-        qg_tile_staged<QgQ4K, NT>(acc, nullptr, K, part, parts, A, lda, m0, M, stage);
-    }
-  } else
-  if (RING) {  // the warps' rings, each QG_RING_STAGES slots of the launch's largest tile-block; ring_types alone
-    extern __shared__ __align__(16) unsigned char qg_ring_bytes[];
-    const int slot_bytes = qg_largest_tile_block(segs, nseg);
-    unsigned char* ring = qg_ring_bytes + warp * QG_RING_STAGES * slot_bytes;
-    if (seg >= 0) {
-      const QgSegment& sg = segs.seg[seg];
-      switch (sg.type) {
-        case 3:  // Q6_K
-          qg_tile_ring<QgQ6K, NT, ONE_ROW>(acc, qg_tile_weights<QgQ6K>(sg, tile_local(j, seg), K), K, part, parts, A,
-                                             lda, m0, M, ring, slot_bytes);
-          break;
-      }
-    }
-  } else
-  if (seg >= 0) {
-    const QgSegment& sg = segs.seg[seg];
-    switch (sg.type) {
-      case 0:  // Q8_0
-        qg_tile<QgQ8_0, NT, ONE_ROW>(acc, qg_tile_weights<QgQ8_0>(sg, tile_local(j, seg), K), K, part, parts, A, lda, m0,
-                                      M);
-        break;
-      case 1:  // Q4_K
-        qg_tile<QgQ4K, NT, ONE_ROW>(acc, qg_tile_weights<QgQ4K>(sg, tile_local(j, seg), K), K, part, parts, A, lda, m0,
-                                      M);
-        break;
-      case 2:  // Q5_K
-        qg_tile<QgQ5K, NT, ONE_ROW>(acc, qg_tile_weights<QgQ5K>(sg, tile_local(j, seg), K), K, part, parts, A, lda, m0,
-                                      M);
-        break;
-      case 3:  // Q6_K
-        qg_tile<QgQ6K, NT, ONE_ROW>(acc, qg_tile_weights<QgQ6K>(sg, tile_local(j, seg), K), K, part, parts, A, lda, m0,
-                                      M);
-        break;
-    }
+  const int part = WGMMA ? warp / 4 % parts : warp % parts;
+  QgWork<Epilogue::PAIR> w{segs, nseg, A, lda, M, K, parts, tiles_per_block, m0, a_amax, aq, a_da, warp, j, part, -1};
+  w.seg = w.tile_seg(j);
+  if constexpr (WGMMA)
+    qg_mainloop_wgmma<Tile>(acc, w);
+  else
+  if constexpr (Tile::MAINLOOP == QgMainloop::STAGED)
+    qg_mainloop_staged<Tile>(acc, w);
+  else
+  if constexpr (Tile::MAINLOOP == QgMainloop::RING)
+    qg_mainloop_ring<Tile>(acc, w);
+  else
+  {
+    static_assert(Tile::MAINLOOP == QgMainloop::FLOAT, "a mainloop this target renders no include for");
+    qg_mainloop_float<Tile>(acc, w);
   }
   lg_grid_dependency_wait();  // (warps without a tile) before reading ss or writing anything
   if (EPILOGUE_DYNAMIC) {  // the part sums go where da and the rings were: every warp's copies landed, reads done
@@ -1071,33 +1255,10 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) part_sum(WGMMA ? j * parts + part : warp, nt * 4 + c, lane) = acc[nt][c];
-  const int rows_here = min(8 * NT, M - m0), cols = tiles_per_block * 16, n0 = qg_column_block() * cols;
-  const bool residual = kind == QG_RESIDUAL;
+  const int rows_here = min(8 * NT, M - m0);
   if (INT8 && !EPILOGUE_DYNAMIC) lg_cp_async_wait<0>();
   __syncthreads();  // the part sums and early_in
-  // A one-row reader (ONE_ROW: M = 1): every warp totals the row's parts itself, the same sum, into a register, so no
-  // warp waits on another's (with the second barrier and row_ss's round trip gone, AR 138.5 -> 139.2 tok/s).
-  auto norm_scale = [&](float sum_sq) { return rsqrtf(sum_sq / (float)norm_dim + eps); };
-  float one_row_scale = 1.0f;
-  if (ONE_ROW && !residual && ss != nullptr) {
-    float total[1];
-    const float* const p[1] = {early ? early_in : ss + m0};
-    lg_parts_sums<1, 12>(total, p, ss_parts, early ? 1 : ss_stride);
-    one_row_scale = norm_scale(total[0]);
-  } else if (!residual && ss != nullptr && !(early && one_total)) {
-    auto store = [&](int mm, float v) { row_ss[mm] = v; };
-    if (early)
-      qg_row_totals<NT, WARPS>(early_in, ss_parts, rows_here, 0, rows_here, store);
-    else  // read after the K loop: the weights stream first
-      qg_row_totals<NT, WARPS>(ss, ss_parts, ss_stride, m0, rows_here, store);
-    __syncthreads();
-  }
-
-  // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps) (1: no ss).
-  auto row_scale = [&](int mm) {
-    return ONE_ROW ? one_row_scale : ss == nullptr ? 1.0f : norm_scale(row_ss[mm]);
-  };
-  // The sum over the parts of element (tile j, row r, token mm), in part order.
+  // The sum over the parts of element (tile jj, row r, token mm), in part order.
   auto value = [&](int jj, int r, int mm) {
     const int nt = mm >> 3, col = mm & 7;
     const int c = (r >= 8 ? 2 : 0) + (col & 1), src = 4 * (r & 7) + (col >> 1);
@@ -1105,210 +1266,362 @@ __device__ __forceinline__ void quant_gemm(const QgSegmentTable& segs, int nseg,
     for (int p = 0; p < parts; ++p) v += part_sum(jj * parts + p, nt * 4 + c, src);
     return v;
   };
-  if (kind == QG_ROWS_F32) {
-    unsigned long long best = 0ull;
-    for (int i = threadIdx.x; i < tiles_per_block * 16 * 8 * NT; i += THREADS) {
-      const int mm = i % (8 * NT), r = (i / (8 * NT)) % 16, jj = i / (8 * NT * 16);
-      const int s = tile_seg(jj);
-      if (s < 0 || mm >= rows_here) continue;
-      const int n = tile_local(jj, s) * 16 + r;
-      if (n >= segs.seg[s].rows) continue;
-      const float v = value(jj, r, mm) * row_scale(mm);
-      const int col = segs.seg[s].col0 + n;
-      reinterpret_cast<float*>(out)[(size_t)(m0 + mm) * ldo + col] = v;
-      if (argmax_key != nullptr && m0 + mm == 0) {
-        const unsigned long long key = lg_argmax_key(v, col);
-        best = key > best ? key : best;
-      }
+  if constexpr (Epilogue::RESIDUAL) {
+    ep.template store<NT, WARPS>(w, rows_here, value, early, early_in, square);
+  } else {
+    // A one-row reader (ONE_ROW: M = 1): every warp totals the row's parts itself, the same sum, into a register, so
+    // no warp waits on another's (with the second barrier and row_ss's round trip gone, AR 138.5 -> 139.2 tok/s).
+    auto norm_scale = [&](float sum_sq) { return rsqrtf(sum_sq / (float)ep.norm_dim + ep.eps); };
+    float one_row_scale = 1.0f;
+    if (ONE_ROW && ep.ss != nullptr) {
+      float total[1];
+      const float* const p[1] = {early ? early_in : ep.ss + m0};
+      lg_parts_sums<1, 12>(total, p, ep.ss_parts, early ? 1 : ep.ss_stride);
+      one_row_scale = norm_scale(total[0]);
+    } else if (ep.ss != nullptr && !(early && one_total)) {
+      auto store = [&](int mm, float v) { row_ss[mm] = v; };
+      if (early)
+        qg_row_totals<NT, WARPS>(early_in, ep.ss_parts, rows_here, 0, rows_here, store);
+      else  // read after the K loop: the weights stream first
+        qg_row_totals<NT, WARPS>(ep.ss, ep.ss_parts, ep.ss_stride, m0, rows_here, store);
+      __syncthreads();
     }
-    if (argmax_key != nullptr) {
-      for (int offset = LG_WARP_SIZE / 2; offset > 0; offset >>= 1) {
-        const unsigned hi = (unsigned)lg_shfl_xor((int)(best >> 32), offset);
-        const unsigned lo = (unsigned)lg_shfl_xor((int)(best & 0xFFFFFFFFu), offset);
-        const unsigned long long other = ((unsigned long long)hi << 32) | lo;
-        best = other > best ? other : best;
-      }
-      if (lane == 0 && best != 0ull) lg_atomic_max_u64(argmax_key, best);
-    }
-  } else if (kind == QG_SWIGLU) {
-    // a half-warp a tile's 16 columns of one row (trip counts are multiples of 32: whole warps iterate)
-    const int half = tiles_per_block / 2;
-    for (int i = threadIdx.x; i < half * 16 * 8 * NT; i += THREADS) {
-      const int r = i % 16, jj = (i / 16) % half, mm = i / (16 * half);
-      const int n = tile_local(jj, 0) * 16 + r;
-      const bool here = mm < rows_here && n < segs.seg[0].rows;
-      bf16_t o = lg_from_float<bf16_t>(0.0f);
-      if (here) {
-        const float rs = row_scale(mm);
-        const float gate = value(jj, r, mm) * rs, up = value(jj + half, r, mm) * rs;
-        o = lg_from_float<bf16_t>(gate / (1.0f + __expf(-gate)) * up);
-        reinterpret_cast<bf16_t*>(out)[(size_t)(m0 + mm) * ldo + n] = o;
-      }
-    }
-  } else {  // residual: one matrix, the block's columns contiguous
-    // a half-warp 16 columns of one row (cols * 8 NT is a multiple of 32: whole warps iterate)
-    const int N = segs.seg[0].rows;
-    for (int i = threadIdx.x; i < cols * 8 * NT; i += THREADS) {
-      const int cl = i % cols, mm = i / cols, jj = cl / 16, r = cl % 16, n = n0 + cl;
-      const bool here = mm < rows_here && n < N;
-      float sq = 0.0f;
-      bf16_t o = lg_from_float<bf16_t>(0.0f);
-      if (here) {
-        const int m = m0 + mm;
-        const float v = (early ? early_in[mm * cols + cl] : x[(size_t)m * ldo + n]) + value(jj, r, mm);
-        x[(size_t)m * ldo + n] = v;
-        o = lg_from_float<bf16_t>(v * (1.0f + (early ? early_in[rows_here * cols + cl] : norm_w[n])));
-        xn[(size_t)m * ldo + n] = o;
-        sq = v * v;
-      }
-      square(mm, cl) = sq;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < tiles_per_block * rows_here; i += THREADS) {
-      const int jj = i / rows_here, mm = i % rows_here;
-      if (n0 + 16 * jj >= N) break;  // the tiles past the matrix (their parts do not exist)
-      float sum_sq = 0.0f;
-      for (int r = 0; r < 16; ++r) sum_sq += square(mm, 16 * jj + r);
-      ss_out[(size_t)(qg_column_block() * tiles_per_block + jj) * ss_stride + m0 + mm] = sum_sq;
-    }
-    // the launch's last block of these rows leaves their totals after the tiles' parts
-    if (ss_count != nullptr && lg_last_to_arrive(ss_count + qg_row_group(), qg_column_blocks())) {
-      const int tiles = (N + 15) / 16;
-      qg_row_totals<NT, WARPS>(ss_out, tiles, ss_stride, m0, rows_here,
-                               [&](int mm, float v) { ss_out[(size_t)tiles * ss_stride + m0 + mm] = v; });
-      lg_arrivals_reset(ss_count + qg_row_group());  // the next launch counts from zero
-    }
+    // r[m] = rsqrt(sum_j ss[j ss_stride + m] / norm_dim + eps) (1: no ss).
+    auto row_scale = [&](int mm) {
+      return ONE_ROW ? one_row_scale : ep.ss == nullptr ? 1.0f : norm_scale(row_ss[mm]);
+    };
+    ep.template store<NT, WARPS>(w, rows_here, value, row_scale);
   }
 }
-// The kernels (families/quant_gemm.py instances); the prequantised ones (nt<N>qp) alone take quant_gemm_q8_rows'
-// bytes, aq and a_da, and the others' parameters are what they were before those kernels existed.
+// The kernels (families/quant_gemm.py instances): one per tile description and epilogue, quant_gemm_<tile>_<epilogue>.
+// The prequantised ones (nt<N>qp) alone take quant_gemm_q8_rows' bytes, aq and a_da.
 
+struct QgTile_m1 {
+  static constexpr int NT = 1, WARPS = 8;
+  static constexpr bool ONE_ROW = true, OWN_TYPES = false;
+  static constexpr QgMainloop MAINLOOP = QgMainloop::FLOAT;
+};
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
-quant_gemm_m1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, true, false, false,
-             false, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
+quant_gemm_m1_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                       int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                       int ss_parts, int ss_stride, int norm_dim, float eps, float* __restrict__ out, int ldo,
+                       unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<QgTile_m1>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_m1_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                     int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                     int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
+                     unsigned short* __restrict__ amax_out) {
+  quant_gemm<QgTile_m1>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_m1_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                       int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
+                       int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
+                       int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+  quant_gemm<QgTile_m1>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
 }
 
+struct QgTile_nt1 {
+  static constexpr int NT = 1, WARPS = 8;
+  static constexpr bool ONE_ROW = false, OWN_TYPES = false;
+  static constexpr QgMainloop MAINLOOP = QgMainloop::FLOAT;
+};
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
-quant_gemm_nt1(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, false, false, false,
-             false, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
+quant_gemm_nt1_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                        int M, int K, int parts, const unsigned short* __restrict__ a_amax,
+                        const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                        float* __restrict__ out, int ldo, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<QgTile_nt1>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_nt1_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                      int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                      int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
+                      unsigned short* __restrict__ amax_out) {
+  quant_gemm<QgTile_nt1>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_nt1_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                        int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
+                        int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
+                        int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+  quant_gemm<QgTile_nt1>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
 }
 
+struct QgTile_nt2 {
+  static constexpr int NT = 2, WARPS = 8;
+  static constexpr bool ONE_ROW = false, OWN_TYPES = false;
+  static constexpr QgMainloop MAINLOOP = QgMainloop::FLOAT;
+};
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
-quant_gemm_nt2(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 8, false, false, false,
-             false, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
+quant_gemm_nt2_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                        int M, int K, int parts, const unsigned short* __restrict__ a_amax,
+                        const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                        float* __restrict__ out, int ldo, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<QgTile_nt2>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_nt2_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                      int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                      int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
+                      unsigned short* __restrict__ amax_out) {
+  quant_gemm<QgTile_nt2>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_nt2_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                        int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
+                        int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
+                        int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+  quant_gemm<QgTile_nt2>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
 }
 
+struct QgTile_nt3 {
+  static constexpr int NT = 3, WARPS = 8;
+  static constexpr bool ONE_ROW = false, OWN_TYPES = false;
+  static constexpr QgMainloop MAINLOOP = QgMainloop::FLOAT;
+};
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
-quant_gemm_nt3(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 8, false, false, false,
-             false, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
+quant_gemm_nt3_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                        int M, int K, int parts, const unsigned short* __restrict__ a_amax,
+                        const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                        float* __restrict__ out, int ldo, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<QgTile_nt3>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
 }
-
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
-quant_gemm_nt4(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<4, 8, false, false, false,
-             false, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
+quant_gemm_nt3_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                      int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                      int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
+                      unsigned short* __restrict__ amax_out) {
+  quant_gemm<QgTile_nt3>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
 }
-
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
-quant_gemm_nt2s(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 8, false, true, false,
-             false, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
+quant_gemm_nt3_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                        int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
+                        int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
+                        int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+  quant_gemm<QgTile_nt3>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
 }
 
+struct QgTile_nt4 {
+  static constexpr int NT = 4, WARPS = 8;
+  static constexpr bool ONE_ROW = false, OWN_TYPES = false;
+  static constexpr QgMainloop MAINLOOP = QgMainloop::FLOAT;
+};
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
-quant_gemm_nt3s(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 8, false, true, false,
-             false, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
+quant_gemm_nt4_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                        int M, int K, int parts, const unsigned short* __restrict__ a_amax,
+                        const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                        float* __restrict__ out, int ldo, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<QgTile_nt4>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
+quant_gemm_nt4_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                      int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                      int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
+                      unsigned short* __restrict__ amax_out) {
+  quant_gemm<QgTile_nt4>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
+quant_gemm_nt4_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                        int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
+                        int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
+                        int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+  quant_gemm<QgTile_nt4>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
 }
 
-extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
-quant_gemm_m1r(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<1, 8, true, false, true,
-             false, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
+struct QgTile_nt2s {
+  static constexpr int NT = 2, WARPS = 8;
+  static constexpr bool ONE_ROW = false, OWN_TYPES = false;
+  static constexpr QgMainloop MAINLOOP = QgMainloop::STAGED;
+};
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
+quant_gemm_nt2s_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                         int M, int K, int parts, const unsigned short* __restrict__ a_amax,
+                         const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                         float* __restrict__ out, int ldo, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<QgTile_nt2s>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
+quant_gemm_nt2s_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                       int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                       int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
+                       unsigned short* __restrict__ amax_out) {
+  quant_gemm<QgTile_nt2s>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
+quant_gemm_nt2s_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                         int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
+                         int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
+                         int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+  quant_gemm<QgTile_nt2s>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
 }
 
-extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
-quant_gemm_nt2w(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<2, 8, false, false, false,
-             true, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
+struct QgTile_nt3s {
+  static constexpr int NT = 3, WARPS = 8;
+  static constexpr bool ONE_ROW = false, OWN_TYPES = false;
+  static constexpr QgMainloop MAINLOOP = QgMainloop::STAGED;
+};
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
+quant_gemm_nt3s_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                         int M, int K, int parts, const unsigned short* __restrict__ a_amax,
+                         const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                         float* __restrict__ out, int ldo, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<QgTile_nt3s>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
+quant_gemm_nt3s_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                       int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                       int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
+                       unsigned short* __restrict__ amax_out) {
+  quant_gemm<QgTile_nt3s>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 1)
+quant_gemm_nt3s_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                         int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
+                         int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
+                         int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+  quant_gemm<QgTile_nt3s>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
 }
 
+struct QgTile_m1r {
+  static constexpr int NT = 1, WARPS = 8;
+  static constexpr bool ONE_ROW = true, OWN_TYPES = false;
+  static constexpr QgMainloop MAINLOOP = QgMainloop::RING;
+};
 extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
-quant_gemm_nt3w(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda, int M, int K,
-                 int parts, int kind, const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
-                 void* out, int ldo, float* __restrict__ x, const float* __restrict__ norm_w, bf16_t* __restrict__ xn,
-                 float* __restrict__ ss_out, unsigned long long* __restrict__ argmax_key,
-                 const unsigned short* __restrict__ a_amax, unsigned short* __restrict__ amax_out,
-                 unsigned* __restrict__ ss_count) {
-  quant_gemm<3, 8, false, false, false,
-             true, false, false, false>(
-      segs, nseg, A, lda, M, K, parts, kind, ss, ss_parts, ss_stride, norm_dim, eps, out, ldo, x, norm_w, xn, ss_out,
-      argmax_key, a_amax, amax_out, ss_count, nullptr, nullptr);
+quant_gemm_m1r_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                        int M, int K, int parts, const unsigned short* __restrict__ a_amax,
+                        const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                        float* __restrict__ out, int ldo, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<QgTile_m1r>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_m1r_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                      int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                      int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
+                      unsigned short* __restrict__ amax_out) {
+  quant_gemm<QgTile_m1r>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_m1r_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                        int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
+                        int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
+                        int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+  quant_gemm<QgTile_m1r>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
+}
+
+struct QgTile_nt2w {
+  static constexpr int NT = 2, WARPS = 8;
+  static constexpr bool ONE_ROW = false, OWN_TYPES = false;
+  static constexpr QgMainloop MAINLOOP = QgMainloop::WGMMA;
+};
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_nt2w_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                         int M, int K, int parts, const unsigned short* __restrict__ a_amax,
+                         const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                         float* __restrict__ out, int ldo, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<QgTile_nt2w>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_nt2w_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                       int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                       int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
+                       unsigned short* __restrict__ amax_out) {
+  quant_gemm<QgTile_nt2w>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_nt2w_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                         int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
+                         int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
+                         int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+  quant_gemm<QgTile_nt2w>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
+}
+
+struct QgTile_nt3w {
+  static constexpr int NT = 3, WARPS = 8;
+  static constexpr bool ONE_ROW = false, OWN_TYPES = false;
+  static constexpr QgMainloop MAINLOOP = QgMainloop::WGMMA;
+};
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_nt3w_rows_f32(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                         int M, int K, int parts, const unsigned short* __restrict__ a_amax,
+                         const float* __restrict__ ss, int ss_parts, int ss_stride, int norm_dim, float eps,
+                         float* __restrict__ out, int ldo, unsigned long long* __restrict__ argmax_key) {
+  quant_gemm<QgTile_nt3w>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgRowsF32{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, argmax_key});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_nt3w_swiglu(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                       int M, int K, int parts, const unsigned short* __restrict__ a_amax, const float* __restrict__ ss,
+                       int ss_parts, int ss_stride, int norm_dim, float eps, bf16_t* __restrict__ out, int ldo,
+                       unsigned short* __restrict__ amax_out) {
+  quant_gemm<QgTile_nt3w>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgSwiglu{{ss, ss_parts, ss_stride, norm_dim, eps}, out, ldo, amax_out});
+}
+extern "C" __global__ void __launch_bounds__(8 * LG_WARP_SIZE, 2)
+quant_gemm_nt3w_residual(const __grid_constant__ QgSegmentTable segs, int nseg, const bf16_t* __restrict__ A, int lda,
+                         int M, int K, int parts, const unsigned short* __restrict__ a_amax, float* __restrict__ x,
+                         int ldx, const float* __restrict__ norm_w, bf16_t* __restrict__ xn, float* __restrict__ ss_out,
+                         int ss_stride, unsigned short* __restrict__ amax_out, unsigned* __restrict__ ss_count) {
+  quant_gemm<QgTile_nt3w>(segs, nseg, A, lda, M, K, parts, a_amax,
+                                 nullptr, nullptr,
+                                 QgResidual{x, ldx, norm_w, xn, ss_out, ss_stride, amax_out, ss_count});
 }
