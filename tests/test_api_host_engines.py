@@ -2,7 +2,7 @@
 the quantised target's plain decoding (one-slot verify passes, no draft) and the speculative engine is checked
 against the compiled kernels, greedy and sampled (logits to the host sampler), with stop tokens seen at chunk ends;
 closing the LLM frees every allocation. The tokens are the host device's stand-ins (what the GPU tests check is
-tests/gpu/test_api.py)."""
+tests/gpu/test_api_gpu.py)."""
 
 from __future__ import annotations
 

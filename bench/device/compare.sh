@@ -36,8 +36,8 @@ case ${1:-prep} in
       tests/gpu/test_quant_gemm.py tests/gpu/test_quant_target.py tests/gpu/test_tree_verify.py \
       tests/gpu/test_dflash_draft.py tests/gpu/test_megakernel.py tests/gpu/test_small_kernels.py \
       tests/gpu/test_quant_matvec.py tests/gpu/test_prefill.py tests/gpu/test_prefill_gemm.py \
-      tests/gpu/test_prefill_attention.py tests/gpu/test_prefill_deltanet.py tests/gpu/test_sampling.py \
-      tests/gpu/test_api.py tests/gpu/test_serve_gpu.py} > "$OUT/gpu_tests.log" 2>&1
+      tests/gpu/test_prefill_attention.py tests/gpu/test_prefill_deltanet.py tests/gpu/test_sampling_gpu.py \
+      tests/gpu/test_api_gpu.py tests/gpu/test_serve_gpu.py} > "$OUT/gpu_tests.log" 2>&1
     echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -25
     wait; tail -2 "$OUT/build_base.log"; cat "$OUT/weights.log" | tail -5; ls -la /tmp | grep -E "q08|q27|d27"
     ;;
