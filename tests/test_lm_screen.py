@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -95,22 +98,50 @@ def test_codes_pack_six_bits_each_and_back(seed, rows, chunks):
     np.testing.assert_array_equal(lm_screen.unpack_codes(packed), q)
 
 
-def test_codes_layout_is_the_kernels():
-    """The kernel's reading of a chunk (RowFormat<code6_t>::dot): nibble word j, pair word j / 2 shifted by
-    4 - 2 (2 (j & 1)) or 4 - 2 (2 (j & 1) + 1), masked, and each byte minus 32."""
-    H = 128
-    q = np.random.default_rng(3).integers(-31, 32, (1, H)).astype(np.int8)
-    row = lm_screen.pack_codes(q)[0]
-    for c in range(H // 32):
-        nib = np.frombuffer(row[16 * c : 16 * c + 16].tobytes(), "<u4")
-        pairs = np.frombuffer(row[H // 2 + 8 * c : H // 2 + 8 * c + 8].tobytes(), "<u4")
-        for j in range(4):
-            u, n = int(pairs[j >> 1]), int(nib[j])
-            lo = (n & 0x0F0F0F0F) | ((u if j & 1 else u << 4) & 0x30303030)
-            hi = ((n >> 4) & 0x0F0F0F0F) | ((u >> 2 if j & 1 else u << 2) & 0x30303030)
-            for k in range(4):
-                assert ((lo >> 8 * k) & 255) - 32 == q[0, 32 * c + 8 * j + k]
-                assert ((hi >> 8 * k) & 255) - 32 == q[0, 32 * c + 8 * j + 4 + k]
+def test_codes_layout_is_the_kernels(tmp_path):
+    """The kernel's reading of a chunk (templates/megakernel/code6.cuh.j2: code6_unpack, which
+    RowFormat<code6_t>::dot calls), compiled for the host by a C++ compiler (its device qualifiers defined away): for
+    random rows packed by pack_codes, byte k of nibble word j's two unpacked words, minus 32, is element 8j + k and
+    8j + 4 + k of its chunk."""
+    compiler = shutil.which("g++") or shutil.which("clang++") or shutil.which("clang++-19")
+    if compiler is None:
+        pytest.skip("no host C++ compiler (g++ or clang++) to run the kernel's code unpacking on the CPU")
+    source = codegen.render_string(load_target("sm_90"), '{% include "megakernel/code6.cuh.j2" %}')
+    program = tmp_path / "code6.cpp"
+    program.write_text("#include <stdio.h>\n#include <string.h>\n#define __device__\n"
+                       "#define __forceinline__ inline\n" + source + """
+int main() {  // stdin: packed rows of H codes (3H/4 bytes each); stdout: the unpacked codes, a byte each
+  int H;
+  if (scanf("%d", &H) != 1 || getchar() != '\\n') return 1;
+  static unsigned char row[3 << 14], out[1 << 16];
+  while (fread(row, 1, H / 4 * 3, stdin) == (size_t)(H / 4 * 3)) {
+    for (int c = 0; c < H / 32; ++c)
+      for (int j = 0; j < 4; ++j) {
+        unsigned nib, u, lo, hi;
+        memcpy(&nib, row + 16 * c + 4 * j, 4);
+        memcpy(&u, row + H / 2 + 8 * c + 4 * (j >> 1), 4);
+        code6_unpack(nib, u, j, lo, hi);
+        for (int k = 0; k < 4; ++k) {
+          out[32 * c + 8 * j + k] = (unsigned char)(lo >> 8 * k);
+          out[32 * c + 8 * j + 4 + k] = (unsigned char)(hi >> 8 * k);
+        }
+      }
+    fwrite(out, 1, H, stdout);
+  }
+  return 0;
+}
+""")
+    subprocess.run([compiler, "-O1", "-o", str(tmp_path / "code6"), str(program)], check=True)
+    rng = np.random.default_rng(3)
+    for H in (64, 128, 1024):
+        q = rng.integers(-lm_screen.LEVELS, lm_screen.LEVELS + 1, (50, H)).astype(np.int8)
+        q[0] = -lm_screen.LEVELS  # every bit pattern's extremes: codes + 32 of 1 and 63
+        q[1] = lm_screen.LEVELS
+        packed = lm_screen.pack_codes(q)
+        run = subprocess.run([str(tmp_path / "code6")], input=f"{H}\n".encode() + packed.tobytes(), check=True,
+                             capture_output=True)
+        unpacked = np.frombuffer(run.stdout, np.uint8).reshape(q.shape).astype(np.int16) - 32
+        np.testing.assert_array_equal(unpacked, q)
 
 
 def test_refuses_a_row_length_it_cannot_pack():
@@ -136,3 +167,5 @@ def test_the_megakernel_renders_the_screen_where_it_fits(target, fits):
     assert 4 * params["smem_floats"] <= t.smem_per_block
     source = codegen.render(t, "megakernel/decode.cu.j2", mk=params)
     assert ("void lm_head_screen_phase(" in source) is fits
+    # the unpacking that test_codes_layout_is_the_kernels runs on the host
+    assert "code6_unpack(nib[j], pairs[j >> 1], j, lo, hi);" in source
