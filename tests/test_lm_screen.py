@@ -99,17 +99,21 @@ def test_codes_pack_six_bits_each_and_back(seed, rows, chunks):
 
 
 def test_codes_layout_is_the_kernels(tmp_path):
-    """The kernel's reading of a chunk (templates/megakernel/code6.cuh.j2: code6_unpack, which
-    RowFormat<code6_t>::dot calls), compiled for the host by a C++ compiler (its device qualifiers defined away): for
-    random rows packed by pack_codes, byte k of nibble word j's two unpacked words, minus 32, is element 8j + k and
-    8j + 4 + k of its chunk."""
+    """The kernel's reading of a chunk (templates/megakernel/code6.j2: the code6_unpack macro, which
+    RowFormat<code6_t>::dot renders inline), rendered into a host function and compiled by a C++ compiler: for random
+    rows packed by pack_codes, byte k of nibble word j's two unpacked words, minus 32, is element 8j + k and 8j + 4 + k
+    of its chunk."""
     compiler = shutil.which("g++") or shutil.which("clang++") or shutil.which("clang++-19")
     if compiler is None:
         pytest.skip("no host C++ compiler (g++ or clang++) to run the kernel's code unpacking on the CPU")
-    source = codegen.render_string(load_target("sm_90"), '{% include "megakernel/code6.cuh.j2" %}')
+    source = codegen.render_string(load_target("sm_90"), """{% from "megakernel/code6.j2" import code6_unpack %}
+static void code6_unpack(unsigned nib, unsigned u, int j, unsigned& lo_out, unsigned& hi_out) {
+  {{ code6_unpack("nib", "u", "j", "  ") }}
+  lo_out = lo;
+  hi_out = hi;
+}""")
     program = tmp_path / "code6.cpp"
-    program.write_text("#include <stdio.h>\n#include <string.h>\n#define __device__\n"
-                       "#define __forceinline__ inline\n" + source + """
+    program.write_text("#include <stdio.h>\n#include <string.h>\n" + source + """
 int main() {  // stdin: packed rows of H codes (3H/4 bytes each); stdout: the unpacked codes, a byte each
   int H;
   if (scanf("%d", &H) != 1 || getchar() != '\\n') return 1;
@@ -167,5 +171,7 @@ def test_the_megakernel_renders_the_screen_where_it_fits(target, fits):
     assert 4 * params["smem_floats"] <= t.smem_per_block
     source = codegen.render(t, "megakernel/decode.cu.j2", mk=params)
     assert ("void lm_head_screen_phase(" in source) is fits
-    # the unpacking that test_codes_layout_is_the_kernels runs on the host
-    assert "code6_unpack(nib[j], pairs[j >> 1], j, lo, hi);" in source
+    # the unpacking that test_codes_layout_is_the_kernels runs on the host, rendered inline in RowFormat<code6_t>::dot
+    unpack = codegen.render_string(t, '{% from "megakernel/code6.j2" import code6_unpack %}'
+                                      '{{ code6_unpack("nib[j]", "u", "j", "      ") }}')
+    assert "const unsigned u = pairs[j >> 1];\n      " + unpack + "\n" in source

@@ -661,13 +661,6 @@ struct Code6Chunk {
 // Byte k of w, a code + 32, as the code's float: the float 2^23 + 32 + q under the exponent byte of 2^23, minus
 // 2^23 + 32 (exact; an int-to-float conversion is a quarter-rate instruction).
 __device__ __forceinline__ float code6_value(unsigned w, int k) { return mk_byte_over_2p23(w, k) - 8388640.f; }
-// Nibble word j of a chunk (j = 0 .. 3) and its pair word (pair word j / 2) as four codes + 32 a word, a byte each:
-// byte k of lo is element 8j + k, byte k of hi element 8j + 4 + k. Their top bits are bit pairs 2 (j & 1) and
-// 2 (j & 1) + 1 of byte k of the pair word: a shift and a mask put four top bit pairs under four nibbles.
-__device__ __forceinline__ void code6_unpack(unsigned nib, unsigned u, int j, unsigned& lo, unsigned& hi) {
-  lo = (nib & 0x0F0F0F0Fu) | (((j & 1) ? u : u << 4) & 0x30303030u);
-  hi = ((nib >> 4) & 0x0F0F0F0Fu) | (((j & 1) ? u >> 2 : u << 2) & 0x30303030u);
-}
 template <>
 struct RowFormat<code6_t> {
   static constexpr int PER = 32;
@@ -678,15 +671,17 @@ struct RowFormat<code6_t> {
   static __device__ __forceinline__ Chunk load(const code6_t* row, int cols, int, int c) {
     return Chunk{mk_load_weight16(row + 16 * c), mk_load_weight8(row + cols / 2 + 8 * c)};
   }
-  // Chunk c (elements 32c .. 32c + 31, whole rows: c0 is 0; the xs chunks 4c .. 4c + 3) times x: nibble word j and
-  // pair word j / 2 as codes + 32 (code6_unpack).
+  // Chunk c (elements 32c .. 32c + 31, whole rows: c0 is 0; the xs chunks 4c .. 4c + 3) times x. Nibble word j holds
+  // elements 8j + k (low nibble of byte k) and 8j + 4 + k (high); their top bits are bit pairs 2 (j & 1) and
+  // 2 (j & 1) + 1 of byte k of pair word j / 2. A shift and a mask put four top bit pairs under four nibbles: four codes + 32, a byte each.
   static __device__ __forceinline__ float dot(const Chunk& v, const mk_float4* x4, int, int c, int cols) {
     const unsigned nib[4] = {v.nibbles.x, v.nibbles.y, v.nibbles.z, v.nibbles.w}, pairs[2] = {v.pairs.x, v.pairs.y};
     float a = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      unsigned lo, hi;
-      code6_unpack(nib[j], pairs[j >> 1], j, lo, hi);
+      const unsigned u = pairs[j >> 1];
+      const unsigned lo = (nib[j] & 0x0F0F0F0Fu) | (((j & 1) ? u : u << 4) & 0x30303030u);
+      const unsigned hi = ((nib[j] >> 4) & 0x0F0F0F0Fu) | (((j & 1) ? u >> 2 : u << 2) & 0x30303030u);
       const mk_float4 xl = x4[4 * c + j], xh = x4[cols / 8 + 4 * c + j];
       a += code6_value(lo, 0) * xl.x + code6_value(lo, 1) * xl.y + code6_value(lo, 2) * xl.z +
            code6_value(lo, 3) * xl.w + code6_value(hi, 0) * xh.x + code6_value(hi, 1) * xh.y +
