@@ -45,6 +45,7 @@ BOUNDS = {
     "0.8b": {"rounded": (7e-2, 0.998, 1.5e-1), "f32": (1.5e-1, 0.995, 2.5e-1)},
     "tiny-q": {"rounded": (6e-2, 0.999, 8e-2), "f32": (1.5e-1, 0.997, 1.5e-1)},
 }
+BOUNDS["tiny-q-legacy"] = BOUNDS["tiny-q"]  # the same model in llama.cpp's older Q4_K_M mix
 F32_TOL_REL, F32_COS_MIN = BOUNDS["tiny"]["f32"][:2]
 TOL_REL, COS_MIN = BOUNDS["tiny"]["rounded"][:2]
 
