@@ -75,3 +75,33 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(generator.ljust(width) + "".join(str(counts[c]).rjust(len(c) + 3)
                                                                       for c in FUZZ_COLUMNS))
     terminalreporter.write_line("total".ljust(width) + "".join(str(total[c]).rjust(len(c) + 3) for c in FUZZ_COLUMNS))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny safetensors checkpoint (``st/``) and its GGUF twin (``t.gguf``), written by init-weights; modules that
+    need another tiny model define a ``tiny`` fixture of their own."""
+    from lucegen.cli import main
+
+    base = tmp_path_factory.mktemp("tiny")
+    assert main(["init-weights", "--preset", "tiny", "--format", "safetensors", "--out", str(base / "st"),
+                 "--quiet"]) == 0
+    assert main(["init-weights", "--preset", "tiny", "--format", "gguf", "--out", str(base / "t.gguf"),
+                 "--quiet"]) == 0
+    return base
+
+
+@pytest.fixture(scope="module")
+def oa(server):
+    """The official OpenAI client on the serve test module's ``server``."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def an(server):
+    """The official Anthropic client on the serve test module's ``server``."""
+    import anthropic
+
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)

@@ -138,3 +138,4 @@ class ScriptedEngine(Engine):
 
     def close(self) -> None:
         pass
+

@@ -17,17 +17,6 @@ from lucegen.model.tokenizer import load_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny safetensors checkpoint and its GGUF twin."""
-    base = tmp_path_factory.mktemp("tiny")
-    assert main(["init-weights", "--preset", "tiny", "--format", "safetensors", "--out", str(base / "st"),
-                 "--quiet"]) == 0
-    assert main(["init-weights", "--preset", "tiny", "--format", "gguf", "--out", str(base / "t.gguf"),
-                 "--quiet"]) == 0
-    return base
-
-
 def one_line(capsys) -> str:
     err = capsys.readouterr().err
     assert err.startswith("lucegen: error: ") and err.count("\n") == 1, err

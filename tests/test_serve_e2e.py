@@ -10,7 +10,6 @@ import asyncio
 import json
 import time
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -32,16 +31,6 @@ def server(tiny):
     yield srv
     srv.stop()
     assert srv.server.llm.engine is None  # the lifespan closed the engine
-
-
-@pytest.fixture(scope="module")
-def oa(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def an(server):
-    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
 
 
 def chat_text(message) -> str:

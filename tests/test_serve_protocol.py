@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
-import openai
 import pytest
 
 from lucegen import LLM
@@ -44,16 +42,6 @@ def script(server):
         return engine
 
     return set_text
-
-
-@pytest.fixture(scope="module")
-def oa(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def an(server):
-    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
 
 
 def test_openai_reasoning_and_tool_call(oa, script):

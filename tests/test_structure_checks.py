@@ -9,22 +9,11 @@ import struct
 
 import pytest
 
-from lucegen.cli import main
 from lucegen.errors import CheckpointError
 from lucegen.model.checkpoint import load_checkpoint
 from lucegen.model.config import ModelConfig
 from lucegen.model.gguf_io import GGUFFile
 from lucegen.model.quant import TYPES
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    base = tmp_path_factory.mktemp("tiny")
-    assert main(["init-weights", "--preset", "tiny", "--format", "safetensors", "--out", str(base / "st"),
-                 "--quiet"]) == 0
-    assert main(["init-weights", "--preset", "tiny", "--format", "gguf", "--out", str(base / "t.gguf"),
-                 "--quiet"]) == 0
-    return base
 
 
 def type_field(data: bytes, name: str, n_dims: int) -> int:
