@@ -6,7 +6,7 @@
 #   weights     random checkpoints in /tmp (0.8B, 27B Q4_K_M legacy and current mix, DFlash drafts); run it in the
 #               background (`compare.sh weights &`) and later steps wait for the files they read
 #   tests       GPU tests ($GPU_TESTS, default all of tests/gpu)
-#   decode      bench decode, baseline and this tree alternating
+#   decode      bench decode, baseline and this tree alternating ($TREES: which trees, in order)
 #   prefill     bench prefill (0.8B), baseline and this tree
 #   ar          bench dflash on the legacy-mix 27B, baseline and this tree alternating twice
 #   realmix     this tree alone: run and bench dflash on the current-mix 27B and a lucebox-layout draft
@@ -38,29 +38,30 @@ for step in "$@"; do case $step in
     TAIL=3 run coldbuild timeout $(left) env LUCEGEN_CACHE_DIR=/tmp/cold-cache bash -c "time python3 -m lucegen.cli build --target sm_90 --jobs 16 --out /tmp/cold-out"
     ;;
   weights)
-    { written $q08 --preset qwen3.5-0.8b --format safetensors
-      written $d27 --preset dflash-qwen3.5-27b
-      written $q27l --preset qwen3.5-27b --format gguf --quant q4_k_m_legacy
-      written $d27l --preset dflash-qwen3.5-27b --format gguf --quant q8_0 --draft-layout lucebox
-      written $q27 --preset qwen3.5-27b --format gguf --quant q4_k_m; } > "$OUT/weights.log" 2>&1
+    for spec in "$q08 --preset qwen3.5-0.8b --format safetensors" "$d27 --preset dflash-qwen3.5-27b" \
+        "$q27l --preset qwen3.5-27b --format gguf --quant q4_k_m_legacy" \
+        "$d27l --preset dflash-qwen3.5-27b --format gguf --quant q8_0 --draft-layout lucebox" \
+        "$q27 --preset qwen3.5-27b --format gguf --quant q4_k_m"; do
+      written $spec > "$OUT/weights_$(basename ${spec%% *}).log" 2>&1 &
+    done; wait
     echo "=== weights written ($(( $(date +%s) - start )) s)"
     ;;
   tests)
     TAIL=25 run gpu_tests timeout $(left) python3 -m pytest -q -rfs --tb=short -p no:cacheprovider ${GPU_TESTS:-tests/gpu}
     ;;
   decode)
-    ready $q08 && for tree in base new new base; do
+    ready $q08 && for tree in ${TREES:-base new new base}; do
       dir=$base; [ $tree = new ] && dir=$new
       TAIL=14 run decode_$tree lg "$dir" bench decode --model $q08 --no-hf --json "$OUT/decode_$tree.json"
     done ;;
   prefill)
-    ready $q08 && for tree in base new; do
+    ready $q08 && for tree in ${TREES:-base new}; do
       dir=$base; [ $tree = new ] && dir=$new
       run prefill_$tree lg "$dir" bench prefill --model $q08 --tokens 520 4096 --no-hf --no-gemm \
           --json "$OUT/prefill_$tree.json"
     done ;;
   ar)
-    ready $q27l $d27 && for tree in base new base new; do
+    ready $q27l $d27 && for tree in ${TREES:-base new base new}; do
       dir=$base; [ $tree = new ] && dir=$new
       TAIL=12 run ar_$tree lg "$dir" bench dflash --model $q27l --draft $d27 --repeats 5 --budgets 1 22 \
           --json "$OUT/ar_$tree.json"
