@@ -170,6 +170,7 @@ class LLM:
                     draft_ring, chunk, prefill):
         from .runtime.device import Device
         from .runtime.gpu_engines import MegakernelEngine, QuantEngine, SpeculativeEngine
+        from .runtime.memory_fit import available_bytes, forecast
         from .runtime.quant_target import QuantDecoder, open_target
         from .target import Target
 
@@ -186,6 +187,10 @@ class LLM:
         context = max_context or min(DEFAULT_GPU_CONTEXT, self.config.max_position_embeddings)
         decoder = None
         try:
+            # before any allocation: a checkpoint or context the device cannot hold is one line saying what fits
+            need = forecast(checkpoint, dev.target, kv_cache, prefill_kernels=prefill == "kernels",
+                            speculative=draft is not None)
+            need.check(context, available_bytes(dev), self.path.name, dev.name)
             decoder = open_target(checkpoint, target=target if isinstance(target, Target) else None,
                                   max_context=context, device=dev, kv_cache=kv_cache)
             if draft is not None:
