@@ -70,6 +70,21 @@ def test_largest_context_is_the_last_that_fits():
         need.check(4, 1100, "m", "dev")
 
 
+def test_the_27b_in_bf16_on_each_chip():
+    """The megakernel's forecast of the real 27B shapes (a checkpoint stand-in: only its config is read): 2 bytes a
+    parameter of weights, which no 24 GB chip holds, and the whole 262144-position context beside them on 80 GB."""
+    import types
+
+    config = ModelConfig.preset("qwen3.5-27b")
+    need = forecast(types.SimpleNamespace(config=config), load_target("sm_90"))
+    assert need.engine == "the decode megakernel" and need.kv == "bf16"
+    assert 2 * config.num_parameters() <= need.weights < 2.01 * config.num_parameters()
+    assert need.per_token == 16 * 2 * 4 * 512 + 4 * 3  # KV rows of 16 attention layers, three int32 entries
+    assert need.largest_context(load_target("sm_90").memory_bytes) == config.max_position_embeddings
+    with pytest.raises(LucegenError, match=r"nothing: the weights alone need 50\.10 GiB$"):
+        need.check(4096, load_target("sm_89").memory_bytes, "qwen3.5-27b", "RTX 4090")
+
+
 # ------------------------------------------------------------------------------------------------ lucegen.LLM
 @pytest.mark.parametrize("model, engine", ENGINES)
 def test_a_checkpoint_too_big_is_refused_before_any_allocation(models, model, engine):

@@ -134,13 +134,22 @@ def forecast(checkpoint, target, kv_cache_name: str | None = None, *, prefill_ke
                                                                              else 0)
         pf = prefill_params(config, t, MegakernelDecoder.v_heads)
         engine, weights = "the decode megakernel", 2 * layout.wmat_elems + 4 * layout.wvec_floats
-        if kernel_params(config, t).get("lm_screen"):
+        if screened(config, t):
             weights += config.vocab_size * (lm_screen.packed_row_bytes(config.hidden_size) + 8)
         state += 8 * layout.scratch_floats
     counted = prefill_kernels and not speculative
     return Forecast(engine, weights, state, kv_token_bytes(config, layout, fmt) + 4 * ints, fmt.name,
                     config.max_position_embeddings, t.prefill.max_tokens if counted else 0,
                     lambda rows: prefill_workspace_bytes(config, pf, rows))
+
+
+def screened(config, target) -> bool:
+    """Whether the megakernel reads the lm_head through its screen (tables of its own); False for a model it cannot
+    render on ``target``, whose decoder says why when it is built."""
+    try:
+        return bool(kernel_params(config, target).get("lm_screen"))
+    except LucegenError:
+        return False
 
 
 def prefill_workspace_bytes(config, pf: dict, rows: int) -> int:
