@@ -68,10 +68,9 @@ class Forecast:
 
     def largest_context(self, available: int) -> int:
         """The longest context whose bytes fit ``available`` (capped by the model's limit; 0: none does)."""
-        lo, hi = 0, self.max_position  # bytes_at grows with the context: the last that fits, by bisection
         if self.bytes_at(1) > available:
             return 0
-        lo = 1
+        lo, hi = 1, self.max_position  # bytes_at grows with the context: the last that fits, by bisection
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if self.bytes_at(mid) <= available else (lo, mid - 1)
