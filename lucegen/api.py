@@ -35,6 +35,7 @@ from .model.chat_template import ChatTemplate, ChatTemplateError, load_chat_temp
 from .model.generation import special_tokens, stop_token_ids
 from .model.sampling import SamplingParams
 from .model.text_stream import TextStream
+from .runtime.energy import energy_j
 
 log = logging.getLogger("lucegen")
 
@@ -46,7 +47,9 @@ DEFAULT_GPU_CONTEXT = 4096
 class Timings:
     """``ttft_s``: seconds from the call to the first generated token (the prompt's prefill); ``prefill_tok_s``:
     prompt tokens per second of it; ``decode_tok_s``: generated tokens after the first per second of decoding
-    (None with fewer than two); ``acceptance_length``: tokens per speculative step (None when not speculative)."""
+    (None with fewer than two); ``acceptance_length``: tokens per speculative step (None when not speculative);
+    ``energy_j``: joules the GPU used from the call to the last token, prefill included (NVML's energy counter,
+    lucegen/runtime/energy.py; None where it is unavailable, and on the CPU engine)."""
 
     prompt_tokens: int
     generated_tokens: int
@@ -55,13 +58,23 @@ class Timings:
     decode_s: float
     decode_tok_s: float | None
     acceptance_length: float | None = None
+    energy_j: float | None = None
+
+    @property
+    def tok_per_j(self) -> float | None:
+        """Generated tokens per joule (None without a positive energy reading)."""
+        return self.generated_tokens / self.energy_j if self.energy_j else None
 
     def format(self) -> str:
         """One line for a terminal."""
         decode = f"{self.decode_tok_s:.1f} tok/s" if self.decode_tok_s is not None else "n/a"
         al = f", acceptance length {self.acceptance_length:.2f}" if self.acceptance_length is not None else ""
+        energy = ""
+        if self.energy_j is not None:
+            per_j = f" ({self.tok_per_j:.1f} tok/J)" if self.tok_per_j is not None else ""
+            energy = f", energy {self.energy_j:.1f} J{per_j}"
         return (f"{self.prompt_tokens} prompt tokens, {self.generated_tokens} generated; TTFT {self.ttft_s * 1e3:.1f} "
-                f"ms, prefill {self.prefill_tok_s:.1f} tok/s, decode {decode}{al}")
+                f"ms, prefill {self.prefill_tok_s:.1f} tok/s, decode {decode}{al}{energy}")
 
 
 @dataclass
@@ -157,6 +170,7 @@ class LLM:
                     draft_ring, chunk, prefill):
         from .runtime.device import Device
         from .runtime.gpu_engines import MegakernelEngine, QuantEngine, SpeculativeEngine
+        from .runtime.memory_fit import available_bytes, forecast
         from .runtime.quant_target import QuantDecoder, open_target
         from .target import Target
 
@@ -173,6 +187,10 @@ class LLM:
         context = max_context or min(DEFAULT_GPU_CONTEXT, self.config.max_position_embeddings)
         decoder = None
         try:
+            # before any allocation: a checkpoint or context the device cannot hold is one line saying what fits
+            need = forecast(checkpoint, dev.target, kv_cache, prefill_kernels=prefill == "kernels",
+                            speculative=draft is not None)
+            need.check(context, available_bytes(dev), self.path.name, dev.name)
             decoder = open_target(checkpoint, target=target if isinstance(target, Target) else None,
                                   max_context=context, device=dev, kv_cache=kv_cache)
             if draft is not None:
@@ -302,6 +320,8 @@ class LLM:
         text = TextStream(self.tokenizer, stops)
         generated: list[int] = []
         finish, reason = "length", None
+        meter = engine.energy
+        e0 = meter.read_mj() if meter is not None else None
         t0 = time.perf_counter()
         seq = engine.sequence()
         decoding = None
@@ -329,6 +349,7 @@ class LLM:
                     break
                 chunk = next(decoding, None)
             t2 = time.perf_counter()
+            joules = energy_j(e0, meter.read_mj()) if e0 is not None else None
         finally:
             if decoding is not None:
                 decoding.close()
@@ -338,7 +359,7 @@ class LLM:
         timings = Timings(prompt_tokens=len(prompt), generated_tokens=len(generated), ttft_s=t1 - t0,
                           prefill_tok_s=len(prompt) / max(t1 - t0, 1e-9), decode_s=decode_s,
                           decode_tok_s=(len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0
-                          else None, acceptance_length=seq.acceptance_length)
+                          else None, acceptance_length=seq.acceptance_length, energy_j=joules)
         yield StreamPiece(tail, [], finish, reason, timings)
 
 

@@ -3,8 +3,8 @@ transformers baseline measured in the same run.
 
 Timing: the prompt is prefilled once and the device state snapshotted; each repeat restores the snapshot (a
 device-to-device copy, outside the timed region) and times one launch of N greedy steps with CUDA events. tok/s is
-N over the median launch time. Energy: NVML's total-energy counter (mJ) read around all repeats (restores included,
-which are ~10 µs each), divided by the tokens generated.
+N over the median launch time. Energy: NVML's total-energy counter of the GPU (lucegen/runtime/energy.py) read
+around all repeats (restores included, which are ~10 µs each), divided by the tokens generated.
 """
 
 from __future__ import annotations
@@ -15,31 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime.energy import EnergyMeter, energy_j
 
 PHASE_NAMES = {0: ("dn_in_proj", "delta_rule", "dn_out_proj", "mlp_gate_up", "mlp_down"),
                1: ("attn_qkv_proj", "attention", "attn_o_proj", "mlp_gate_up", "mlp_down")}
-
-
-def _nvml():
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
-    except Exception:
-        return None
-
-
-def _energy_mj(nvml) -> float | None:
-    if nvml is None:
-        return None
-    pynvml, handle = nvml
-    try:
-        return float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
-    except Exception:
-        return None
 
 
 def phase_names(layer_kinds: list[int]) -> list[str]:
@@ -153,10 +132,11 @@ def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, r
     load_s = time.perf_counter() - t0
     cfg = dec.config
     prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).astype(np.int32)
-    nvml = _nvml()
-    e0 = _energy_mj(nvml)
+    meter = EnergyMeter.for_device(dec.device)
+    e0 = meter.read_mj()
     times, tokens, wall = _time_greedy(dec, prompt, gen_tokens, repeats)
-    e1 = _energy_mj(nvml)
+    e1 = meter.read_mj()
+    meter.close()
     ms = statistics.median(times)
     t = dec.device.target
     bytes_per_token = dec.bytes_per_token()
@@ -174,7 +154,7 @@ def bench_megakernel(model, *, prompt_tokens: int = 32, gen_tokens: int = 128, r
         "descriptor_gbs": t.mem_bandwidth_gbs,
         "bandwidth_fraction": bytes_per_token * tok_s / 1e9 / t.mem_bandwidth_gbs,
         "barriers_per_token": dec.barriers_per_step,
-        "energy_j": None if e0 is None or e1 is None else (e1 - e0) / 1e3,
+        "energy_j": energy_j(e0, e1),
         "tokens_sample": [int(x) for x in tokens[:16]],
     }
     if result["energy_j"]:

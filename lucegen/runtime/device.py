@@ -550,6 +550,13 @@ class Device:
             _check("cuDevicePrimaryCtxRelease", _driver().cuDevicePrimaryCtxRelease(self.handle))
             self.context = None
 
+    def pci_bus_id(self) -> str:
+        """The GPU's PCI bus id ("0000:3b:00.0"): how NVML (lucegen/runtime/energy.py) finds the same GPU whatever
+        CUDA's device order."""
+        bus = _check("cuDeviceGetPCIBusId", _driver().cuDeviceGetPCIBusId(32, self.handle))
+        bus = bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
+        return bus
+
     def __enter__(self) -> "Device":
         return self
 

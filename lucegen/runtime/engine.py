@@ -60,6 +60,8 @@ class Engine:
     max_context: int
     #: positions past the last generated token a sequence needs (a verify pass's rows)
     reserve: int = 0
+    #: the energy counter of the engine's GPU (lucegen/runtime/energy.py's EnergyMeter); None: not measured
+    energy = None
 
     def sequence(self) -> Sequence:
         raise NotImplementedError

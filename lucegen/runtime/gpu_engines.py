@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from ..errors import LucegenError
 from ..model.sampling import SamplingParams
 from .device_sampling import checked_sampling, fused
+from .energy import EnergyMeter
 from .engine import Engine, Sequence
 
 
@@ -111,8 +112,8 @@ class SpeculativeSequence(GpuSequence):
 
 
 class GpuEngine(Engine):
-    """The parts every GPU engine holds: ``decoder`` (a MegakernelDecoder or QuantDecoder), ``prefiller``, and
-    for the quantised target and speculative decoding a ``verifier``."""
+    """The parts every GPU engine holds: ``decoder`` (a MegakernelDecoder or QuantDecoder), ``prefiller``, for
+    the quantised target and speculative decoding a ``verifier``, and the ``energy`` meter of the decoder's GPU."""
 
     device = "gpu"
     sequence_class: type[GpuSequence]
@@ -130,6 +131,7 @@ class GpuEngine(Engine):
         self.live: GpuSequence | None = None
         self.verifier = self.draft = None
         self.prefiller = None
+        self.energy = EnergyMeter.for_device(decoder.device)
 
     def reset(self) -> None:
         self.decoder.reset()
@@ -150,10 +152,11 @@ class GpuEngine(Engine):
     def close_parts(self) -> None:
         """Free what the engine built around its decoder (a constructor that fails calls this; the decoder is its
         caller's)."""
-        for part in (getattr(self, "verifier", None), getattr(self, "prefiller", None), getattr(self, "draft", None)):
+        for part in (getattr(self, "verifier", None), getattr(self, "prefiller", None), getattr(self, "draft", None),
+                     getattr(self, "energy", None)):
             if part is not None:
                 part.close()
-        self.verifier = self.prefiller = self.draft = None
+        self.verifier = self.prefiller = self.draft = self.energy = None
 
 
 class MegakernelPrefill:

@@ -42,10 +42,14 @@ def slot_bytes(decoder, pf: dict) -> int:
             + 4 * 3)
 
 
+def kv_token_bytes(config, layout, kv_format: kv_cache.KvFormat) -> int:
+    """One context position of the target's KV cache in ``kv_format``: every attention layer's k and v rows."""
+    return layout.n_at * kv_format.layer_bytes(config.num_kv_heads, config.head_dim, 1)
+
+
 def token_bytes(decoder, kv_format: kv_cache.KvFormat, draft=None) -> int:
     """Device bytes one context position costs in ``kv_format``."""
-    c = decoder.config
-    kv = decoder.layout.n_at * kv_format.layer_bytes(c.num_kv_heads, c.head_dim, 1)
+    kv = kv_token_bytes(decoder.config, decoder.layout, kv_format)
     ring = draft.ring_bytes_per_token() if draft is not None and draft.ring_follows_context else 0
     ints = Prefiller.token_buffers + TreeVerifier.token_buffers + decoder.token_buffers
     return kv + ring + 4 * ints

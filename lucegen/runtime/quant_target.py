@@ -66,6 +66,31 @@ def _vector_pieces(layout: Layout, checkpoint, tiled: bool):
 QUANTISED_FILE_TYPES = (*GEMM_TYPES, "Q4_0", "Q5_0", "Q5_1")
 
 
+def is_quantised_target(checkpoint) -> bool:
+    """Whether a loaded checkpoint is decoded by :class:`QuantDecoder` (else by the BF16 megakernel)."""
+    return isinstance(checkpoint, GGUFCheckpoint) and \
+        checkpoint.dtype("layers.0.mlp.down_proj.weight") in QUANTISED_FILE_TYPES
+
+
+def matrix_names(layout: Layout):
+    """(layout offset, [tensor names], pair) of every matrix group :class:`QuantDecoder` holds."""
+    c = layout.config
+    for i, l in enumerate(layout.layers):
+        p = f"layers.{i}."
+        if l.kind == 0:
+            la = p + "linear_attn."
+            yield l.in_mat, [la + n for n in ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_a.weight",
+                                              "in_proj_b.weight")], False
+            yield l.out_mat, [la + "out_proj.weight"], False
+        else:
+            sa = p + "self_attn."
+            yield l.in_mat, [sa + n for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight")], False
+            yield l.out_mat, [sa + "o_proj.weight"], False
+        yield l.gateup, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], True
+        yield l.down, [p + "mlp.down_proj.weight"], False
+    yield layout.lm_head, ["embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"], False
+
+
 class QuantWeights(LayerWeights):
     """A :class:`QuantDecoder`'s matrices for the layer loop, its embedding gather and lm_head; the quantised GEMM
     is batch-invariant by construction, so prefill and verify share it."""
@@ -135,22 +160,7 @@ class QuantDecoder(SequenceState):
 
     # ------------------------------------------------------------------------------------------ loading
     def _matrix_names(self):
-        """(layout offset, [tensor names], pair) of every matrix group."""
-        c, lay = self.config, self.layout
-        for i, l in enumerate(lay.layers):
-            p = f"layers.{i}."
-            if l.kind == 0:
-                la = p + "linear_attn."
-                yield l.in_mat, [la + n for n in ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_a.weight",
-                                                  "in_proj_b.weight")], False
-                yield l.out_mat, [la + "out_proj.weight"], False
-            else:
-                sa = p + "self_attn."
-                yield l.in_mat, [sa + n for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight")], False
-                yield l.out_mat, [sa + "o_proj.weight"], False
-            yield l.gateup, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], True
-            yield l.down, [p + "mlp.down_proj.weight"], False
-        yield lay.lm_head, ["embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"], False
+        return matrix_names(self.layout)
 
     def read_checkpoint(self, checkpoint: GGUFCheckpoint) -> ConvertedGGUFCheckpoint:
         """``checkpoint`` as this decoder reads it, matrices outside GEMM_TYPES converted to Q8_0 once
@@ -263,7 +273,7 @@ def open_target(model, *, target=None, max_context: int = 2048, device: Device |
 
     if isinstance(model, (str, Path)) and Path(model).suffix == ".gguf" and Path(model).is_file():
         model = load_gguf(Path(model))
-    if isinstance(model, GGUFCheckpoint) and model.dtype("layers.0.mlp.down_proj.weight") in QUANTISED_FILE_TYPES:
+    if is_quantised_target(model):
         return QuantDecoder(model, target=target, max_context=max_context, device=device, kv_cache=kv_cache)
     if kv_cache is not None and kv_format(kv_cache).quantised:
         raise LucegenError(f"KV cache {kv_cache}: quantised KV caches are for a quantised GGUF target (Q4_K_M and "
