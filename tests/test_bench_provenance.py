@@ -24,6 +24,7 @@ def git(*args: str) -> str:
 
 
 def test_commit_is_the_checkouts_head_else_the_package_version(monkeypatch):
+    monkeypatch.delenv("LUCEGEN_COMMIT", raising=False)
     head = git("rev-parse", "--short=7", "HEAD")
     dirty = git("status", "--porcelain", "--untracked-files=no") != ""
     assert commit() == head + ("-dirty" if dirty else "")
@@ -32,11 +33,26 @@ def test_commit_is_the_checkouts_head_else_the_package_version(monkeypatch):
 
 
 def test_commit_outside_git_falls_back_to_the_version(monkeypatch, tmp_path):
+    monkeypatch.delenv("LUCEGEN_COMMIT", raising=False)
     monkeypatch.setattr(provenance_module, "source_checkout", lambda: tmp_path)  # a directory git does not know
+    assert commit() == f"lucegen {lucegen.__version__}"
+    copy = ROOT / "tests" / "data"  # inside this repository but no checkout of its own: not the repository's HEAD
+    monkeypatch.setattr(provenance_module, "source_checkout", lambda: copy)
     assert commit() == f"lucegen {lucegen.__version__}"
 
 
-def test_provenance_fields_and_the_json_they_head(tmp_path):
+def test_commit_named_by_the_environment_wins(monkeypatch):
+    """A copy of a checkout without its .git (as a device runner ships it) records the commit it was copied from."""
+    monkeypatch.setenv("LUCEGEN_COMMIT", " 644985e ")
+    assert commit() == "644985e"
+    monkeypatch.setattr(provenance_module, "source_checkout", lambda: None)
+    assert commit() == "644985e"
+    monkeypatch.setenv("LUCEGEN_COMMIT", "")
+    assert commit() == f"lucegen {lucegen.__version__}"
+
+
+def test_provenance_fields_and_the_json_they_head(tmp_path, monkeypatch):
+    monkeypatch.delenv("LUCEGEN_COMMIT", raising=False)
     stamp = provenance("prefill", "NVIDIA H200", "Qwen3.5-0.8B BF16")
     assert stamp["bench"] == "prefill" and stamp["machine"] == "NVIDIA H200" and stamp["label"] == "Qwen3.5-0.8B BF16"
     assert stamp["date"] == datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -54,6 +70,7 @@ def test_bench_decode_json_carries_the_provenance(tiny, tmp_path, monkeypatch):
     """`lucegen bench decode --json F --label L` on the host device: the file names the device it ran on."""
     from lucegen.cli import main
 
+    monkeypatch.delenv("LUCEGEN_COMMIT", raising=False)
     devices = []
 
     def open_host(cls, target=None):

@@ -1,21 +1,24 @@
 """Where a bench result comes from, written at the head of every ``lucegen bench ... --json`` file: which bench, the
-commit it ran (``git rev-parse`` in a source checkout, with ``-dirty`` when tracked files differ from it; else the
-package version), the machine (the GPU's name as the driver gives it) and the UTC date. A result committed under
+commit it ran (``$LUCEGEN_COMMIT`` where set, for a copy of a checkout without its .git; else ``git rev-parse`` in
+a source checkout, with ``-dirty`` when tracked files differ from it; else the package version), the machine (the GPU's name as the driver gives it) and the UTC date. A result committed under
 docs/bench/ thereby says what it measured, and lucegen.devtools.readme_figures renders it into the README."""
 
 from __future__ import annotations
 
 import datetime
+import os
 import subprocess
 
 from .. import __version__, source_checkout
 
 
 def commit() -> str:
-    """The checkout's HEAD (7 hex digits, ``-dirty`` when a tracked file differs), or ``lucegen VERSION`` where there
-    is no checkout or git cannot read it."""
+    """``$LUCEGEN_COMMIT`` where set; else the checkout's HEAD (7 hex digits, ``-dirty`` when a tracked file
+    differs); else ``lucegen VERSION`` (no checkout, a tree without .git, or git cannot read it)."""
+    if os.environ.get("LUCEGEN_COMMIT", "").strip():
+        return os.environ["LUCEGEN_COMMIT"].strip()
     root = source_checkout()
-    if root is not None:
+    if root is not None and (root / ".git").exists():  # not a repository further up the tree holding a copy
         try:
             head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=root, capture_output=True,
                                   text=True, timeout=30)
