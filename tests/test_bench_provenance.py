@@ -26,7 +26,7 @@ def git(*args: str) -> str:
 def test_commit_is_the_checkouts_head_else_the_package_version(monkeypatch):
     monkeypatch.delenv("LUCEGEN_COMMIT", raising=False)
     head = git("rev-parse", "--short=7", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no") != ""
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "lucegen") != ""
     assert commit() == head + ("-dirty" if dirty else "")
     monkeypatch.setattr(provenance_module, "source_checkout", lambda: None)
     assert commit() == f"lucegen {lucegen.__version__}"
@@ -85,3 +85,25 @@ def test_bench_decode_json_carries_the_provenance(tiny, tmp_path, monkeypatch):
     assert result["bench"] == "decode" and result["label"] == "tiny BF16"
     assert result["machine"] == result["device"] == devices[0].name and result["commit"] == commit()
     assert result["gen_tokens"] == 8 and result["tok_s"] > 0
+
+
+def test_dirty_means_the_package_differs_not_the_results_written_beside_it(monkeypatch, tmp_path):
+    monkeypatch.delenv("LUCEGEN_COMMIT", raising=False)
+    (tmp_path / "lucegen").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "lucegen" / "code.py").write_text("x = 1\n")
+    (tmp_path / "docs" / "decode.json").write_text("{}\n")
+
+    def in_repo(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    in_repo("init", "-q")
+    in_repo("add", "-A")
+    in_repo("commit", "-qm", "start")
+    head = in_repo("rev-parse", "--short=7", "HEAD")
+    monkeypatch.setattr(provenance_module, "source_checkout", lambda: tmp_path)
+    (tmp_path / "docs" / "decode.json").write_text('{"tok_s": 1}\n')  # a bench's result, written before the next
+    assert commit() == head
+    (tmp_path / "lucegen" / "code.py").write_text("x = 2\n")
+    assert commit() == head + "-dirty"
