@@ -96,6 +96,9 @@ def test_a_small_result_set_renders_into_the_expected_rows(tmp_path):
     ({k: v for k, v in DFLASH.items() if k != "commit"}, "'commit'"),
     ({**DFLASH, "ar_tok_s": "fast"}, "'ar_tok_s' is 'fast', not a number"),
     ({**PREFILL, "model": None}, "'label'"),
+    ({**PREFILL, "rows": {"tokens": 520}}, "'rows' is {'tokens': 520}, not a non-empty list"),
+    ({**DFLASH, "verify": []}, "'verify' is [], not a non-empty list"),
+    ({**DFLASH, "projection": {"al": 8.31, "budget": 22, "vs_ar": 4.18}}, "'projection.tok_s'"),
 ])
 def test_a_result_missing_a_needed_field_is_refused_naming_file_and_field(tmp_path, result, named):
     bench = write(tmp_path / "bench", good=PREFILL | {"label": "other"}, bad=result)

@@ -56,6 +56,14 @@ def number(result: dict, path: Path, name: str) -> float:
     return float(value)
 
 
+def count(result: dict, path: Path, name: str) -> int:
+    """The length of the non-empty list at ``name``."""
+    value = field(result, path, name)
+    if not isinstance(value, list) or not value:
+        raise FiguresError(f"{path}: field '{name}' is {value!r}, not a non-empty list")
+    return len(value)
+
+
 def rate(value: float) -> str:
     """tok/s as the tables in docs/benchmarks.md write it: whole numbers with thousands commas from 1,000 up."""
     return f"{value:,.0f}" if value >= 1000 else f"{value:.1f}"
@@ -65,36 +73,37 @@ def decode_rows(r: dict, path: Path, label: str) -> list[tuple[str, str]]:
     name = f"{label} decode tg{field(r, path, 'gen_tokens')}"
     rows = [(f"{name}, greedy (median of {field(r, path, 'repeats')})",
              f"**{rate(number(r, path, 'tok_s'))} tok/s** (best {rate(number(r, path, 'tok_s_best'))})")]
-    if "whole_lm_head" in r:
+    if r.get("whole_lm_head") is not None:
         rows.append((f"{name}, lm_head read whole", f"{rate(number(r, path, 'whole_lm_head.tok_s'))} tok/s"))
-    if "sampled" in r:
+    if r.get("sampled") is not None:
         rows.append((f"{name}, sampled at temperature {field(r, path, 'sampled.temperature')}",
                      f"{rate(number(r, path, 'sampled.tok_s'))} tok/s"))
     return rows
 
 
 def prefill_rows(r: dict, path: Path, label: str) -> list[tuple[str, str]]:
-    count = len(field(r, path, "rows"))
     return [(f"{label} prefill pp{field(r, path, f'rows[{i}].tokens')}",
-             f"**{rate(number(r, path, f'rows[{i}].tok_s'))} tok/s**") for i in range(count)]
+             f"**{rate(number(r, path, f'rows[{i}].tok_s'))} tok/s**") for i in range(count(r, path, "rows"))]
 
 
 def dflash_rows(r: dict, path: Path, label: str) -> list[tuple[str, str]]:
     rows = [(f"{label} AR decode ({field(r, path, 'ar')})",
              f"**{rate(number(r, path, 'ar_tok_s'))} tok/s** ({number(r, path, 'ar_ms_per_token'):.3f} ms/token)")]
-    count = len(field(r, path, "verify"))
-    budgets = " / ".join(str(field(r, path, f"verify[{i}].budget")) for i in range(count))
-    times = " / ".join(f"{number(r, path, f'verify[{i}].ms'):.3f}" for i in range(count))
+    verify = range(count(r, path, "verify"))
+    budgets = " / ".join(str(field(r, path, f"verify[{i}].budget")) for i in verify)
+    times = " / ".join(f"{number(r, path, f'verify[{i}].ms'):.3f}" for i in verify)
     rows.append((f"{label} tree verify, budget {budgets}", f"{times} ms"))
-    if "projection" in r:
+    if r.get("projection") is not None:
         p = "projection"
         rows.append((f"{label} speculative, projected at acceptance length {field(r, path, p + '.al')} "
                      f"(budget {field(r, path, p + '.budget')})",
                      f"~{number(r, path, p + '.tok_s'):,.0f} tok/s projected "
                      f"({number(r, path, p + '.vs_ar'):.2f}× AR)"))
-        measured = [s for s in r.get("spec", []) if s.get("al") == r["projection"].get("from_al_row")]
+        spec = r.get("spec") if isinstance(r.get("spec"), list) else []
+        measured = [i for i, s in enumerate(spec) if isinstance(s, dict)
+                    and s.get("al") == r["projection"].get("from_al_row")]
         if measured:
-            i = r["spec"].index(measured[0])
+            i = measured[0]
             rows.append((f"{label} speculative, oracle-held acceptance length {number(r, path, f'spec[{i}].al'):.2f}",
                          f"{rate(number(r, path, f'spec[{i}].tok_s'))} tok/s "
                          f"({number(r, path, f'spec[{i}].vs_ar'):.2f}× AR)"))
@@ -183,7 +192,8 @@ def check(readme: Path, bench_dir: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     root = source_checkout() or Path.cwd()
-    cli = argparse.ArgumentParser(prog="python -m lucegen.devtools.readme_figures", description=__doc__.split("\n\n")[0])
+    cli = argparse.ArgumentParser(prog="python -m lucegen.devtools.readme_figures",
+                                  description=__doc__.split("\n\n")[0])
     cli.add_argument("--check", action="store_true", help="exit 1 when the README's block is stale; write nothing")
     cli.add_argument("--readme", type=Path, default=root / "README.md")
     cli.add_argument("--bench-dir", type=Path, default=root / "docs" / "bench")
