@@ -6,6 +6,10 @@ numbers with ``--json``. dflash is speculative decoding, acceptance-controlled (
 against the tree budget and spec tok/s against the acceptance length, both against AR decode measured in the same
 run. serve is N concurrent streaming clients against a running ``lucegen serve`` (lucegen/bench/serve.py).
 
+Every JSON file is headed by the bench, the ``--label`` given, the commit, the machine and the UTC date
+(lucegen/bench/provenance.py); docs/bench/ keeps the latest per workload and machine, which the README's figures are
+rendered from (lucegen/devtools/readme_figures.py).
+
 A baseline that cannot run (no torch, no CUDA for torch, a model transformers cannot load) does not lose the
 measurement: its row says why, and ``--json`` is written all the same (``--json -``: to stdout, the table then
 goes to stderr)."""
@@ -18,12 +22,15 @@ import sys
 from pathlib import Path
 
 from ..atomic import atomic_write
+from ..bench.provenance import provenance
 from ..errors import LucegenError
 from . import check_draft_ring
 from ..model.kv_cache import FORMATS as KV_FORMATS
 
 log = logging.getLogger("lucegen")
-JSON_HELP = "write the results here ('-': stdout, and the table to stderr)"
+JSON_HELP = ("write the results here ('-': stdout, and the table to stderr), headed by the bench, commit, machine "
+             "and UTC date")
+LABEL_HELP = "what was measured, in words, for the JSON and the README's table (e.g. 'Qwen3.5-0.8B BF16')"
 
 
 def baseline(name: str, fn, *args, **kwargs) -> tuple[dict, str | None]:
@@ -42,10 +49,12 @@ def table_stream(args):
     return sys.stderr if args.json is not None and str(args.json) == "-" else sys.stdout
 
 
-def write_json(path: Path | None, result: dict) -> None:
+def write_json(path: Path | None, result: dict, bench: str, label: str | None = None) -> None:
+    """``result`` as JSON at ``path``, after the provenance fields (lucegen/bench/provenance.py); the machine is the
+    result's device (none for ``bench serve``)."""
     if path is None:
         return
-    text = json.dumps(result, indent=2)
+    text = json.dumps({**provenance(bench, result.get("device"), label), **result}, indent=2)
     if str(path) == "-":
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
@@ -66,6 +75,7 @@ def register(subparsers) -> None:
     d.add_argument("--profile", action="store_true", help="also run the profiling build: time per phase type")
     d.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
     d.add_argument("--json", type=Path, default=None, help=JSON_HELP)
+    d.add_argument("--label", default=None, help=LABEL_HELP)
     d.set_defaults(func=run)
     f = sub.add_parser("prefill", help="ppN prefill tok/s, TFLOP/s, TTFT, GEMMs vs cuBLAS, HF baseline")
     f.add_argument("--model", required=True, type=Path,
@@ -77,6 +87,7 @@ def register(subparsers) -> None:
     f.add_argument("--hf-max-tokens", type=int, default=8192, help="longest prompt the HF baseline runs")
     f.add_argument("--no-gemm", action="store_true", help="skip the per-shape GEMM vs cuBLAS table")
     f.add_argument("--json", type=Path, default=None, help=JSON_HELP)
+    f.add_argument("--label", default=None, help=LABEL_HELP)
     f.set_defaults(func=run_prefill)
 
     s = sub.add_parser("dflash", help="speculative decoding: verify cost vs budget, spec tok/s vs acceptance length")
@@ -96,6 +107,7 @@ def register(subparsers) -> None:
                    help="the quantised target's KV cache format (default: the descriptor's kv_cache_type)")
     s.add_argument("--target", default=None, help="descriptor (default: the one matching the GPU)")
     s.add_argument("--json", type=Path, default=None, help=JSON_HELP)
+    s.add_argument("--label", default=None, help=LABEL_HELP)
     s.set_defaults(func=run_dflash)
 
     v = sub.add_parser("serve", help="concurrent streaming clients against a running lucegen serve: TTFT, "
@@ -112,6 +124,7 @@ def register(subparsers) -> None:
                    "the first (the prefix cache's TTFT)")
     v.add_argument("--api-key", default=None, help="the server's API key")
     v.add_argument("--json", type=Path, default=None, help=JSON_HELP)
+    v.add_argument("--label", default=None, help=LABEL_HELP)
     v.set_defaults(func=run_serve)
 
 
@@ -132,7 +145,7 @@ def run(args) -> int:
         else:
             result["speedup_vs_hf"] = result["tok_s"] / result["hf_tok_s"]
     print(format_table(result), file=table_stream(args))
-    write_json(args.json, result)
+    write_json(args.json, result, "decode", args.label)
     return 0
 
 
@@ -172,7 +185,7 @@ def run_prefill(args) -> int:
             row["speedup_vs_hf"] = row["tok_s"] / h if h else None
     print(format_table(result), file=table_stream(args))
     result["hf_tok_s"] = {str(k): v for k, v in result.get("hf_tok_s", {}).items()}
-    write_json(args.json, result)
+    write_json(args.json, result, "prefill", args.label)
     return 0
 
 
@@ -192,7 +205,7 @@ def run_serve(args) -> int:
     except (OSError, RuntimeError, httpx.HTTPError, KeyError, ValueError) as exc:
         raise LucegenError(f"bench serve against {args.url}: {type(exc).__name__}: {exc}") from None
     print(format_table(result), file=table_stream(args))
-    write_json(args.json, result)
+    write_json(args.json, result, "serve", args.label)
     return 0
 
 
@@ -210,5 +223,5 @@ def run_dflash(args) -> int:
                           repeats=args.repeats, budgets=budgets, target=args.target, draft=args.draft,
                           top_k=args.top_k, kv_cache=args.kv_cache, draft_ring=args.draft_ring)
     print(format_table(result), file=table_stream(args))
-    write_json(args.json, result)
+    write_json(args.json, result, "dflash", args.label)
     return 0

@@ -10,6 +10,8 @@
 - ``prefill_profile``: where one graph-launched prefill goes, per kernel (GPU, torch).
 - ``megakernel_timeline``: when each decode-megakernel phase's blocks start, get their inputs and finish (GPU; a
   saved timeline reports anywhere).
+- ``readme_figures``: the README's headline figures rendered from the bench results in docs/bench/ (``--check``:
+  exit 1 when stale); CPU.
 
 Each module is also a script: to run today's tool against an older tree (an A/B pair in one device call), run the
 file with that tree first on the path, from outside any tree (``-m`` puts the current directory first):
