@@ -162,11 +162,21 @@ def _selection(m: Mutation) -> list[str]:
     return [*m.tests, *(["-k", m.k] if m.k else [])]
 
 
+# pytest with Hypothesis's shrink phase off: the first failing example decides, and shrinking a GPU test's failure
+# would run it many more times (the tests' own settings() inherit the profile loaded before they are imported).
+PYTEST_NO_SHRINK = """import sys, hypothesis, pytest
+P = hypothesis.Phase
+hypothesis.settings.register_profile("no_shrink", phases=[P.explicit, P.reuse, P.generate, P.target])
+hypothesis.settings.load_profile("no_shrink")
+sys.exit(pytest.main(sys.argv[1:]))"""
+
+
 def run_pytest(args: list[str], timeout: float) -> tuple[str, float, str]:
     """(outcome, seconds, output tail) of one pytest run of the selection ``args``; outcome: passed, failed,
     compile error (a CompileError / TemplateError in the output), error (collection, usage), skipped (no test ran),
     timeout."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--tb=line", *args]
+    cmd = [sys.executable, "-c", PYTEST_NO_SHRINK, "-q", "-x", "-p", "no:cacheprovider", "--tb=line",
+           "-W", "ignore::pytest.PytestAssertRewriteWarning", *args]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
