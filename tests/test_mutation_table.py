@@ -61,5 +61,7 @@ def test_selection_names_existing_gpu_tests(m):
         if node:
             function = node.split("[")[0]
             assert re.search(rf"^def {function}\(", source, re.M), f"{path} defines no {function}"
-        if m.k:  # a -k word: some test of the file has it in its name
-            assert any(m.k in name for name in re.findall(r"^def (test_\w+)\(", source, re.M)), (path, m.k)
+        if m.k:  # each word of the -k expression names a test of the file or one of its parameters
+            for word in set(m.k.split()) - {"and", "or", "not"}:
+                assert re.search(rf"^def test_\w*{re.escape(word)}|[\"']{re.escape(word)}[\"']", source, re.M), \
+                    (path, word)

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "lucegen" / "templates"
@@ -51,9 +52,16 @@ class Mutation:
     tests: tuple[str, ...]  # pytest node ids or files under tests/gpu
     family: str  # the kernel family whose rendered source the template is part of (--dry-run)
     k: str | None = None  # pytest -k expression
-    # template parameters over the family's (a dict merges into the family's dict of that name), where the tests load
-    # another instance of the family than `lucegen build` renders (--dry-run)
-    instance: dict | None = None
+    # () -> template parameters over the family's (a dict merges into the family's dict of that name), where the
+    # tests load another instance of the family than `lucegen build` renders (--dry-run)
+    instance: Callable[[], dict] | None = None
+
+
+def kv_cache_instance(kv: str) -> dict:
+    """The prefill families' parameters for the KV cache format ``kv`` (lucegen/model/kv_cache.py)."""
+    from lucegen.model import kv_cache
+
+    return {"pf": kv_cache.kv_format(kv).template_params()}
 
 
 MUTATIONS = (
@@ -82,7 +90,7 @@ MUTATIONS = (
              "(unsigned long long)a.start_pos + step + 1,", "(unsigned long long)a.start_pos + step,",
              "the sampled draw takes the Gumbel noise of the step before",
              (GPU + "test_sampling_gpu.py::test_megakernel_sampled_steps_draw_from_their_own_logits",),
-             "megakernel", instance={"mk": {"sampling": True, "lm_screen": False}}),
+             "megakernel", instance=lambda: {"mk": {"sampling": True, "lm_screen": False}}),
     Mutation("qmv_q6k_offset", "kernels/quant_matvec.cu.j2",
              "(float)((low | (high << 4)) - 32)", "(float)((low | (high << 4)) - 31)",
              "Q6_K values q - 31 instead of q - 32",
@@ -100,6 +108,11 @@ MUTATIONS = (
              "({{ pf.attn_scale }}f * 1.4426950408889634f)", "({{ pf.attn_scale }}f * 0.6931471805599453f)",
              "the base-2 softmax scale multiplies by ln 2 instead of log2 e",
              (GPU + "test_prefill_attention.py::test_attention_tiny",), "prefill_attention"),
+    Mutation("kv_q4_0_decode", "common/kv_cache.cuh.j2",
+             "& 15u) - 8) * d;", "& 15u) - 7) * d;",
+             "q4_0 KV cache codes decode as code - 7 instead of code - 8",
+             (GPU + "test_prefill_attention.py::test_attention_quantised_cache",), "prefill_attention",
+             k="q4_0 and tiny-gqa", instance=lambda: kv_cache_instance("q4_0")),
     Mutation("pf_deltanet_chunk_mask", "prefill/deltanet.cu.j2",
              "a_s[i][j] = j < i ? beta_s[i]", "a_s[i][j] = j <= i ? beta_s[i]",
              "the chunk's A matrix keeps its diagonal (strictly lower → lower)",
@@ -254,9 +267,9 @@ def dry_run(mutations: list[Mutation], compile_: bool) -> list[dict]:
     targets = [descriptor] + ([descriptor.quantised_target()] if descriptor.quantised_target() is not descriptor
                               else [])
 
-    def params(fam, t, shape, instance: dict | None) -> dict:
+    def params(fam, t, shape, instance) -> dict:
         p = fam.params(t, fam.shape(shape))
-        for key, value in (instance or {}).items():
+        for key, value in (instance() if instance else {}).items():
             p[key] = {**p[key], **value} if isinstance(value, dict) else value
         return p
 
