@@ -172,3 +172,39 @@ def test_bench_prefill_of_a_quantised_gguf(models, host, capsys):
     assert result["engine"] == "quantised target" and result["rows"][0]["tokens"] == 24
     assert "K-quant blocks" in result["gemm_error"] and "(quantised target)" in err
     assert any(name.startswith("quant_gemm") for name, *_ in host[-1].launches)
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-q.gguf"])
+def test_a_sequence_runs_in_another_thread_than_the_one_that_built_the_engine(models, host, model):
+    """A CUDA context is current per thread: lucegen serve steps the engine in its own thread, so the engine
+    makes the device's context current there (the host device fails a launch from a thread it is not current in,
+    as the driver does)."""
+    import threading
+
+    from lucegen.errors import DeviceError
+
+    with lucegen.LLM(models / model, device="gpu", max_context=96) as llm:
+        here = llm.generate("def f(x):", max_tokens=8, stop_token_ids=[]).token_ids
+        results = {}
+
+        def other_thread():
+            try:
+                results["tokens"] = llm.generate("def f(x):", max_tokens=8, stop_token_ids=[]).token_ids
+            except Exception as exc:  # noqa: BLE001 - the test reports whatever the thread met
+                results["error"] = exc
+
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        assert results == {"tokens": here}
+
+        def bare_launch():
+            try:
+                host[0].alloc(256)
+            except DeviceError as exc:
+                results["bare"] = str(exc)
+
+        worker = threading.Thread(target=bare_launch)
+        worker.start()
+        worker.join()
+        assert "CUDA_ERROR_INVALID_CONTEXT" in results["bare"]

@@ -544,6 +544,12 @@ class Device:
         _check("cuCtxSetCurrent", driver.cuCtxSetCurrent(context))
         return cls(chosen, handle, context, name)
 
+    def make_current(self) -> None:
+        """Make the device's context current in the calling thread: a CUDA context is current per thread, so a
+        thread other than the one that opened the device (a server's engine thread, a user's worker) calls this
+        before its first launch."""
+        _check("cuCtxSetCurrent", _driver().cuCtxSetCurrent(self.context))
+
     def close(self) -> None:
         if self.context is not None:
             self.synchronize()

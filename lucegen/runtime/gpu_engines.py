@@ -46,13 +46,17 @@ class GpuSequence(Sequence):
 
     def __init__(self, engine: GpuEngine):
         self.engine = engine
+        engine.decoder.device.make_current()
         engine.reset()
         engine.live = self
 
     def _check_live(self) -> None:
+        """Refuse a replaced sequence; make the device's context current in the calling thread (a sequence may be
+        stepped by another thread than the one that built the engine, as lucegen serve's engine thread does)."""
         if self.engine.live is not self:
             raise LucegenError(f"{self.engine.name} holds one sequence at a time; this one was replaced by a newer "
                                "one (open a second LLM for a second concurrent sequence)")
+        self.engine.decoder.device.make_current()
 
     @property
     def position(self) -> int:
@@ -144,6 +148,8 @@ class GpuEngine(Engine):
         return self.sequence_class(self)
 
     def close(self) -> None:
+        if self.decoder is not None:
+            self.decoder.device.make_current()
         self.close_parts()
         if self.decoder is not None:
             self.decoder.close()

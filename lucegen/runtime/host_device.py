@@ -24,6 +24,7 @@ passed by value is checked for its kind, not its size).
 from __future__ import annotations
 
 import re
+import threading
 
 import numpy as np
 
@@ -146,6 +147,7 @@ class HostFunction:
         grid = (grid,) if isinstance(grid, int) else tuple(grid)
         block = (block,) if isinstance(block, int) else tuple(block)
         where = f"launch of {self.name}"
+        dev.check_current(where)
         if not all(isinstance(g, (int, np.integer)) and g >= 1 for g in grid + block):
             raise DeviceError(f"{where}: grid {grid} and block {block} need positive integers")
         if int(np.prod(block)) > target.max_threads_per_block:
@@ -266,9 +268,21 @@ class HostDevice:
         self.reply = None
         self.pinned_live = 0  # pinned arrays not yet freed
         self._next = 1 << 40
+        # the threads the context is current in: as with a CUDA context, the opening thread and those that called
+        # make_current; a launch or an allocation from another thread fails as the driver's would
+        self._current_in = {threading.get_ident()}
+
+    def make_current(self) -> None:
+        self._current_in.add(threading.get_ident())
+
+    def check_current(self, what: str) -> None:
+        if threading.get_ident() not in self._current_in:
+            raise DeviceError(f"{what}: CUDA_ERROR_INVALID_CONTEXT (no context is current in thread "
+                              f"{threading.current_thread().name}; call the device's make_current() there first)")
 
     # ---- memory ------------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> HostBuffer:
+        self.check_current("cuMemAlloc")
         if nbytes <= 0:
             raise DeviceError(f"cannot allocate {nbytes} bytes")
         ptr = self._next
