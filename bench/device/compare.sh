@@ -12,6 +12,10 @@
 #   realmix     this tree alone: run and bench dflash on the current-mix 27B and a lucebox-layout draft
 #   runs        this tree alone: lucegen run greedy and sampled on the 0.8B and the 27B, with and without a draft
 #   prefill27   this tree alone: bench prefill on the 27B GGUF at 520, 4096 and 16384 tokens
+#   profile     per-kernel time of one AR step of the legacy-mix 27B, baseline and this tree (torch's CUPTI)
+#   mutations   bench/device/mutations.py --only $MUTATIONS, in the time left
+#   energy      this tree alone: lucegen run on the 0.8B (its closing line carries NVML's energy)
+#   benchjson   this tree alone: bench decode and prefill (0.8B) with --label, JSON for docs/bench
 # The baseline is a plain copy of another commit's files in .base/ (git archive BASE | tar -x -C .base, carried).
 # Wheels the device lacks (gguf, the serve stack) are installed into $SITE first (carry .whl).
 set -u
@@ -42,6 +46,7 @@ for step in "$@"; do case $step in
         "$q27l --preset qwen3.5-27b --format gguf --quant q4_k_m_legacy" \
         "$d27l --preset dflash-qwen3.5-27b --format gguf --quant q8_0 --draft-layout lucebox" \
         "$q27 --preset qwen3.5-27b --format gguf --quant q4_k_m"; do
+      case " ${WEIGHTS:-$q08 $d27 $q27l $d27l $q27} " in *" ${spec%% *} "*) ;; *) continue ;; esac
       written $spec > "$OUT/weights_$(basename ${spec%% *}).log" 2>&1 &
     done; wait
     echo "=== weights written ($(( $(date +%s) - start )) s)"
@@ -84,5 +89,23 @@ for step in "$@"; do case $step in
   prefill27)
     ready $q27 && TAIL=10 run prefill27 lg "$new" bench prefill --model $q27 --tokens 520 4096 16384 --repeats 3 \
         --no-hf --no-gemm --json "$OUT/prefill27.json" ;;
+  profile)
+    ready $q27l && {
+      TAIL=40 run profile_base bash -c "cd $base && PYTHONPATH=$base:$SITE timeout $(left) python3 tools/target_profile.py \
+          $q27l --slots 1 --steps 8 --no-programmatic"
+      TAIL=40 run profile_new bash -c "cd $new && \
+          PYTHONPATH=$new:$SITE timeout $(left) python3 -m lucegen.devtools.target_profile $q27l --slots 1 --steps 8 \
+          --no-programmatic"; } ;;
+  mutations)
+    TAIL=40 run mutations timeout $(left) python3 bench/device/mutations.py --only "$MUTATIONS" \
+        --budget $(( $(left) - 20 )) ;;
+  energy)
+    ready $q08 && run energy lg "$new" run --model $q08 --prompt "def f(x):" --max-tokens 256 ;;
+  benchjson)
+    ready $q08 && {
+      TAIL=14 run benchjson_decode lg "$new" bench decode --model $q08 --no-hf --label "Qwen3.5-0.8B BF16" \
+          --json "$OUT/decode-qwen3.5-0.8b-h200.json"
+      run benchjson_prefill lg "$new" bench prefill --model $q08 --tokens 520 4096 --no-hf --no-gemm \
+          --label "Qwen3.5-0.8B BF16" --json "$OUT/prefill-qwen3.5-0.8b-h200.json"; } ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac; done
