@@ -13,6 +13,7 @@
 #   runs        this tree alone: lucegen run greedy and sampled on the 0.8B and the 27B, with and without a draft
 #   prefill27   this tree alone: bench prefill on the 27B GGUF at 520, 4096 and 16384 tokens
 #   profile     per-kernel time of one AR step of the legacy-mix 27B, baseline and this tree (torch's CUPTI)
+#   timeline    the same AR step with programmatic launch on, kernel by kernel (--timeline), baseline and this tree
 #   mutations   bench/device/mutations.py --only $MUTATIONS, in the time left
 #   energy      this tree alone: lucegen run on the 0.8B (its closing line carries NVML's energy)
 #   benchjson   this tree alone: bench decode and prefill (0.8B) with --label, JSON for docs/bench
@@ -96,6 +97,13 @@ for step in "$@"; do case $step in
       TAIL=40 run profile_new bash -c "cd $new && \
           PYTHONPATH=$new:$SITE timeout $(left) python3 -m lucegen.devtools.target_profile $q27l --slots 1 --steps 8 \
           --no-programmatic"; } ;;
+  timeline)
+    ready $q27l && {
+      TAIL=20 run timeline_base bash -c "cd $base && PYTHONPATH=$base:$SITE timeout $(left) python3 tools/target_profile.py \
+          $q27l --slots 1 --steps 8 --timeline"
+      TAIL=20 run timeline_new bash -c "cd $new && \
+          PYTHONPATH=$new:$SITE timeout $(left) python3 -m lucegen.devtools.target_profile $q27l --slots 1 --steps 8 \
+          --timeline"; } ;;
   mutations)
     TAIL=40 run mutations timeout $(left) python3 bench/device/mutations.py --only "$MUTATIONS" \
         --budget $(( $(left) - 20 )) ;;
