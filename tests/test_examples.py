@@ -103,10 +103,11 @@ def tiny_models(tmp_path_factory):
 
 
 @pytest.mark.parametrize("chip", ["sm_90", "gfx1100"])
-def test_the_gpu_paths_on_the_host_device(tiny_models, chip):
+def test_the_gpu_paths_on_the_host_device(tiny_models, chip, require_compiler):
     """generate.py's GPU path and speculative.py's engine, on the host device of a descriptor: every launch is
     checked against its kernel, and closing the engines frees everything they allocated."""
     dev = host(chip)
+    require_compiler(dev.target)
     tokens = example_module("generate.py").generate_on_gpu(tiny_models / "tiny", [1, 2, 3, 4], 6, device=dev,
                                                                   ignore_eos=True)
     assert len(tokens) == 6 and dev.launches and dev.allocated == 0

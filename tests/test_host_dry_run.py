@@ -145,7 +145,7 @@ def test_megakernel_decoder_prefill_and_chain_verify(models, chip, require_compi
 
 
 @pytest.mark.parametrize("chip", ["sm_90", "gfx1100"])
-def test_sampled_paths(models, chip):
+def test_sampled_paths(models, chip, require_compiler):
     """Sampling's launches (lucegen/model/sampling.py): the megakernel's sampled instance (22 parameters: the seed
     and temperature) for a fused prefill and generate, host-drawn steps for top-p, the greedy instance (20) again for
     greedy; the quantised target's one-slot decode through rows_sample and a sampled speculative run."""
@@ -158,6 +158,7 @@ def test_sampled_paths(models, chip):
     from lucegen.runtime.quant_target import QuantDecoder
     from lucegen.runtime.tree_verify import TreeVerifier
 
+    require_compiler(load_target(chip))
     hot, top_p = SamplingParams(temperature=0.8, seed=7), SamplingParams(temperature=0.8, top_p=0.9, seed=7)
     dev = host(chip)
     dec = MegakernelDecoder(models / "tiny", device=dev, max_context=128)

@@ -14,8 +14,9 @@ from lucegen.target import list_targets, load_target
 
 
 @pytest.mark.parametrize("name", list_targets())
-def test_sampled_megakernel_and_rows_sample_compile(name):
+def test_sampled_megakernel_and_rows_sample_compile(name, require_compiler):
     target = load_target(name)
+    require_compiler(target)
     config = ModelConfig.preset(DEFAULT_MODEL)
     greedy = codegen.render_family(target, "megakernel", params={"mk": kernel_params(config, target)})
     assert "lg_gumbel_noise" not in greedy and "sample_seed" not in greedy

@@ -268,15 +268,17 @@ class HostDevice:
         self.reply = None
         self.pinned_live = 0  # pinned arrays not yet freed
         self._next = 1 << 40
-        # the threads the context is current in: as with a CUDA context, the opening thread and those that called
-        # make_current; a launch or an allocation from another thread fails as the driver's would
-        self._current_in = {threading.get_ident()}
+        # whether the context is current in a thread (thread-local, as a CUDA context's binding is): in the opening
+        # thread and in those that called make_current; a launch or an allocation from another thread fails as the
+        # driver's would
+        self._thread = threading.local()
+        self._thread.current = True
 
     def make_current(self) -> None:
-        self._current_in.add(threading.get_ident())
+        self._thread.current = True
 
     def check_current(self, what: str) -> None:
-        if threading.get_ident() not in self._current_in:
+        if not getattr(self._thread, "current", False):
             raise DeviceError(f"{what}: CUDA_ERROR_INVALID_CONTEXT (no context is current in thread "
                               f"{threading.current_thread().name}; call the device's make_current() there first)")
 
@@ -314,11 +316,13 @@ class HostDevice:
         return self.target.memory_bytes - self.allocated - self.driver_bytes, self.target.memory_bytes
 
     def upload(self, array: np.ndarray, buffer: Buffer | None = None) -> Buffer:
+        self.check_current("cuMemcpyHtoD")
         array, buffer = upload_pair(self, array, buffer)
         self.check_range("upload", buffer.ptr, array.nbytes)
         return buffer
 
     def upload_async(self, array: np.ndarray, buffer: Buffer, stream) -> None:
+        self.check_current("cuMemcpyHtoDAsync")
         array, buffer = upload_pair(self, array, buffer)
         self.check_range("upload_async", buffer.ptr, array.nbytes)
 
@@ -332,6 +336,7 @@ class HostDevice:
         self.pinned_live -= 1
 
     def upload_pinned_async(self, host, buffer: Buffer, stream) -> None:
+        self.check_current("cuMemcpyHtoDAsync")
         self.check_range("upload_pinned_async", buffer.ptr, host.array.nbytes)
 
     def download_pinned_async(self, buffer: Buffer, host, stream) -> None:
@@ -339,6 +344,7 @@ class HostDevice:
         host.array[:] = self.download(buffer, host.array.dtype, host.array.shape)
 
     def download(self, buffer: Buffer, dtype, shape) -> np.ndarray:
+        self.check_current("cuMemcpyDtoH")
         out = np.zeros(shape, dtype=dtype)
         self.check_range("download", buffer.ptr, out.nbytes)
         if out.nbytes > buffer.nbytes:
@@ -346,12 +352,15 @@ class HostDevice:
         return out if self.reply is None else np.asarray(self.reply(buffer, dtype, shape), dtype=dtype)
 
     def memset(self, buffer: Buffer, byte: int = 0) -> None:
+        self.check_current("cuMemsetD8")
         self.check_range("memset", buffer.ptr, buffer.nbytes)
 
     def memset_async(self, ptr: int, nbytes: int, stream=None, byte: int = 0) -> None:
+        self.check_current("cuMemsetD8Async")
         self.check_range("memset_async", ptr, nbytes)
 
     def copy_async(self, dst: int, src: int, nbytes: int, stream=None) -> None:
+        self.check_current("cuMemcpyDtoDAsync")
         self.check_range("copy_async (destination)", dst, nbytes)
         self.check_range("copy_async (source)", src, nbytes)
 
@@ -365,6 +374,7 @@ class HostDevice:
 
     # ---- modules, streams ----------------------------------------------------------------------------------------
     def load(self, compiled) -> HostModule:
+        self.check_current("cuModuleLoadData")
         if compiled.target != self.target.name or compiled.arch.rstrip("a") != self.target.arch:
             raise DeviceError(f"module {compiled.name} was compiled for {compiled.target} ({compiled.arch}); "
                               f"this device runs {self.target.name} ({self.target.arch})")
