@@ -12,7 +12,7 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from .http import ApiError, check_api_key, read_json
+from .http import ApiError, read_request
 from .generation import Generation, GenerationError, collect
 from .openai_routes import SSE_HEADERS, start
 from .prepare import chat_spec, render_chat, sampling_params
@@ -85,10 +85,7 @@ def _template_options(req: MessagesRequest) -> tuple[list | None, dict, int | No
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request):
     """The prompt's token count as the template renders it (agent clients ask before sending)."""
-    server = request.app.state.server
-    check_api_key(request, server.options.api_key)
-    req = await read_json(request, CountTokensRequest, server.options.max_body_bytes)
-    server.check_model(req.model)
+    server, req = await read_request(request, CountTokensRequest)
     tools, kwargs, _ = _template_options(req)
     _, prompt = render_chat(server, template_messages(req), tools, kwargs)
     return {"input_tokens": len(prompt)}
@@ -96,10 +93,7 @@ async def count_tokens(request: Request):
 
 @router.post("/v1/messages")
 async def messages(request: Request):
-    server = request.app.state.server
-    check_api_key(request, server.options.api_key)
-    req = await read_json(request, MessagesRequest, server.options.max_body_bytes)
-    server.check_model(req.model)
+    server, req = await read_request(request, MessagesRequest)
     params = sampling_params(server.llm.engine, req.temperature, req.top_p, req.top_k, seed=req.seed)
     tools, kwargs, budget = _template_options(req)
     spec = chat_spec(server, template_messages(req), tools=tools, template_kwargs=kwargs, max_tokens=req.max_tokens,

@@ -11,7 +11,7 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from .http import ApiError, check_api_key, read_json
+from .http import ApiError, read_request
 from .generation import Generation, GenerationError, GenerationSpec, collect
 from .prepare import chat_spec, encode, max_new_tokens, sampling_params, stop_strings, tool_arguments
 from .protocol import (ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChunkChoice,
@@ -71,10 +71,7 @@ def start(server, spec: GenerationSpec) -> Generation:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
-    server = request.app.state.server
-    check_api_key(request, server.options.api_key)
-    req = await read_json(request, ChatCompletionRequest, server.options.max_body_bytes)
-    server.check_model(req.model)
+    server, req = await read_request(request, ChatCompletionRequest)
     params = _params(server, req)
     tools = None
     if req.tools and req.tool_choice != "none":
@@ -144,10 +141,7 @@ async def _chat_stream(generation: Generation, rid: str, model: str, include_usa
 
 @router.post("/v1/completions")
 async def completions(request: Request):
-    server = request.app.state.server
-    check_api_key(request, server.options.api_key)
-    req = await read_json(request, CompletionRequest, server.options.max_body_bytes)
-    server.check_model(req.model)
+    server, req = await read_request(request, CompletionRequest)
     params = _params(server, req)
     prompt = encode(server, req.prompt)
     spec = GenerationSpec(prompt, max_new_tokens(server, len(prompt), req.max_tokens), params,
