@@ -11,8 +11,8 @@ import json
 from fastapi import APIRouter, Request
 
 from .http import ApiError, read_request
-from .generation import Generation, GenerationSpec
-from .prepare import chat_spec, encode, max_new_tokens, sampling_params, stop_strings, tool_arguments
+from .generation import Generation
+from .prepare import chat_spec, completion_spec, sampling_params, tool_arguments
 from .protocol import (ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChunkChoice,
                        Completion, CompletionChoice, CompletionRequest, Delta, OutFunction, OutMessage, OutToolCall,
                        Usage, new_id)
@@ -130,12 +130,10 @@ async def _chat_stream(generation: Generation, rid: str, model: str, include_usa
 async def completions(request: Request):
     server, req = await read_request(request, CompletionRequest)
     params = _params(server, req)
-    prompt = encode(server, req.prompt)
-    spec = GenerationSpec(prompt, max_new_tokens(server, len(prompt), req.max_tokens), params,
-                          server.llm.stop_token_ids, stop_strings(req.stop), split_thinking=False)
+    spec = completion_spec(server, req.prompt, max_tokens=req.max_tokens, params=params, stop=req.stop)
     generation = start(server, spec)
     rid = new_id("cmpl")
-    echo = server.llm.tokenizer.decode(prompt) if req.echo else ""
+    echo = server.llm.tokenizer.decode(spec.prompt) if req.echo else ""
     if req.stream:
         return event_stream(generation, _completion_stream(generation, rid, req.model, _include_usage(req), echo),
                             error_event)
