@@ -69,17 +69,23 @@ def _messages(req: ChatCompletionRequest) -> list[dict]:
     return out
 
 
+def _template_options(req: ChatCompletionRequest) -> tuple[list | None, dict, int | None]:
+    """(tools for the template, template kwargs, thinking budget) of a chat request; ``thinking_budget`` is an extra
+    field (the request model allows unknown fields), so it is checked here."""
+    tools = None
+    if req.tools and req.tool_choice != "none":
+        tools = [t.model_dump(exclude_none=True) for t in req.tools]
+    budget = getattr(req, "thinking_budget", None)
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise ApiError(400, f"thinking_budget must be a positive integer, got {budget!r}", "thinking_budget")
+    return tools, dict(req.chat_template_kwargs or {}), budget
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     server, req = await read_request(request, ChatCompletionRequest)
     params = _params(server, req)
-    tools = None
-    if req.tools and req.tool_choice != "none":
-        tools = [t.model_dump(exclude_none=True) for t in req.tools]
-    kwargs = dict(req.chat_template_kwargs or {})
-    budget = getattr(req, "thinking_budget", None)
-    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
-        raise ApiError(400, f"thinking_budget must be a positive integer, got {budget!r}", "thinking_budget")
+    tools, kwargs, budget = _template_options(req)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     spec = chat_spec(server, _messages(req), tools=tools, template_kwargs=kwargs, max_tokens=requested,
                      params=params, stop=req.stop, think_budget=budget)
