@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
-from .http import ApiError, check_api_key, read_json
-from .generation import Generation, GenerationError, collect
-from .openai_routes import SSE_HEADERS, start
+from .http import ApiError, read_request
+from .generation import Generation
 from .prepare import chat_spec, render_chat, sampling_params
 from .protocol import STOP_REASONS, AnthropicUsage, CountTokensRequest, MessagesRequest, MessagesResponse, new_id
+from .replies import event_stream, start, whole_answer
 
 router = APIRouter()
 
@@ -85,10 +84,7 @@ def _template_options(req: MessagesRequest) -> tuple[list | None, dict, int | No
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request):
     """The prompt's token count as the template renders it (agent clients ask before sending)."""
-    server = request.app.state.server
-    check_api_key(request, server.options.api_key)
-    req = await read_json(request, CountTokensRequest, server.options.max_body_bytes)
-    server.check_model(req.model)
+    server, req = await read_request(request, CountTokensRequest)
     tools, kwargs, _ = _template_options(req)
     _, prompt = render_chat(server, template_messages(req), tools, kwargs)
     return {"input_tokens": len(prompt)}
@@ -96,10 +92,7 @@ async def count_tokens(request: Request):
 
 @router.post("/v1/messages")
 async def messages(request: Request):
-    server = request.app.state.server
-    check_api_key(request, server.options.api_key)
-    req = await read_json(request, MessagesRequest, server.options.max_body_bytes)
-    server.check_model(req.model)
+    server, req = await read_request(request, MessagesRequest)
     params = sampling_params(server.llm.engine, req.temperature, req.top_p, req.top_k, seed=req.seed)
     tools, kwargs, budget = _template_options(req)
     spec = chat_spec(server, template_messages(req), tools=tools, template_kwargs=kwargs, max_tokens=req.max_tokens,
@@ -107,12 +100,8 @@ async def messages(request: Request):
     generation = start(server, spec)
     mid = new_id("msg")
     if req.stream:
-        return StreamingResponse(_stream(generation, mid, req.model), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-    try:
-        content, reasoning, calls, reason = await collect(generation, request)
-    except GenerationError as exc:
-        raise ApiError(503, str(exc)) from None
+        return event_stream(generation, _stream(generation, mid, req.model), error_event)
+    content, reasoning, calls, reason = await whole_answer(generation, request)
     blocks = []
     if reasoning:
         blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
@@ -131,48 +120,48 @@ def event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False)}\n\n"
 
 
+def error_event(message: str) -> str:
+    """The last event of a stream whose generation the engine failed."""
+    return event("error", {"error": {"type": "api_error", "message": message}})
+
+
 async def _stream(generation: Generation, mid: str, model: str):
     index, open_kind = -1, None
 
     def close_block():
         return event("content_block_stop", {"index": index})
 
-    try:
-        yield event("message_start", {"message": {
-            "id": mid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
-            "stop_sequence": None, "usage": {"input_tokens": generation.prompt_tokens, "output_tokens": 0}}})
-        async for kind, value in generation.events():
-            if kind in ("content", "reasoning"):
-                if open_kind != kind:
-                    if open_kind is not None:
-                        yield close_block()
-                    index, open_kind = index + 1, kind
-                    block = {"type": "text", "text": ""} if kind == "content" else \
-                        {"type": "thinking", "thinking": "", "signature": ""}
-                    yield event("content_block_start", {"index": index, "content_block": block})
-                delta = {"type": "text_delta", "text": value} if kind == "content" else \
-                    {"type": "thinking_delta", "thinking": value}
-                yield event("content_block_delta", {"index": index, "delta": delta})
-            elif kind == "tool_call_start":
+    yield event("message_start", {"message": {
+        "id": mid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
+        "stop_sequence": None, "usage": {"input_tokens": generation.prompt_tokens, "output_tokens": 0}}})
+    async for kind, value in generation.events():
+        if kind in ("content", "reasoning"):
+            if open_kind != kind:
                 if open_kind is not None:
                     yield close_block()
-                index, open_kind = index + 1, None
-                yield event("content_block_start", {"index": index, "content_block": {
-                    "type": "tool_use", "id": value.id, "name": value.name, "input": {}}})
-            elif kind == "tool_call_delta":
-                yield event("content_block_delta", {"index": index, "delta": {
-                    "type": "input_json_delta", "partial_json": value[1]}})
-            elif kind == "tool_call_end":
+                index, open_kind = index + 1, kind
+                block = {"type": "text", "text": ""} if kind == "content" else \
+                    {"type": "thinking", "thinking": "", "signature": ""}
+                yield event("content_block_start", {"index": index, "content_block": block})
+            delta = {"type": "text_delta", "text": value} if kind == "content" else \
+                {"type": "thinking_delta", "thinking": value}
+            yield event("content_block_delta", {"index": index, "delta": delta})
+        elif kind == "tool_call_start":
+            if open_kind is not None:
                 yield close_block()
-            else:
-                if open_kind is not None:
-                    yield close_block()
-                    open_kind = None
-                stop_reason, stop_sequence = _stop_reason(generation, value)
-                yield event("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                              "usage": {"output_tokens": generation.completion_tokens}})
-                yield event("message_stop", {})
-    except GenerationError as exc:
-        yield event("error", {"error": {"type": "api_error", "message": str(exc)}})
-    finally:
-        generation.cancel()
+            index, open_kind = index + 1, None
+            yield event("content_block_start", {"index": index, "content_block": {
+                "type": "tool_use", "id": value.id, "name": value.name, "input": {}}})
+        elif kind == "tool_call_delta":
+            yield event("content_block_delta", {"index": index, "delta": {
+                "type": "input_json_delta", "partial_json": value[1]}})
+        elif kind == "tool_call_end":
+            yield close_block()
+        else:
+            if open_kind is not None:
+                yield close_block()
+                open_kind = None
+            stop_reason, stop_sequence = _stop_reason(generation, value)
+            yield event("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                                          "usage": {"output_tokens": generation.completion_tokens}})
+            yield event("message_stop", {})

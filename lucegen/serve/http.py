@@ -1,5 +1,6 @@
 """What every request passes and every error looks like: the API key, the body read within its size limit and
-validated against its pydantic model, and the error objects (OpenAI's form, Anthropic's on ``/v1/messages``)."""
+validated against its pydantic model, the model name, and the error objects (OpenAI's form, Anthropic's on
+``/v1/messages``)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,16 @@ async def read_json(request: Request, model, limit: int):
         raise ApiError(400, message, param) from None
     except RecursionError:
         raise ApiError(400, "the request body nests too deeply") from None
+
+
+async def read_request(request: Request, model):
+    """The server and the body of a request to a generation endpoint as ``model``: the API key checked (401), the
+    body read (413, 400), then its ``model`` field checked against the served model (404)."""
+    server = request.app.state.server
+    check_api_key(request, server.options.api_key)
+    body = await read_json(request, model, server.options.max_body_bytes)
+    server.check_model(body.model)
+    return server, body
 
 
 def check_api_key(request: Request, key: str | None) -> None:

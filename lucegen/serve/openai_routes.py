@@ -9,22 +9,29 @@ from __future__ import annotations
 import json
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
-from .http import ApiError, check_api_key, read_json
-from .generation import Generation, GenerationError, GenerationSpec, collect
-from .prepare import chat_spec, encode, max_new_tokens, sampling_params, stop_strings, tool_arguments
+from .http import ApiError, read_request
+from .generation import Generation
+from .prepare import chat_spec, completion_spec, sampling_params, tool_arguments
 from .protocol import (ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChunkChoice,
                        Completion, CompletionChoice, CompletionRequest, Delta, OutFunction, OutMessage, OutToolCall,
                        Usage, new_id)
-from .scheduler import QueueFull, ShuttingDown
+from .replies import event_stream, start, whole_answer
 
 router = APIRouter()
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sse(data) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def error_event(message: str) -> str:
+    """The last event of a stream whose generation the engine failed."""
+    return sse({"error": {"message": message, "type": "server_error", "param": None, "code": 503}})
+
+
+def _include_usage(req) -> bool:
+    return req.stream_options is not None and req.stream_options.include_usage
 
 
 def _params(server, req):
@@ -62,40 +69,31 @@ def _messages(req: ChatCompletionRequest) -> list[dict]:
     return out
 
 
-def start(server, spec: GenerationSpec) -> Generation:
-    try:
-        return Generation(spec, server.llm.tokenizer, server.scheduler)
-    except (QueueFull, ShuttingDown) as exc:
-        raise ApiError(exc.status, str(exc), code=type(exc).__name__) from None
+def _template_options(req: ChatCompletionRequest) -> tuple[list | None, dict, int | None]:
+    """(tools for the template, template kwargs, thinking budget) of a chat request; ``thinking_budget`` is an extra
+    field (the request model allows unknown fields), so it is checked here."""
+    tools = None
+    if req.tools and req.tool_choice != "none":
+        tools = [t.model_dump(exclude_none=True) for t in req.tools]
+    budget = getattr(req, "thinking_budget", None)
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise ApiError(400, f"thinking_budget must be a positive integer, got {budget!r}", "thinking_budget")
+    return tools, dict(req.chat_template_kwargs or {}), budget
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
-    server = request.app.state.server
-    check_api_key(request, server.options.api_key)
-    req = await read_json(request, ChatCompletionRequest, server.options.max_body_bytes)
-    server.check_model(req.model)
+    server, req = await read_request(request, ChatCompletionRequest)
     params = _params(server, req)
-    tools = None
-    if req.tools and req.tool_choice != "none":
-        tools = [t.model_dump(exclude_none=True) for t in req.tools]
-    kwargs = dict(req.chat_template_kwargs or {})
-    budget = getattr(req, "thinking_budget", None)
-    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
-        raise ApiError(400, f"thinking_budget must be a positive integer, got {budget!r}", "thinking_budget")
+    tools, kwargs, budget = _template_options(req)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     spec = chat_spec(server, _messages(req), tools=tools, template_kwargs=kwargs, max_tokens=requested,
                      params=params, stop=req.stop, think_budget=budget)
     generation = start(server, spec)
     rid = new_id("chatcmpl")
     if req.stream:
-        usage = req.stream_options is not None and req.stream_options.include_usage
-        return StreamingResponse(_chat_stream(generation, rid, req.model, usage), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-    try:
-        content, reasoning, calls, reason = await collect(generation, request)
-    except GenerationError as exc:
-        raise ApiError(503, str(exc)) from None
+        return event_stream(generation, _chat_stream(generation, rid, req.model, _include_usage(req)), error_event)
+    content, reasoning, calls, reason = await whole_answer(generation, request)
     message = OutMessage(content=content if content or not calls else None, reasoning_content=reasoning or None,
                          tool_calls=[OutToolCall(id=c.id, type="function", function=OutFunction(
                              name=c.name, arguments=c.arguments)) for c in calls] or None)
@@ -114,55 +112,38 @@ async def _chat_stream(generation: Generation, rid: str, model: str, include_usa
         body = ChatCompletionChunk(id=rid, model=model, choices=[ChunkChoice(delta=delta, finish_reason=finish)])
         return sse(body.model_dump_json(exclude_none=True))
 
-    try:
-        yield chunk(Delta(role="assistant", content=""))
-        async for kind, value in generation.events():
-            if kind == "content":
-                yield chunk(Delta(content=value))
-            elif kind == "reasoning":
-                yield chunk(Delta(reasoning_content=value))
-            elif kind == "tool_call_start":
-                yield chunk(Delta(tool_calls=[OutToolCall(index=value.index, id=value.id, type="function",
-                                                          function=OutFunction(name=value.name, arguments=""))]))
-            elif kind == "tool_call_delta":
-                call, fragment = value
-                yield chunk(Delta(tool_calls=[OutToolCall(index=call.index, function=OutFunction(
-                    arguments=fragment))]))
-            elif kind == "tool_call_end":
-                continue
-            else:
-                yield chunk(Delta(), finish=value)
-        if include_usage:
-            body = ChatCompletionChunk(id=rid, model=model, choices=[], usage=_usage(generation))
-            yield sse(body.model_dump_json(exclude_none=True))
-        yield sse("[DONE]")
-    except GenerationError as exc:
-        yield sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": 503}})
-    finally:
-        generation.cancel()
+    yield chunk(Delta(role="assistant", content=""))
+    async for kind, value in generation.events():
+        if kind == "content":
+            yield chunk(Delta(content=value))
+        elif kind == "reasoning":
+            yield chunk(Delta(reasoning_content=value))
+        elif kind == "tool_call_start":
+            yield chunk(Delta(tool_calls=[OutToolCall(index=value.index, id=value.id, type="function",
+                                                      function=OutFunction(name=value.name, arguments=""))]))
+        elif kind == "tool_call_delta":
+            call, fragment = value
+            yield chunk(Delta(tool_calls=[OutToolCall(index=call.index, function=OutFunction(arguments=fragment))]))
+        elif kind == "done":
+            yield chunk(Delta(), finish=value)
+    if include_usage:
+        body = ChatCompletionChunk(id=rid, model=model, choices=[], usage=_usage(generation))
+        yield sse(body.model_dump_json(exclude_none=True))
+    yield sse("[DONE]")
 
 
 @router.post("/v1/completions")
 async def completions(request: Request):
-    server = request.app.state.server
-    check_api_key(request, server.options.api_key)
-    req = await read_json(request, CompletionRequest, server.options.max_body_bytes)
-    server.check_model(req.model)
+    server, req = await read_request(request, CompletionRequest)
     params = _params(server, req)
-    prompt = encode(server, req.prompt)
-    spec = GenerationSpec(prompt, max_new_tokens(server, len(prompt), req.max_tokens), params,
-                          server.llm.stop_token_ids, stop_strings(req.stop), split_thinking=False)
+    spec = completion_spec(server, req.prompt, max_tokens=req.max_tokens, params=params, stop=req.stop)
     generation = start(server, spec)
     rid = new_id("cmpl")
-    echo = server.llm.tokenizer.decode(prompt) if req.echo else ""
+    echo = server.llm.tokenizer.decode(spec.prompt) if req.echo else ""
     if req.stream:
-        usage = req.stream_options is not None and req.stream_options.include_usage
-        return StreamingResponse(_completion_stream(generation, rid, req.model, usage, echo),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
-    try:
-        content, _, _, reason = await collect(generation, request)
-    except GenerationError as exc:
-        raise ApiError(503, str(exc)) from None
+        return event_stream(generation, _completion_stream(generation, rid, req.model, _include_usage(req), echo),
+                            error_event)
+    content, _, _, reason = await whole_answer(generation, request)
     body = Completion(id=rid, model=req.model, choices=[CompletionChoice(text=echo + content, finish_reason=reason)],
                       usage=_usage(generation))
     return body.model_dump(exclude_none=True)
@@ -175,19 +156,14 @@ async def _completion_stream(generation: Generation, rid: str, model: str, inclu
         data["choices"][0]["finish_reason"] = finish
         return sse(data)
 
-    try:
-        if echo:
-            yield chunk(echo)
-        async for kind, value in generation.events():
-            if kind == "content":
-                yield chunk(value)
-            elif kind == "done":
-                yield chunk("", value)
-        if include_usage:
-            yield sse(Completion(id=rid, model=model, choices=[], usage=_usage(generation))
-                      .model_dump_json(exclude_none=True))
-        yield sse("[DONE]")
-    except GenerationError as exc:
-        yield sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": 503}})
-    finally:
-        generation.cancel()
+    if echo:
+        yield chunk(echo)
+    async for kind, value in generation.events():
+        if kind == "content":
+            yield chunk(value)
+        elif kind == "done":
+            yield chunk("", value)
+    if include_usage:
+        yield sse(Completion(id=rid, model=model, choices=[], usage=_usage(generation)).model_dump_json(
+            exclude_none=True))
+    yield sse("[DONE]")

@@ -114,8 +114,20 @@ def chat_spec(server, messages: list[dict], *, tools, template_kwargs: dict, max
     think = None
     if budget is not None:
         think = ThinkBudget(budget, server.llm.tokenizer.encode(THINK_CLOSE_TEXT), in_think)
+    return _spec(server, prompt, max_tokens, params, stop, tools=tools or None, in_think=in_think, think_budget=think)
+
+
+def completion_spec(server, prompt, *, max_tokens, params, stop) -> GenerationSpec:
+    """Encode the prompt (text or token ids) and build the spec of a completion request: no template, and the
+    output is not split into reasoning and content."""
+    ids = encode(server, prompt)
+    return _spec(server, ids, max_tokens, params, stop, split_thinking=False)
+
+
+def _spec(server, prompt: list[int], max_tokens, params, stop, **options) -> GenerationSpec:
+    """The spec with the room the context leaves, the model's stop tokens and the request's checked stop strings."""
     return GenerationSpec(prompt, max_new_tokens(server, len(prompt), max_tokens), params,
-                          server.llm.stop_token_ids, stop_strings(stop), tools or None, in_think, think)
+                          server.llm.stop_token_ids, stop_strings(stop), **options)
 
 
 def _all_text(value) -> str:

@@ -131,14 +131,11 @@ class ToolCallParser:
         return out
 
     def _text(self, out) -> bool:
-        at = self.held.find(OPEN)
-        if at < 0:
-            keep = partial_suffix(self.held, [OPEN])
-            self._content(out, self.held[:len(self.held) - keep])
-            self.held = self.held[len(self.held) - keep:]
+        before = self._take_to(OPEN)
+        if before is None:
+            self._content(out, self._release(partial_suffix(self.held, [OPEN])))
             return False
-        self._content(out, self.held[:at])
-        self.held = self.held[at + len(OPEN):]
+        self._content(out, before)
         self.state = "head"
         return True
 
@@ -167,10 +164,9 @@ class ToolCallParser:
 
     def _whole(self, out) -> bool:
         """A call that is not streamed: parsed when </tool_call> arrives, else text."""
-        at = self.held.find(CLOSE)
-        if at < 0:
+        body = self._take_to(CLOSE)
+        if body is None:
             return False
-        body, self.held = self.held[:at], self.held[at + len(CLOSE):]
         call = parse_call(body, self.tools)
         if call is None:
             self._content(out, OPEN + body + CLOSE)
@@ -219,9 +215,8 @@ class ToolCallParser:
                 self.held = self.held[1:]
                 if not self.held:
                     return False
-        at = self.held.find(END_PARAMETER)
-        if at >= 0:
-            value, self.held = self.held[:at], self.held[at + len(END_PARAMETER):]
+        value = self._take_to(END_PARAMETER)
+        if value is not None:
             self._delta(out, _json_text(value[:-1] if value.endswith("\n") else value) + '"')
             self.state = "params"
             return True
@@ -229,15 +224,13 @@ class ToolCallParser:
         if self.held[:len(self.held) - keep].endswith("\n"):
             keep += 1  # perhaps the newline before </parameter>
         if keep < len(self.held):
-            self._delta(out, _json_text(self.held[:len(self.held) - keep]))
-            self.held = self.held[len(self.held) - keep:]
+            self._delta(out, _json_text(self._release(keep)))
         return False
 
     def _typed(self, out) -> bool:
-        at = self.held.find(END_PARAMETER)
-        if at < 0:
+        raw = self._take_to(END_PARAMETER)
+        if raw is None:
             return False
-        raw, self.held = self.held[:at], self.held[at + len(END_PARAMETER):]
         self._delta(out, json.dumps(_xml_value(raw, self.param_type), ensure_ascii=False))
         self.state = "params"
         return True
@@ -256,6 +249,19 @@ class ToolCallParser:
         return True
 
     # ------------------------------------------------------------------------------------------ helpers
+    def _take_to(self, tag: str) -> str | None:
+        """The held text before ``tag``, leaving what follows ``tag`` held; None while ``tag`` has not arrived."""
+        at = self.held.find(tag)
+        if at < 0:
+            return None
+        before, self.held = self.held[:at], self.held[at + len(tag):]
+        return before
+
+    def _release(self, keep: int) -> str:
+        """The held text but its last ``keep`` characters, which stay held."""
+        released, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return released
+
     def _break_off(self, out) -> bool:
         """Stray text inside a started call: the call ends with the parameters it has; the text is content."""
         self._delta(out, "}" if self.params else "{}")
