@@ -3,7 +3,7 @@
 ``load_checkpoint(path)`` reads a HF directory (``config.json`` + ``*.safetensors``, sharded with
 ``model.safetensors.index.json`` or not; the text-only ``Qwen3_5ForCausalLM`` layout with ``model.`` prefixes or the
 official multimodal ``Qwen3_5ForConditionalGeneration`` layout with ``model.language_model.``, whose vision tower and
-MTP head are skipped) or a ``.gguf`` file (:mod:`lucegen.model.gguf_io`). Tensors are exposed under internal names:
+MTP head are skipped; a ModelOpt NVFP4 directory through :mod:`lucegen.model.nvfp4_checkpoint`) or a ``.gguf`` file (:mod:`lucegen.model.gguf_io`). Tensors are exposed under internal names:
 HF text-model names without prefix (``embed_tokens.weight``, ``layers.3.self_attn.q_proj.weight``, ...; see
 :meth:`ModelConfig.tensor_shapes`), every one checked for presence and shape before anything is returned.
 A DFlash draft directory (its config.json has ``dflash_config`` / a ``DFlash*`` architecture) loads through
@@ -23,6 +23,7 @@ from .checkpoint_base import Checkpoint, SafetensorsCheckpoint, read_safetensors
 from .config import ModelConfig
 from .dflash_gguf import TargetFacts, check_rope, is_gguf, load_dflash_gguf
 from .gguf_io import load_gguf
+from .nvfp4_checkpoint import QUANT_ALGO, load_nvfp4_directory, quant_algo
 
 # (prefix in the file, what it means): the first matching prefix decides
 HF_PREFIXES = (
@@ -68,8 +69,13 @@ def load_hf_directory(directory) -> SafetensorsCheckpoint:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{directory}: no config.json")
-    if dflash.is_dflash_config(dflash.read_json(config_path)):
+    config_json = dflash.read_json(config_path)
+    if dflash.is_dflash_config(config_json):
         return dflash.load_dflash_directory(directory)
+    algo = quant_algo(directory, config_json)
+    if algo not in (None, QUANT_ALGO):
+        raise CheckpointError(f"{directory}: ModelOpt quant_algo {algo!r}: lucegen reads {QUANT_ALGO} ModelOpt "
+                              f"checkpoints only")
     config = ModelConfig.from_file(config_path)
     expected = config.tensor_shapes()
 
@@ -82,6 +88,8 @@ def load_hf_directory(directory) -> SafetensorsCheckpoint:
                                   f"({config.num_layers} layers, {_layer_kind(name, config)})")
         return name
 
+    if algo == QUANT_ALGO:
+        return load_nvfp4_directory(directory, config, internal)
     return read_safetensors_directory(directory, config, internal, "tensor")
 
 
