@@ -14,7 +14,7 @@ from . import __doc__ as PACKAGE_DOC, __version__
 from .errors import LucegenError
 
 # Modules under lucegen.commands, in the order their subcommands appear in --help.
-COMMAND_MODULES = ("targets", "build", "weights", "run", "serve", "bench", "plan")
+COMMAND_MODULES = ("targets", "build", "weights", "quantize", "run", "serve", "bench", "plan")
 
 
 class Parser(argparse.ArgumentParser):
