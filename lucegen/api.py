@@ -168,12 +168,14 @@ class LLM:
 
     def _gpu_engine(self, checkpoint, draft, target, device, max_context, kv_cache, budget, draft_top_k, chain,
                     draft_ring, chunk, prefill):
+        from .model.nvfp4_checkpoint import refuse_on_gpu
         from .runtime.device import Device
         from .runtime.gpu_engines import MegakernelEngine, QuantEngine, SpeculativeEngine
         from .runtime.memory_fit import available_bytes, forecast
         from .runtime.quant_target import QuantDecoder, open_target
         from .target import Target
 
+        refuse_on_gpu(checkpoint)  # before the device is opened
         if prefill not in ("kernels", "megakernel"):
             raise LucegenError(f"prefill must be 'kernels' or 'megakernel', got {prefill!r}")
         if draft is not None and prefill != "kernels":

@@ -135,8 +135,10 @@ class MegakernelDecoder(SequenceState):
                  profile: bool = False, tuning: dict | None = None, params: dict | None = None,
                  lm_screen: bool = True):
         from ..model.checkpoint import Checkpoint, load_checkpoint
+        from ..model.nvfp4_checkpoint import refuse_on_gpu
 
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(Path(model))
+        refuse_on_gpu(self.checkpoint)
         self.config = self.checkpoint.config
         self.device = device or Device.open(None if isinstance(target, Target) else target)
         # a Target object overrides the device's descriptor for rendering (same chip: tuning experiments)
