@@ -202,10 +202,10 @@ def test_quantize_writes_modelopt_layout(tiny, quantised):
     from safetensors import safe_open
 
     hf_quant = json.loads((quantised / "hf_quant_config.json").read_text())["quantization"]
-    assert (hf_quant["quant_algo"], hf_quant["group_size"]) == ("NVFP4", 16)
+    assert (hf_quant["quant_algo"], hf_quant["group_size"]) == ("W4A16_NVFP4", 16)
     assert "lm_head" in hf_quant["exclude_modules"]
     qc = json.loads((quantised / "config.json").read_text())["quantization_config"]
-    assert (qc["quant_method"], qc["quant_algo"]) == ("modelopt", "NVFP4")
+    assert (qc["quant_method"], qc["quant_algo"]) == ("modelopt", "W4A16_NVFP4")
     bf = load_checkpoint(tiny / "st")
     with safe_open(str(quantised / "model.safetensors"), "pt") as f:  # the safetensors library reads it
         keys = set(f.keys())
@@ -215,6 +215,7 @@ def test_quantize_writes_modelopt_layout(tiny, quantised):
         assert str(s.dtype) == "torch.float8_e4m3fn" and tuple(s.shape) == (128, 16)
     assert "model.layers.0.linear_attn.in_proj_a.weight_scale" not in keys
     assert "model.embed_tokens.weight_scale" not in keys
+    assert not any(k.endswith(".input_scale") for k in keys)  # weight-only: no activation scales
     ck = load_checkpoint(quantised)
     name = "layers.3.self_attn.q_proj.weight"
     assert ck.dtype(name) == "NVFP4"
@@ -288,3 +289,20 @@ def test_quantize_bad_input_is_one_line(tiny, quantised, tmp_path, capsys, case)
     err = capsys.readouterr().err
     assert err.startswith("lucegen: error:") and err.count("\n") == 1, err
     assert not out.exists() or out == tiny / "st"
+
+
+def test_hf_quant_config_alone_marks_a_modelopt_directory(tiny, tmp_path):
+    """Older ModelOpt exports name the algorithm in hf_quant_config.json only."""
+    parts = _write_replica(tiny / "st", tmp_path / "q")
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    del config["quantization_config"]
+    (tmp_path / "q" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "q" / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+                                                            "exclude_modules": ["lm_head"]}}))
+    ck = load_checkpoint(tmp_path / "q")
+    name = next(iter(parts))
+    assert np.array_equal(ck.f32(name), _independent_dequantise(*parts[name]))
+    (tmp_path / "q" / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    with pytest.raises(CheckpointError, match="quant_algo 'FP8': lucegen reads the NVFP4 ones only"):
+        load_checkpoint(tmp_path / "q")

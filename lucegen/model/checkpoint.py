@@ -23,7 +23,7 @@ from .checkpoint_base import Checkpoint, SafetensorsCheckpoint, read_safetensors
 from .config import ModelConfig
 from .dflash_gguf import TargetFacts, check_rope, is_gguf, load_dflash_gguf
 from .gguf_io import load_gguf
-from .nvfp4_checkpoint import QUANT_ALGO, load_nvfp4_directory, quant_algo
+from .nvfp4_checkpoint import QUANT_ALGOS, load_nvfp4_directory, quant_algo
 
 # (prefix in the file, what it means): the first matching prefix decides
 HF_PREFIXES = (
@@ -73,9 +73,9 @@ def load_hf_directory(directory) -> SafetensorsCheckpoint:
     if dflash.is_dflash_config(config_json):
         return dflash.load_dflash_directory(directory)
     algo = quant_algo(directory, config_json)
-    if algo not in (None, QUANT_ALGO):
-        raise CheckpointError(f"{directory}: ModelOpt quant_algo {algo!r}: lucegen reads {QUANT_ALGO} ModelOpt "
-                              f"checkpoints only")
+    if algo not in (None, *QUANT_ALGOS):
+        raise CheckpointError(f"{directory}: ModelOpt quant_algo {algo!r}: lucegen reads the NVFP4 ones only "
+                              f"({', '.join(QUANT_ALGOS)})")
     config = ModelConfig.from_file(config_path)
     expected = config.tensor_shapes()
 
@@ -88,7 +88,7 @@ def load_hf_directory(directory) -> SafetensorsCheckpoint:
                                   f"({config.num_layers} layers, {_layer_kind(name, config)})")
         return name
 
-    if algo == QUANT_ALGO:
+    if algo in QUANT_ALGOS:
         return load_nvfp4_directory(directory, config, internal)
     return read_safetensors_directory(directory, config, internal, "tensor")
 

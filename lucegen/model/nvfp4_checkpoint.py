@@ -18,22 +18,23 @@ from .checkpoint_base import SafetensorsCheckpoint, _shard_files, record_tensor
 from .config import ModelConfig
 from .safetensors_io import SafetensorsFile, check_half_dtypes
 
-QUANT_ALGO = "NVFP4"
+#: ModelOpt's names for NVFP4 weights: with NVFP4 activations (W4A4, input_scale per layer) or weight-only
+QUANT_ALGOS = ("NVFP4", "W4A16_NVFP4")
 HF_QUANT_CONFIG = "hf_quant_config.json"
 SCALE_SUFFIXES = (".weight_scale_2", ".weight_scale", ".input_scale")  # longest first
 
 
 def quant_algo(directory: Path, config_json: dict) -> str | None:
-    """The ModelOpt ``quant_algo`` of a HF directory (config.json's quantization_config with quant_method
+    """The ModelOpt ``quant_algo`` (upper case, as vLLM normalises it) of a HF directory (config.json's quantization_config with quant_method
     "modelopt", else hf_quant_config.json's ``quantization``), None for an unquantised or non-ModelOpt one."""
     qc = config_json.get("quantization_config") if isinstance(config_json, dict) else None
     if isinstance(qc, dict) and qc.get("quant_method") == "modelopt":
-        return str(qc.get("quant_algo"))
+        return str(qc.get("quant_algo")).upper()
     path = directory / HF_QUANT_CONFIG
     if path.is_file():
         try:
             quantization = json.loads(path.read_text())["quantization"]
-            return str(quantization["quant_algo"])
+            return str(quantization["quant_algo"]).upper()
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{path}: no quantization.quant_algo ({exc})") from None
     return None
@@ -63,7 +64,7 @@ class Nvfp4Checkpoint(SafetensorsCheckpoint):
         return super().shape(name)
 
     def dtype(self, name):
-        return QUANT_ALGO if name in self.quantised else super().dtype(name)
+        return "NVFP4" if name in self.quantised else super().dtype(name)
 
     def nvfp4_parts(self, name) -> tuple[np.ndarray, np.ndarray, np.float32]:
         """(packed weight, E4M3 block scale bytes, FP32 global scale) of a quantised tensor."""

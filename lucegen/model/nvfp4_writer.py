@@ -5,8 +5,9 @@ q/k/v/o, DeltaNet in_proj_qkv / in_proj_z / out_proj and the MLP's gate/up/down.
 lm_head (ModelOpt's default configs disable its quantiser), every norm, the DeltaNet conv1d, A_log and dt_bias (not
 Linear layers), and DeltaNet's in_proj_a / in_proj_b: [heads, hidden] matrices (a few KB) whose outputs feed the
 decay and the beta gate, listed in ``exclude_modules`` like the lm_head. A quantised layer gets ``weight``,
-``weight_scale`` and ``weight_scale_2``; no ``input_scale``: it is an activation scale calibrated on data, which
-this weight-only writer does not run (lucegen's engines keep activations in float).
+``weight_scale`` and ``weight_scale_2``, and the quant_algo is ModelOpt's weight-only ``W4A16_NVFP4``: ``NVFP4``
+proper (W4A4) also carries an ``input_scale`` per layer, an activation scale calibrated on data, which this writer
+does not run (lucegen's engines keep activations in float). The weight tensors are the same in both.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from . import nvfp4
 from .checkpoint import load_checkpoint
 from .checkpoint_base import INDEX_NAME, SafetensorsCheckpoint
 from .config import ModelConfig
-from .nvfp4_checkpoint import HF_QUANT_CONFIG, QUANT_ALGO, is_nvfp4
+from .nvfp4_checkpoint import HF_QUANT_CONFIG, is_nvfp4
 from .safetensors_io import write_safetensors
 
 QUANTISED = re.compile(r"layers\.\d+\.(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkv|in_proj_z|out_proj)"
                        r"|mlp\.(gate|up|down)_proj)\.weight")
+#: weight-only NVFP4: the activations stay in float, so no input_scale (ModelOpt's "NVFP4" is W4A4 and has one)
+QUANT_ALGO = "W4A16_NVFP4"
 EXCLUDE_MODULES = ["lm_head", "*linear_attn.in_proj_a", "*linear_attn.in_proj_b"]
 SHARD_BYTES = 4 * 1024**3
 OWN_FILES = ("config.json", HF_QUANT_CONFIG, INDEX_NAME)
