@@ -213,6 +213,7 @@ def test_quantize_writes_modelopt_layout(tiny, quantised):
         s = f.get_tensor("model.layers.0.mlp.down_proj.weight_scale")
         assert str(w.dtype) == "torch.uint8" and tuple(w.shape) == (128, 128)
         assert str(s.dtype) == "torch.float8_e4m3fn" and tuple(s.shape) == (128, 16)
+        assert tuple(f.get_tensor("model.layers.0.mlp.down_proj.weight_scale_2").shape) == ()  # a scalar
     assert "model.layers.0.linear_attn.in_proj_a.weight_scale" not in keys
     assert "model.embed_tokens.weight_scale" not in keys
     assert not any(k.endswith(".input_scale") for k in keys)  # weight-only: no activation scales

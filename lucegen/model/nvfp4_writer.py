@@ -83,10 +83,10 @@ def write_nvfp4_checkpoint(ck: SafetensorsCheckpoint, out: Path) -> int:
             parts = _lazy_quantise(ck, name)
             specs += [(stored, "U8", (rows, cols // 2)),
                       (module + ".weight_scale", "F8_E4M3", (rows, cols // nvfp4.BLOCK)),
-                      (module + ".weight_scale_2", "F32", (1,))]
+                      (module + ".weight_scale_2", "F32", ())]
             produce[stored] = lambda parts=parts: parts()[0]
             produce[module + ".weight_scale"] = lambda parts=parts: parts()[1]
-            produce[module + ".weight_scale_2"] = lambda parts=parts: np.array([parts()[2]], np.float32)
+            produce[module + ".weight_scale_2"] = lambda parts=parts: np.array(parts()[2], np.float32)
         else:
             specs.append((stored, ck.dtype(name), ck.shape(name)))
             produce[stored] = lambda name=name: ck.raw(name)

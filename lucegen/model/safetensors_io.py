@@ -180,7 +180,8 @@ def write_safetensors(path, specs: Iterable[tuple[str, str, tuple[int, ...]]],
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for name, dtype, shape in specs:
-            array = np.ascontiguousarray(produce(name))
+            array = np.asarray(produce(name))
+            array = array if array.flags.c_contiguous else np.ascontiguousarray(array)  # keeps a 0-d scalar 0-d
             if array.shape != tuple(shape) or array.dtype.itemsize != DTYPES[dtype].itemsize:
                 raise ValueError(f"{name}: produced {array.dtype} {array.shape}, declared {dtype} {shape}")
             f.write(memoryview(array.astype(DTYPES[dtype], copy=False).reshape(-1)).cast("B"))
