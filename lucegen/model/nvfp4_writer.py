@@ -2,9 +2,10 @@
 
 Quantised (round to nearest, :mod:`lucegen.model.nvfp4`): the Linear layers of the decoder blocks, i.e. attention
 q/k/v/o, DeltaNet in_proj_qkv / in_proj_z / out_proj and the MLP's gate/up/down. Kept as stored: the embedding, the
-lm_head (ModelOpt's default configs disable its quantiser), every norm, the DeltaNet conv1d, A_log and dt_bias (not
-Linear layers), and DeltaNet's in_proj_a / in_proj_b: [heads, hidden] matrices (a few KB) whose outputs feed the
-decay and the beta gate, listed in ``exclude_modules`` like the lm_head. A quantised layer gets ``weight``,
+lm_head (ModelOpt's default config disables its quantiser), every norm, the DeltaNet conv1d, A_log and dt_bias (not
+Linear layers), and, by lucegen's choice (ModelOpt's default would quantise them), DeltaNet's in_proj_a / in_proj_b:
+[heads, hidden] matrices (a few KB) whose outputs feed the decay and the beta gate, listed in ``exclude_modules``
+like the lm_head. A quantised layer gets ``weight``,
 ``weight_scale`` and ``weight_scale_2``, and the quant_algo is ModelOpt's weight-only ``W4A16_NVFP4``: ``NVFP4``
 proper (W4A4) also carries an ``input_scale`` per layer, an activation scale calibrated on data, which this writer
 does not run (lucegen's engines keep activations in float). The weight tensors are the same in both.
