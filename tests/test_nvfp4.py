@@ -267,9 +267,19 @@ def test_the_cpu_engine_generates_from_nvfp4(quantised):
 
 def test_a_gpu_engine_refuses_nvfp4_before_the_device(quantised):
     import lucegen
+    from lucegen.runtime.host_device import HostDevice
+    from lucegen.runtime.megakernel import MegakernelDecoder
+    from lucegen.target import load_target
 
-    with pytest.raises(LucegenError, match="NVFP4 weights run on the CPU engine only"):
+    with pytest.raises(LucegenError, match="NVFP4 weights run on the CPU engine only") as info:
         lucegen.LLM(quantised, device="gpu")
+    assert "\n" not in str(info.value)
+    host = HostDevice(load_target("sm_90"))
+    with pytest.raises(LucegenError, match="NVFP4 weights run on the CPU engine only"):
+        lucegen.LLM(quantised, device=host)
+    with pytest.raises(LucegenError, match="NVFP4 weights run on the CPU engine only"):
+        MegakernelDecoder(quantised, device=host)
+    assert host.allocated == 0 and not host.launches
 
 
 @pytest.mark.parametrize("case", ["unknown format", "not a checkpoint", "already quantised", "gguf", "same dir"])

@@ -103,6 +103,10 @@ def load_nvfp4_directory(directory: Path, config: ModelConfig, internal) -> Nvfp
                 packed[name] = (fname, stored)
             else:
                 record_tensor(sf.path, fname, stored, name, info, expected, where)
+    if weight_map is not None:
+        for stored, fname in weight_map.items():
+            if stored not in opened[fname].tensors:
+                raise CheckpointError(f"{directory / fname}: tensor {stored!r} listed in the index is missing")
     check_half_dtypes((opened[f].path, stored, opened[f].tensors[stored].dtype) for f, stored in where.values())
     quantised = {}
     for name, (fname, weight) in packed.items():
