@@ -95,7 +95,7 @@ def test_quantise_rejects_a_row_length_not_a_multiple_of_16():
 
 
 # ------------------------------------------------------------------------------- a ModelOpt-layout replica
-def _write_replica(src, out, corrupt=None):
+def _write_replica(src, out, corrupt=None, sharded=False):
     """A ModelOpt-layout NVFP4 directory written with the safetensors library (not lucegen's writer): random E2M1
     bytes and E4M3 scales for every MLP matrix, scalar ``weight_scale_2`` and ``input_scale`` as ModelOpt stores
     them; the other tensors copied. Returns {hf name: (packed, scales, scale_2)}."""
@@ -123,8 +123,16 @@ def _write_replica(src, out, corrupt=None):
     if corrupt:
         corrupt(tensors)
     out.mkdir()
-    save_file(tensors, str(out / "model.safetensors"))
-    _relabel(out / "model.safetensors", dtypes, bf16={ck.where[n][1] for n in ck.names() if ".mlp." not in n})
+    bf16 = {ck.where[n][1] for n in ck.names() if ".mlp." not in n}
+    shards = {"model.safetensors": tensors}
+    if sharded:  # the MLP layers in a shard of their own, found through the index
+        shards = {"model-00001-of-00002.safetensors": {k: v for k, v in tensors.items() if ".mlp." not in k},
+                  "model-00002-of-00002.safetensors": {k: v for k, v in tensors.items() if ".mlp." in k}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {k: f for f, part in shards.items() for k in part}}))
+    for fname, part in shards.items():
+        save_file(part, str(out / fname))
+        _relabel(out / fname, dtypes, bf16)
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4",
                                      "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float",
@@ -161,8 +169,9 @@ def _independent_dequantise(packed, scales, scale_2):
     return values * np.repeat(scale, 16, axis=1)
 
 
-def test_a_modelopt_replica_reads_as_its_dequantised_weights(tiny, tmp_path):
-    parts = _write_replica(tiny / "st", tmp_path / "q")
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_modelopt_replica_reads_as_its_dequantised_weights(tiny, tmp_path, sharded):
+    parts = _write_replica(tiny / "st", tmp_path / "q", sharded=sharded)
     ck = load_checkpoint(tmp_path / "q")
     bf = load_checkpoint(tiny / "st")
     assert parts
