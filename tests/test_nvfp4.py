@@ -274,6 +274,12 @@ def test_the_cpu_engine_generates_from_nvfp4(quantised):
     assert len(out.token_ids) == 6
 
 
+def test_lucegen_run_on_the_cpu_generates_from_nvfp4(quantised, capsys):
+    assert main(["run", "--model", str(quantised), "--device", "cpu", "--prompt", "hello world",
+                 "--max-tokens", "4"]) == 0
+    assert "4 generated on the numpy reference (CPU)" in capsys.readouterr().err
+
+
 def test_a_gpu_engine_refuses_nvfp4_before_the_device(quantised):
     import lucegen
     from lucegen.runtime.host_device import HostDevice
