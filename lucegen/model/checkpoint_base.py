@@ -133,11 +133,13 @@ def record_tensor(path, fname: str, stored: str, name: str, info, expected: dict
     where[name] = (fname, stored)
 
 
-def read_safetensors_directory(directory: Path, config, internal, what: str) -> SafetensorsCheckpoint:
-    """The checkpoint in ``directory``'s safetensors shards (and their index, if any) with the tensors of
-    ``config.tensor_shapes()``: ``internal(stored, path)`` names each stored tensor (None: skip it; it raises for
-    one that does not belong). Every shard and index entry is checked against the other, and every tensor for
-    presence, dtype and shape; ``what`` names the tensors in the error for a missing one."""
+def walk_shards(directory: Path, config, internal, claim=None) -> tuple[dict, dict, dict]:
+    """Open ``directory``'s safetensors shards (and their index, if any) and record each stored tensor of
+    ``config.tensor_shapes()``: ``internal(stored, path)`` names it (None: skip it; it raises for one that does not
+    belong); ``claim(fname, shard, stored, info)``, when given, sees each tensor first and returns True for one it
+    keeps itself (a format's extra tensors). Every shard and index entry is checked against the other, and every
+    recorded tensor for dtype and shape. Returns (opened shards by file name, expected shapes, where each internal
+    name lives: (file, stored))."""
     files, weight_map = _shard_files(directory)
     opened = {f.name: SafetensorsFile(f) for f in files}
     expected = config.tensor_shapes()
@@ -149,6 +151,8 @@ def read_safetensors_directory(directory: Path, config, internal, what: str) -> 
                     raise CheckpointError(f"{sf.path}: tensor {stored!r}: the index says it lives in "
                                           f"{weight_map[stored]!r}")
                 raise CheckpointError(f"{sf.path}: tensor {stored!r} is not listed in {INDEX_NAME}")
+            if claim is not None and claim(fname, sf, stored, info):
+                continue
             name = internal(stored, sf.path)
             if name is not None:
                 record_tensor(sf.path, fname, stored, name, info, expected, where)
@@ -157,8 +161,20 @@ def read_safetensors_directory(directory: Path, config, internal, what: str) -> 
             if stored not in opened[fname].tensors:
                 raise CheckpointError(f"{directory / fname}: tensor {stored!r} listed in {INDEX_NAME} is missing")
     check_half_dtypes((opened[f].path, stored, opened[f].tensors[stored].dtype) for f, stored in where.values())
+    return opened, expected, where
+
+
+def refuse_missing(directory: Path, expected: dict, where: dict, what: str) -> None:
+    """One line naming the first of ``expected``'s tensors that ``where`` lacks (``what``: how to call them)."""
     missing = [n for n in expected if n not in where]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"{directory}: missing {what} {missing[0]!r}{more}")
+
+
+def read_safetensors_directory(directory: Path, config, internal, what: str) -> SafetensorsCheckpoint:
+    """The checkpoint in ``directory``'s safetensors shards with the tensors of ``config.tensor_shapes()``
+    (:func:`walk_shards`); ``what`` names the tensors in the error for a missing one."""
+    opened, expected, where = walk_shards(directory, config, internal)
+    refuse_missing(directory, expected, where, what)
     return SafetensorsCheckpoint(directory, config, opened, {n: where[n] for n in expected})

@@ -14,9 +14,9 @@ import numpy as np
 
 from ..errors import CheckpointError, LucegenError
 from . import nvfp4
-from .checkpoint_base import SafetensorsCheckpoint, _shard_files, record_tensor
+from .checkpoint_base import SafetensorsCheckpoint, refuse_missing, walk_shards
 from .config import ModelConfig
-from .safetensors_io import SafetensorsFile, check_half_dtypes
+from .safetensors_io import SafetensorsFile
 
 #: ModelOpt's names for NVFP4 weights: with NVFP4 activations (W4A4, input_scale per layer) or weight-only
 QUANT_ALGOS = ("NVFP4", "W4A16_NVFP4")
@@ -78,36 +78,30 @@ class Nvfp4Checkpoint(SafetensorsCheckpoint):
 
 
 def load_nvfp4_directory(directory: Path, config: ModelConfig, internal) -> Nvfp4Checkpoint:
-    """The checkpoint in ``directory`` (``internal(stored, path)`` names a stored tensor as the HF reader does)."""
-    files, weight_map = _shard_files(directory)
-    opened = {f.name: SafetensorsFile(f) for f in files}
-    expected = config.tensor_shapes()
-    where: dict[str, tuple[str, str]] = {}
+    """The checkpoint in ``directory`` (``internal(stored, path)`` names a stored tensor as the HF reader does): the
+    shards walked as any HF directory's (checkpoint_base.walk_shards), the packed U8 weights and their scales kept
+    aside, then each packed weight checked against its scales."""
     packed: dict[str, tuple[str, str]] = {}  # internal name -> (file, stored weight) of the U8 weights
     scales: dict[str, tuple[SafetensorsFile, str]] = {}  # stored scale name -> (file, name)
-    for fname, sf in opened.items():
-        for stored, info in sf.tensors.items():
-            if weight_map is not None and weight_map.get(stored) != fname:
-                raise CheckpointError(f"{sf.path}: tensor {stored!r} is not where {directory.name}'s index puts it")
-            if stored.endswith(SCALE_SUFFIXES):
-                scales[stored] = (sf, stored)
-                continue
-            name = internal(stored, sf.path)
-            if name is None:
-                continue
-            if info.dtype == "U8" and name in expected:
-                rows, cols = expected[name] if len(expected[name]) == 2 else (0, 1)
-                if info.shape != (rows, cols // 2) or cols % nvfp4.BLOCK:
-                    raise CheckpointError(f"{sf.path}: tensor {stored!r}: packed NVFP4 shape {list(info.shape)}, "
-                                          f"config.json implies {list(expected[name])} ([rows, cols/2] packed)")
-                packed[name] = (fname, stored)
-            else:
-                record_tensor(sf.path, fname, stored, name, info, expected, where)
-    if weight_map is not None:
-        for stored, fname in weight_map.items():
-            if stored not in opened[fname].tensors:
-                raise CheckpointError(f"{directory / fname}: tensor {stored!r} listed in the index is missing")
-    check_half_dtypes((opened[f].path, stored, opened[f].tensors[stored].dtype) for f, stored in where.values())
+
+    def claim(fname, sf, stored, info) -> bool:
+        if stored.endswith(SCALE_SUFFIXES):
+            scales[stored] = (sf, stored)
+            return True
+        if info.dtype != "U8":
+            return False
+        name = internal(stored, sf.path)
+        if name is None or name not in expected:
+            return False
+        rows, cols = expected[name] if len(expected[name]) == 2 else (0, 1)
+        if info.shape != (rows, cols // 2) or cols % nvfp4.BLOCK:
+            raise CheckpointError(f"{sf.path}: tensor {stored!r}: packed NVFP4 shape {list(info.shape)}, "
+                                  f"config.json implies {list(expected[name])} ([rows, cols/2] packed)")
+        packed[name] = (fname, stored)
+        return True
+
+    expected = config.tensor_shapes()
+    opened, _, where = walk_shards(directory, config, internal, claim)
     quantised = {}
     for name, (fname, weight) in packed.items():
         module = weight[: -len(".weight")]
@@ -119,10 +113,7 @@ def load_nvfp4_directory(directory: Path, config: ModelConfig, internal) -> Nvfp
     for stored, (sf, _) in scales.items():
         if internal(stored.rsplit(".", 1)[0] + ".weight", sf.path) is not None:
             raise CheckpointError(f"{sf.path}: tensor {stored!r} scales no packed NVFP4 weight")
-    missing = [n for n in expected if n not in where]
-    if missing:
-        raise CheckpointError(f"{directory}: missing tensor {missing[0]!r}"
-                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    refuse_missing(directory, expected, where, "tensor")
     return Nvfp4Checkpoint(directory, config, opened, {n: where[n] for n in expected}, quantised)
 
 
