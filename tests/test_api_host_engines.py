@@ -6,18 +6,14 @@ tests/gpu/test_api_gpu.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import lucegen
 from lucegen.model.config import ModelConfig
 from lucegen.runtime import device as device_module
 from lucegen.runtime.gpu_engines import chunk_sizes
-from lucegen.runtime.host_device import HostDevice
-from lucegen.target import load_target
 
-STAND_IN_TOKEN = 5  # the argmax the host device's downloads decode to
-
+from host_replies import STAND_IN_TOKEN, open_host_devices  # tests/host_replies.py
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
@@ -33,30 +29,9 @@ def models(tmp_path_factory):
     return root
 
 
-def stand_in(buffer, dtype, shape):
-    """argmax keys of token 5 (key = ~token in the low word), int32 rows 0, 1, 2, ..., int32 token runs of 5,
-    zeros otherwise (uniform logits)."""
-    if np.dtype(dtype) == np.uint64:
-        return np.full(shape, 0xFFFFFFFF - STAND_IN_TOKEN, np.uint64)
-    if np.dtype(dtype) == np.int32 and np.ndim(np.empty(shape)) == 2:
-        return np.tile(np.arange(shape[1], dtype=np.int32), (shape[0], 1))
-    if np.dtype(dtype) == np.int32:
-        return np.full(shape, STAND_IN_TOKEN, np.int32)
-    return np.zeros(shape, dtype)
-
-
 @pytest.fixture
 def host(monkeypatch):
-    devices = []
-
-    def open_host(cls, target=None):
-        dev = HostDevice(load_target(target or "sm_90"))
-        dev.reply = stand_in
-        devices.append(dev)
-        return dev
-
-    monkeypatch.setattr(device_module.Device, "open", classmethod(open_host))
-    return devices
+    return open_host_devices(monkeypatch)
 
 
 def test_chunks_grow_to_the_chunk_size():

@@ -7,15 +7,15 @@ from __future__ import annotations
 import sys
 import types
 
-import numpy as np
 import pytest
 
 import lucegen
 from lucegen.api import Timings
-from lucegen.runtime import device as device_module
 from lucegen.runtime.energy import EnergyMeter, energy_j, load_nvml
 from lucegen.runtime.host_device import HostDevice
 from lucegen.target import load_target
+
+from host_replies import open_host_devices  # tests/host_replies.py
 
 BUS_ID = "0000:3b:00.0"
 STEP_MJ = 1500  # what the fake counter advances by at each reading
@@ -146,29 +146,10 @@ def test_the_cpu_engine_measures_no_energy(tiny, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ GPU engines
-def stand_in(buffer, dtype, shape):
-    """The host device's downloads: argmax keys of token 5 (key = ~token in the low word), int32 token runs of 5,
-    zeros otherwise."""
-    if np.dtype(dtype) == np.uint64:
-        return np.full(shape, 0xFFFFFFFF - 5, np.uint64)
-    if np.dtype(dtype) == np.int32:
-        return np.full(shape, 5, np.int32)
-    return np.zeros(shape, dtype)
-
-
 @pytest.fixture
 def host(monkeypatch):
     """Device.open gives the host-only device of a descriptor (no PCI bus id: no GPU, no energy meter)."""
-    devices = []
-
-    def open_host(cls, target=None):
-        dev = HostDevice(load_target(target or "sm_90"))
-        dev.reply = stand_in
-        devices.append(dev)
-        return dev
-
-    monkeypatch.setattr(device_module.Device, "open", classmethod(open_host))
-    return devices
+    return open_host_devices(monkeypatch)
 
 
 @pytest.fixture
